@@ -1,0 +1,62 @@
+"""``mlaunch check``: everything that can be known before launch, explained.
+
+Each check returns findings; an ``error`` finding makes the command exit 2. Checks that
+belong to later parts (high availability, grace budget) add themselves to ``CHECKS``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from launchers.errors import EXIT_USER_ERROR, UserError
+from launchers.job import Job, load_job
+from launchers.plan import LaunchPlan
+
+
+@dataclass
+class Finding:
+    level: Literal["ok", "note", "warning", "error"]
+    message: str
+
+
+CheckFn = Callable[[Job, LaunchPlan], list[Finding]]
+
+
+def _entry(job: Job, plan: LaunchPlan) -> list[Finding]:
+    from launchers.engines.base import check_entry_exists
+
+    try:
+        check_entry_exists(job)
+    except UserError as exc:
+        return [Finding("error", str(exc))]
+    return [Finding("ok", f"start file {job.entry_path} exists")]
+
+
+def _plan_summary(job: Job, plan: LaunchPlan) -> list[Finding]:
+    found = [Finding("ok", plan.headline())]
+    found += [Finding("note", note) for note in plan.notes]
+    return found
+
+
+CHECKS: list[CheckFn] = [_plan_summary, _entry]
+
+
+def run_checks(job_file: Path, engine: str | None, extra_args: Sequence[str], *, simulate: bool = False) -> int:
+    """Print every finding; return 0 when nothing is an error, else 2."""
+    from launchers.runner import make_plan, resolve_engine_name
+
+    job = load_job(job_file)
+    print(f"ok: {job_file} is a valid job file")
+    _, _, plan = make_plan(job, resolve_engine_name(job, engine), extra_args, simulate=simulate)
+    worst = 0
+    for check in CHECKS:
+        for finding in check(job, plan):
+            stream = sys.stderr if finding.level == "error" else sys.stdout
+            print(f"{finding.level}: {finding.message}", file=stream)
+            if finding.level == "error":
+                worst = EXIT_USER_ERROR
+    return worst

@@ -1,0 +1,44 @@
+"""Parse human durations (``30s``, ``5m``, ``1h30m``, ``500ms``, bare numbers = seconds).
+
+Grace periods and backoffs appear in job.yaml and in Kubernetes manifests; a single parser
+keeps "30s" meaning the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: object) -> float:
+    """Return seconds for ``value``; raise ValueError with the accepted forms otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 5m, 1h or a number of seconds")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError("expected a duration such as 30s, 5m, 1h or a number of seconds")
+    text = value.strip().lower().replace(" ", "")
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    pos = 0
+    total = 0.0
+    for match in _PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"{value!r} is not a duration; use forms like 30s, 90s, 5m, 1h30m, 500ms or seconds")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """Short, exact form used in messages and generated files (``30s``, ``1.5s``)."""
+    if seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{seconds:g}s"

@@ -1,0 +1,164 @@
+"""LaunchPlan: the one currency between engines and everything else.
+
+An engine turns (Job, Cluster) into a LaunchPlan without starting a process or writing a
+file; ``mlaunch plan`` prints it, the supervisor runs it, tests assert on it. Keeping this
+pure data (as TorchX keeps ``submit_dryrun`` apart from ``schedule``) makes every engine
+testable without running anything.
+
+``to_json()`` keeps the public keys of the contract —
+``{"engine", "world_size", "nodes": [{"index", "host", "processes": [{"rank", "local_rank",
+"argv", "env", "cwd"}]}]}`` — and adds a few more (``log``, ``role``, ``policy``...).
+``env`` is what mlaunch sets, never the inherited environment.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ProcessSpec:
+    """One process mlaunch starts: its place in the job and exactly how to start it."""
+
+    rank: int
+    local_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str | None = None
+    role: str = "worker"
+    # A process whose exit decides the job's outcome. Services (TF parameter servers, a
+    # MindSpore scheduler) are stopped once every required process has succeeded.
+    required: bool = True
+    label: str | None = None  # output prefix; default "rank N"
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "cwd": self.cwd,
+            "role": self.role,
+            "required": self.required,
+        }
+        if self.log is not None:
+            data["log"] = self.log
+        return data
+
+
+@dataclass
+class BootstrapStep:
+    """Node-level work before the processes start (sshd, hostfile, peer wait, hooks)."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "params": self.params}
+
+
+@dataclass
+class NodePlan:
+    index: int
+    host: str
+    processes: list[ProcessSpec]
+    bootstrap: list[BootstrapStep] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "host": self.host,
+            "processes": [p.to_json() for p in self.processes],
+            "bootstrap": [b.to_json() for b in self.bootstrap],
+        }
+
+
+@dataclass
+class Policy:
+    grace_period: float = 30.0
+    max_restarts: int = 0
+    backoff: float = 1.0
+    max_backoff: float = 60.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "grace_period": self.grace_period,
+            "max_restarts": self.max_restarts,
+            "backoff": self.backoff,
+            "max_backoff": self.max_backoff,
+        }
+
+
+@dataclass
+class LaunchPlan:
+    engine: str
+    world_size: int
+    nodes: list[NodePlan]
+    policy: Policy = field(default_factory=Policy)
+    source: str = "local-simulation"  # which platform input the cluster came from
+    simulated: bool = True
+    nnodes: int = 1  # nodes in the whole job (``nodes`` may list only this one on a platform)
+    master_addr: str = ""
+    master_port: int = 0
+    attempt: int = 0
+    notes: list[str] = field(default_factory=list)  # warnings worth showing before launch
+
+    @property
+    def processes(self) -> list[ProcessSpec]:
+        return [p for node in self.nodes for p in node.processes]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "world_size": self.world_size,
+            "nodes": [n.to_json() for n in self.nodes],
+            "nnodes": self.nnodes,
+            "source": self.source,
+            "simulated": self.simulated,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "attempt": self.attempt,
+            "policy": self.policy.to_json(),
+            "notes": list(self.notes),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, ensure_ascii=False)
+
+    def render_text(self, width: int = 100) -> str:
+        """A plain-text table (the CLI renders the same rows with rich when it can)."""
+        out = [self.headline()]
+        for note in self.notes:
+            out.append(f"note: {note}")
+        for node in self.nodes:
+            out.append(f"node {node.index}  host {node.host}")
+            for step in node.bootstrap:
+                out.append(f"  bootstrap: {step.name} {json.dumps(step.params, ensure_ascii=False)}")
+            for proc in node.processes:
+                out.append(f"  {proc_title(proc)}  cwd={proc.cwd}")
+                out.append(f"    argv: {shlex.join(proc.argv)}")
+                env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(proc.env.items()))
+                out.append(f"    env:  {env}")
+                if proc.log:
+                    out.append(f"    log:  {proc.log}")
+        return "\n".join(out)
+
+    def headline(self) -> str:
+        where = "local simulation" if self.simulated else f"platform: {self.source}"
+        return (
+            f"engine {self.engine}  world size {self.world_size}  nodes {self.nnodes}  "
+            f"master {self.master_addr}:{self.master_port}  ({where})"
+        )
+
+
+def proc_title(proc: ProcessSpec) -> str:
+    """Short human name of a process: 'rank 3', 'ps 0', 'agent (node 1)'."""
+    if proc.role == "worker":
+        return f"rank {proc.rank} (local {proc.local_rank})"
+    if proc.rank >= 0:
+        return f"{proc.role} {proc.rank}"
+    return proc.role

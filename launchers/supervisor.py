@@ -1,0 +1,690 @@
+"""Process supervision, in one place (as torch.distributed.elastic.multiprocessing keeps it).
+
+What a user relies on, and how it is done:
+- Each worker runs in its own session/process group, so a signal reaches the worker *and*
+  whatever it started (data-loader workers, a wrapper script's child).
+- Output is streamed with a ``[rank N]`` prefix (``[node K rank N]`` when several nodes are
+  simulated) and copied, unprefixed, to one log file per rank.
+- The first failure tears the group down: SIGTERM to every group, the grace period, then
+  SIGKILL. The outcome carries the failing rank's own exit code (128+signal if it died of a
+  signal) and the last lines of its output.
+- SIGTERM/SIGINT/SIGHUP to mlaunch are forwarded to every group; after the grace period
+  the rest is SIGKILLed and mlaunch exits 128+signal. SIGUSR1/SIGUSR2 are forwarded as is
+  (SLURM-style preemption notices), without stopping anything.
+- If mlaunch is SIGKILLed no worker survives: each worker has a parent-death signal, and a
+  forked watchdog (which only waits for mlaunch's end of a pipe to close) kills every
+  process group and every process carrying this run's ``MLAUNCH_RUN_ID``.
+- No zombies: mlaunch is a child subreaper, the loop reaps every child (orphaned
+  grandchildren included), and stragglers are killed at the end. This is also what makes
+  mlaunch a correct PID 1 in a container.
+
+The loop is single-threaded: one selector over the output pipes and a signal wake-up pipe
+(SIGCHLD included), so there is no thread to race a fork and no polling delay on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import select
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from launchers.plan import ProcessSpec
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+TAIL_LINES = 15
+
+_libc: ctypes.CDLL | None = None
+
+
+def _prctl(option: int, value: int) -> bool:
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        return int(_libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Orphaned grandchildren are re-parented to us (and reaped by us) instead of to init."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def exit_code_of(status: int) -> int:
+    """waitpid status → shell-style exit code (128+signal when killed by a signal)."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
+# ----------------------------------------------------------------------------------------
+# Signals
+# ----------------------------------------------------------------------------------------
+
+
+class SignalRouter:
+    """Turns signals into bytes on a pipe the supervisor's selector watches.
+
+    Installed once per mlaunch run (it outlives restarts and the backoff between them). The
+    Python handlers do nothing: ``signal.set_wakeup_fd`` writes each signal number to the
+    pipe. Outside the main thread signals cannot be caught; the supervisor then polls.
+    """
+
+    HANDLED = (*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)
+
+    def __init__(self) -> None:
+        self.active = False
+        self.read_fd = -1
+        self._write_fd = -1
+        self._previous: dict[int, object] = {}
+        self._old_wakeup = -1
+        self.pending: list[int] = []
+
+    def __enter__(self) -> SignalRouter:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self._write_fd, False)
+        for sig in self.HANDLED:
+            self._previous[sig] = signal.signal(sig, _noop_handler)
+        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self.active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.active:
+            return
+        signal.set_wakeup_fd(self._old_wakeup)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
+        os.close(self.read_fd)
+        os.close(self._write_fd)
+        self.active = False
+
+    def drain(self) -> list[int]:
+        """Signals received since the last call, in order."""
+        got, self.pending = self.pending, []
+        if self.active:
+            while True:
+                try:
+                    data = os.read(self.read_fd, 512)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                got.extend(data)
+        return got
+
+    def wait(self, seconds: float) -> list[int]:
+        """Sleep up to ``seconds`` but return early with any stop/forward signal received."""
+        end = time.monotonic() + seconds
+        while True:
+            sigs = [s for s in self.drain() if s != signal.SIGCHLD]
+            _reap_unknown()
+            if sigs:
+                return sigs
+            left = end - time.monotonic()
+            if left <= 0:
+                return []
+            if self.active:
+                select.select([self.read_fd], [], [], left)
+            else:
+                time.sleep(min(left, 0.1))
+
+
+def _noop_handler(signum: int, frame: object) -> None:
+    """Handled only so set_wakeup_fd reports it; the supervisor loop does the work."""
+
+
+def _reap_unknown() -> None:
+    """Reap any exited child (used between attempts, when no supervisor loop runs)."""
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+
+
+# ----------------------------------------------------------------------------------------
+# Watchdog: survives a SIGKILL of mlaunch and cleans up after it
+# ----------------------------------------------------------------------------------------
+
+
+class Watchdog:
+    """A forked helper that kills the job's processes when mlaunch's pipe end closes.
+
+    Forked before any thread exists (fork is cheap, no interpreter start-up). It ignores
+    the stop signals (so a Ctrl-C aimed at mlaunch's terminal group does not take it away
+    early) and only reads: ``+PGID``/``-PGID`` lines. On EOF — mlaunch exited normally or
+    was killed — it SIGKILLs the groups still listed and every process whose environment
+    carries this run's marker (grandchildren that escaped into their own session).
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.pid = 0
+        self._fd = -1
+
+    def start(self) -> Watchdog:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            try:
+                os.close(write_fd)
+                for sig in (*STOP_SIGNALS, *FORWARD_SIGNALS):
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.set_wakeup_fd(-1)
+                _watchdog_main(read_fd, self.run_id, os.getppid())
+            finally:
+                os._exit(0)
+        os.close(read_fd)
+        self.pid = pid
+        self._fd = write_fd
+        return self
+
+    def _send(self, line: str) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._fd, line.encode())
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"+{pgid}\n")
+
+    def unwatch(self, pgid: int) -> None:
+        self._send(f"-{pgid}\n")
+
+    def close(self, wait: float = 5.0) -> None:
+        """Let the watchdog do its final sweep and exit."""
+        if self._fd < 0:
+            return
+        os.close(self._fd)
+        self._fd = -1
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid:
+                return
+            time.sleep(0.01)
+
+
+def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
+    groups: set[int] = set()
+    buf = b""
+    while True:
+        try:
+            data = os.read(read_fd, 4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not data:
+            break
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line[:1] == b"+":
+                groups.add(int(line[1:]))
+            elif line[:1] == b"-":
+                groups.discard(int(line[1:]))
+    for pgid in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+    kill_marked_processes(run_id, exclude={os.getpid(), parent})
+
+
+def kill_marked_processes(run_id: str, exclude: Iterable[int] = ()) -> list[int]:
+    """SIGKILL every process whose initial environment has ``MLAUNCH_RUN_ID=<run_id>``."""
+    marker = f"MLAUNCH_RUN_ID={run_id}".encode()
+    skip = set(exclude)
+    killed = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return killed
+    for entry in entries:
+        if not entry.isdigit() or int(entry) in skip:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+    return killed
+
+
+def _children_of(pid: int) -> list[int]:
+    children: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return children
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # field 4 (ppid) comes after the parenthesised command, which may contain spaces
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        if len(rest) > 1 and int(rest[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+# ----------------------------------------------------------------------------------------
+# The supervisor
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Failure:
+    label: str
+    rank: int
+    pid: int
+    exit_code: int
+    signal: int | None
+    tail: list[str]
+    log: str | None
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            how = f"was killed by {signal_name(self.signal)} (exit code {self.exit_code})"
+        else:
+            how = f"exited with code {self.exit_code}"
+        return f"{self.label} (pid {self.pid}) {how}"
+
+
+@dataclass
+class Outcome:
+    status: Literal["succeeded", "failed", "signalled"]
+    exit_code: int
+    failure: Failure | None = None
+    signal: int | None = None
+    exit_codes: dict[str, int] = field(default_factory=dict)  # label → exit code
+
+
+@dataclass
+class _Worker:
+    spec: ProcessSpec
+    label: str
+    prefix: bytes
+    popen: subprocess.Popen[bytes]
+    log: BinaryIO | None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    buffers: dict[int, bytes] = field(default_factory=dict)
+    returncode: int | None = None
+    status: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+class Supervisor:
+    """Run one attempt of a group of processes to its end and report how it ended."""
+
+    def __init__(
+        self,
+        processes: list[ProcessSpec],
+        *,
+        grace_period: float = 30.0,
+        run_id: str = "",
+        signals: SignalRouter | None = None,
+        watchdog: Watchdog | None = None,
+        out: BinaryIO | None = None,
+        err: BinaryIO | None = None,
+        labels: dict[int, str] | None = None,
+        announce: Callable[[str], None] | None = None,
+        log_mode: str = "ab",
+    ) -> None:
+        self.processes = processes
+        self.grace_period = grace_period
+        self.run_id = run_id
+        self.signals = signals or SignalRouter()
+        self.watchdog = watchdog
+        self.out = out or sys.stdout.buffer
+        self.err = err or sys.stderr.buffer
+        self.labels = labels or {}
+        self.announce = announce or (lambda msg: _print_err(msg))
+        self.log_mode = log_mode
+        self.workers: list[_Worker] = []
+        self._by_pid: dict[int, _Worker] = {}
+        self._by_fd: dict[int, tuple[_Worker, bool]] = {}
+        self._selector = selectors.DefaultSelector()
+        self._kill_at: float | None = None
+        self._failure: Failure | None = None
+        self._signal: int | None = None
+        self._stopping = False
+        self._parent_pid = os.getpid()
+
+    # -- public ----------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        try:
+            self._start_all()
+            if self._failure is None and self._signal is None:
+                self._loop()
+            else:
+                self._stop_all(signal.SIGTERM)
+                self._loop()
+        finally:
+            self._final_cleanup()
+        codes = {w.label: w.returncode for w in self.workers if w.returncode is not None}
+        if self._signal is not None and self._failure is None:
+            return Outcome("signalled", 128 + self._signal, signal=self._signal, exit_codes=codes)
+        if self._failure is not None:
+            return Outcome("failed", self._failure.exit_code or 1, failure=self._failure, signal=self._signal,
+                           exit_codes=codes)
+        return Outcome("succeeded", 0, exit_codes=codes)
+
+    # -- starting --------------------------------------------------------------------------
+    def _start_all(self) -> None:
+        if self.signals.active:
+            self._selector.register(self.signals.read_fd, selectors.EVENT_READ, None)
+        for index, spec in enumerate(self.processes):
+            for sig in self.signals.drain():
+                self._on_signal(sig)
+            if self._signal is not None or self._failure is not None:
+                return
+            label = self.labels.get(index) or spec.label or f"rank {spec.rank}"
+            try:
+                self._spawn(spec, label)
+            except OSError as exc:
+                self._failure = Failure(label, spec.rank, 0, 127 if isinstance(exc, FileNotFoundError) else 126,
+                                        None, [f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"], spec.log)
+                return
+
+    def _spawn(self, spec: ProcessSpec, label: str) -> None:
+        env = dict(os.environ)
+        env.update(spec.env)
+        if self.run_id:
+            env["MLAUNCH_RUN_ID"] = self.run_id
+        log = None
+        if spec.log:
+            Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
+            log = open(spec.log, self.log_mode)  # noqa: SIM115 - closed in _final_cleanup
+        parent = self._parent_pid
+
+        def child_setup() -> None:
+            # Die with mlaunch even if it is SIGKILLed; if it already died, do not run at all.
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(137)
+
+        popen = subprocess.Popen(
+            spec.argv,
+            cwd=spec.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=child_setup,  # noqa: PLW1509 - the supervisor loop is single-threaded
+            close_fds=True,
+        )
+        worker = _Worker(spec, label, f"[{label}] ".encode(), popen, log)
+        self.workers.append(worker)
+        self._by_pid[popen.pid] = worker
+        if self.watchdog:
+            self.watchdog.watch(popen.pid)
+        for stream, is_err in ((popen.stdout, False), (popen.stderr, True)):
+            assert stream is not None
+            fd = stream.fileno()
+            os.set_blocking(fd, False)
+            worker.buffers[fd] = b""
+            self._by_fd[fd] = (worker, is_err)
+            self._selector.register(fd, selectors.EVENT_READ, None)
+
+    # -- the loop --------------------------------------------------------------------------
+    def _live(self) -> list[_Worker]:
+        return [w for w in self.workers if w.returncode is None]
+
+    def _loop(self) -> None:
+        while self._live():
+            timeout = 0.5 if self.signals.active else 0.05
+            if self._kill_at is not None:
+                timeout = max(0.0, min(timeout, self._kill_at - time.monotonic()))
+            for key, _ in self._selector.select(timeout):
+                fd = int(key.fd)  # type: ignore[arg-type]
+                if fd == self.signals.read_fd:
+                    continue
+                self._read(fd)
+            for sig in self.signals.drain():
+                self._on_signal(sig)
+            self._reap()
+            if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                live = self._live()
+                if live:
+                    self.announce(
+                        f"grace period of {self.grace_period:g}s is over; SIGKILL to "
+                        + ", ".join(w.label for w in live)
+                    )
+                self._kill_groups(signal.SIGKILL)
+                self._kill_at = None
+
+    def _read(self, fd: int) -> None:
+        worker, is_err = self._by_fd[fd]
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_fd(fd)
+            return
+        if worker.log:
+            worker.log.write(data)
+            worker.log.flush()
+        buf = worker.buffers[fd] + data
+        *lines, worker.buffers[fd] = buf.split(b"\n")
+        if lines:
+            self._emit(worker, lines, is_err)
+
+    def _emit(self, worker: _Worker, lines: list[bytes], is_err: bool) -> None:
+        stream = self.err if is_err else self.out
+        chunk = b"".join(worker.prefix + line + b"\n" for line in lines)
+        with contextlib.suppress(OSError, ValueError):
+            stream.write(chunk)
+            stream.flush()
+        worker.tail.extend(line.decode("utf-8", "replace") for line in lines)
+
+    def _close_fd(self, fd: int) -> None:
+        worker, is_err = self._by_fd.pop(fd)
+        rest = worker.buffers.pop(fd, b"")
+        if rest:
+            self._emit(worker, [rest], is_err)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fd)
+        stream = worker.popen.stderr if is_err else worker.popen.stdout
+        if stream is not None:
+            stream.close()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            worker = self._by_pid.get(pid)
+            if worker is not None and worker.returncode is None:
+                self._on_exit(worker, status)
+
+    def _on_exit(self, worker: _Worker, status: int) -> None:
+        code = exit_code_of(status)
+        worker.status = status
+        worker.returncode = code
+        worker.popen.returncode = code  # subprocess must not wait on a pid we reaped
+        # Whatever the worker left in its group (a background child) goes with it.
+        with contextlib.suppress(OSError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        if self.watchdog:
+            self.watchdog.unwatch(worker.pid)
+        self._drain_pipes(worker)
+        if self._stopping:
+            return
+        if code != 0:
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            self._failure = Failure(worker.label, worker.spec.rank, worker.pid, code, sig, list(worker.tail),
+                                    worker.spec.log)
+            self.announce(f"{self._failure.describe()}; stopping the other processes")
+            self._stop_all(signal.SIGTERM)
+            return
+        if all(w.returncode == 0 for w in self.workers if w.spec.required):
+            services = [w for w in self._live() if not w.spec.required]
+            if services:
+                self.announce(
+                    "every required process finished; stopping " + ", ".join(w.label for w in services)
+                )
+                self._stop_all(signal.SIGTERM)
+
+    def _drain_pipes(self, worker: _Worker) -> None:
+        """Read what the exited process left in its pipes (so its last lines are not lost)."""
+        fds = [fd for fd, (w, _) in self._by_fd.items() if w is worker]
+        end = time.monotonic() + 0.2
+        while fds and time.monotonic() < end:
+            ready, _, _ = select.select(fds, [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                break
+            for fd in ready:
+                self._read(fd)
+            fds = [fd for fd in fds if fd in self._by_fd]
+
+    # -- stopping --------------------------------------------------------------------------
+    def _on_signal(self, sig: int) -> None:
+        if sig == signal.SIGCHLD:
+            return
+        if sig in (signal.SIGUSR1, signal.SIGUSR2):
+            self.announce(f"forwarding {signal_name(sig)} to {len(self._live())} processes")
+            self._kill_groups(sig)
+            return
+        if self._signal is None and not self._stopping:
+            self._signal = sig
+            self.announce(
+                f"received {signal_name(sig)}; forwarding it to {len(self._live())} processes, "
+                f"SIGKILL in {self.grace_period:g}s"
+            )
+            self._stop_all(sig)
+        elif self._signal is None:
+            self._signal = sig  # already stopping after a failure: keep the failure's exit code
+        elif sig == signal.SIGINT and self._kill_at is not None:
+            self.announce("second interrupt: SIGKILL now")
+            self._kill_groups(signal.SIGKILL)
+            self._kill_at = None
+        else:
+            self.announce(f"received {signal_name(sig)} again; already stopping (SIGINT twice kills at once)")
+
+    def _stop_all(self, sig: int) -> None:
+        self._stopping = True
+        self._kill_groups(sig)
+        if self._kill_at is None:
+            self._kill_at = time.monotonic() + self.grace_period
+
+    def _kill_groups(self, sig: int) -> None:
+        for worker in self._live():
+            try:
+                os.killpg(worker.pid, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                with contextlib.suppress(OSError):
+                    os.kill(worker.pid, sig)
+
+    def _final_cleanup(self) -> None:
+        # Anything still alive (an exception in the loop) is killed; then the pipes are
+        # drained, logs closed, orphans we adopted as subreaper killed and reaped.
+        if self._live():
+            self._kill_groups(signal.SIGKILL)
+            end = time.monotonic() + 5
+            while self._live() and time.monotonic() < end:
+                self._reap()
+                time.sleep(0.01)
+        for fd in list(self._by_fd):
+            self._read_all(fd)
+        for worker in self.workers:
+            if worker.log:
+                worker.log.close()
+        watchdog_pid = self.watchdog.pid if self.watchdog else -1
+        for child in _children_of(os.getpid()):
+            if child != watchdog_pid and child not in self._by_pid:
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+        self._reap()
+        if self.signals.active:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self.signals.read_fd)
+        self._selector.close()
+
+    def _read_all(self, fd: int) -> None:
+        end = time.monotonic() + 0.5
+        while fd in self._by_fd and time.monotonic() < end:
+            ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                break
+            self._read(fd)
+        if fd in self._by_fd:
+            self._close_fd(fd)
+
+
+def _print_err(message: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"mlaunch: {message}\n")
+        sys.stderr.flush()
+
+
+def _ignore_errno(func: Callable[[], object], *codes: int) -> None:
+    try:
+        func()
+    except OSError as exc:
+        if exc.errno not in codes:
+            raise
+
+
+__all__ = [
+    "Failure",
+    "Outcome",
+    "SignalRouter",
+    "Supervisor",
+    "Watchdog",
+    "become_subreaper",
+    "errno",
+    "exit_code_of",
+    "kill_marked_processes",
+]
