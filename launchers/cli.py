@@ -21,9 +21,13 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from typer.core import TyperGroup
+
+try:  # typer ≥ 0.20 vendors click as typer._click; older releases use click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from launchers import __version__
 from launchers.errors import EXIT_USER_ERROR, UserError
@@ -34,7 +38,7 @@ class _DefaultRunGroup(TyperGroup):
 
     GROUP_OPTIONS = ("--help", "-h", "--version", "--install-completion", "--show-completion")
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
         if args and args[0] not in self.commands and args[0] not in self.GROUP_OPTIONS:
             args = ["run", *args]
         return super().parse_args(ctx, args)
@@ -163,19 +167,19 @@ def main(argv: list[str] | None = None) -> Any:
     """Console entry point: user errors → exit 2 and a message; the job's code otherwise."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        app(args=args, prog_name="mlaunch", standalone_mode=False)
+        result = app(args=args, prog_name="mlaunch", standalone_mode=False)
     except UserError as exc:
         sys.stderr.write(f"mlaunch: error: {exc}\n")
         sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
+    except click_exceptions.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USER_ERROR)
-    except click.exceptions.Abort:
+        sys.exit(exc.exit_code or EXIT_USER_ERROR)
+    except (typer.Abort, KeyboardInterrupt):
         sys.stderr.write("mlaunch: aborted\n")
         sys.exit(130)
     except BrokenPipeError:
         # `mlaunch plan | head`: the reader left; nothing to report.
         os._exit(0)
-    sys.exit(0)
+    sys.exit(result if isinstance(result, int) else 0)

@@ -56,7 +56,10 @@ Duration = Annotated[
     BeforeValidator(_duration),
     WithJsonSchema(
         {
-            "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": r"^[0-9.]+(ms|s|m|h|d)?"}],
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": r"^[0-9.]+(ms|s|m|h|d)?"},
+            ],
             "description": "seconds, or a duration such as 30s, 5m, 1h30m",
         }
     ),
@@ -86,7 +89,9 @@ class PytorchOptions(Section):
         "--init_method tcp://MASTER:PORT --rank R --world_size W (ModelArts-style DDP scripts); "
         "torchrun: one `torchrun` per node with c10d rendezvous (elastic).",
     )
-    master_port: Port | None = Field(None, description="rendezvous port; default: platform's, else 29500 (free port when simulated)")
+    master_port: Port | None = Field(
+        None, description="rendezvous port; default: platform's, else 29500 (free port when simulated)"
+    )
     nnodes: str | None = Field(None, description="torchrun style: node count or elastic range, e.g. '2:3'")
     rdzv_backend: str = "c10d"
     rdzv_id: str | None = None
@@ -106,7 +111,8 @@ class TensorflowOptions(Section):
 
     ps: int = Field(1, ge=0, description="parameter servers per node, each beside a worker as on ModelArts")
     output: Literal["flags", "tf_config", "both"] = Field(
-        "both", description="flags: --ps_hosts/--worker_hosts/--job_name/--task_index; tf_config: TF_CONFIG env"
+        "both",
+        description="flags: --ps_hosts/--worker_hosts/--job_name/--task_index; tf_config: TF_CONFIG env",
     )
     chief: bool = Field(False, description="make worker 0 of node 0 a separate 'chief' task in TF_CONFIG")
     port: Port = Field(2222, description="first port of the ps/worker servers")
@@ -209,15 +215,15 @@ class Job(Section):
     env: dict[str, Scalar] = Field(default_factory=dict, description="extra environment for every process")
     log_dir: str = Field("output/logs", description="per-rank log files, relative to this file")
     preload: list[str] = Field(default_factory=list, description="modules warm standby workers import ahead")
-    prestart: PrestartOptions = Field(default_factory=PrestartOptions)
-    checkpoint: CheckpointOptions = Field(default_factory=CheckpointOptions)
-    restart: RestartOptions = Field(default_factory=RestartOptions)
-    pytorch: PytorchOptions = Field(default_factory=PytorchOptions)
-    tensorflow: TensorflowOptions = Field(default_factory=TensorflowOptions)
-    ascend: AscendOptions = Field(default_factory=AscendOptions)
-    mpi: MpiOptions = Field(default_factory=MpiOptions)
-    high_availability: HighAvailabilityOptions = Field(default_factory=HighAvailabilityOptions)
-    kubernetes: KubernetesOptions = Field(default_factory=KubernetesOptions)
+    prestart: PrestartOptions = Field(default_factory=lambda: PrestartOptions())
+    checkpoint: CheckpointOptions = Field(default_factory=lambda: CheckpointOptions())
+    restart: RestartOptions = Field(default_factory=lambda: RestartOptions())
+    pytorch: PytorchOptions = Field(default_factory=lambda: PytorchOptions())
+    tensorflow: TensorflowOptions = Field(default_factory=lambda: TensorflowOptions())
+    ascend: AscendOptions = Field(default_factory=lambda: AscendOptions())
+    mpi: MpiOptions = Field(default_factory=lambda: MpiOptions())
+    high_availability: HighAvailabilityOptions = Field(default_factory=lambda: HighAvailabilityOptions())
+    kubernetes: KubernetesOptions = Field(default_factory=lambda: KubernetesOptions())
 
     _source: Path | None = PrivateAttr(None)
 

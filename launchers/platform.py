@@ -110,8 +110,9 @@ def split_platform_args(args: Sequence[str], names: Iterable[str]) -> tuple[dict
         else:
             assert value is not None
             if name in found and found[name] != value:
-                raise PlatformError(f"platform argument --{name} given twice with different values: "
-                                    f"{found[name]!r} and {value!r}")
+                raise PlatformError(
+                    f"platform argument --{name} given twice with different values: {found[name]!r} and {value!r}"
+                )
             found[name] = value
         i += 1
     return found, rest
@@ -175,8 +176,9 @@ def _from_args(args: Mapping[str, str]) -> Sighting | None:
                 raise PlatformError(f"platform argument --{name}={value} must be ≥ {minimum}")
             s.put(fact, value, f"--{name}={value}")
     if "rank" in args and "world_size" not in args:
-        raise PlatformError("platform argument --rank was given without --world_size; expected both "
-                            "(node index and number of nodes)")
+        raise PlatformError(
+            "platform argument --rank was given without --world_size; expected both (node index and number of nodes)"
+        )
     if "init_method" not in args and ("rank" in args or "world_size" in args):
         raise PlatformError("platform arguments --rank/--world_size were given without --init_method tcp://HOST:PORT")
     if "nnodes" not in s.facts:
@@ -389,8 +391,9 @@ def detect(
     args, rest = split_platform_args(extra_args, consumes)
     sightings = [] if simulate else collect_sightings(env, args)
     if simulate and args:
-        raise PlatformError("--simulate cannot be combined with platform arguments "
-                            f"({', '.join('--' + a for a in args)})")
+        raise PlatformError(
+            f"--simulate cannot be combined with platform arguments ({', '.join('--' + a for a in args)})"
+        )
     if not sightings:
         return local_cluster(job, rest, env)
     facts = merge_sightings(sightings)
@@ -414,8 +417,10 @@ def detect(
         )
     nproc = int(facts.get("nproc", job.procs_per_node))  # type: ignore[call-overload]
     if "nproc" in facts and job.procs_per_node not in (1, nproc):
-        notes.append(f"job.yaml asks for procs_per_node: {job.procs_per_node}, the platform gives {nproc} "
-                     "per node; following the platform")
+        notes.append(
+            f"job.yaml asks for procs_per_node: {job.procs_per_node}, the platform gives {nproc} "
+            "per node; following the platform"
+        )
     if job.nodes not in (1, nnodes):
         notes.append(f"job.yaml says nodes: {job.nodes}, the platform runs {nnodes}; following the platform")
     world_env = facts.get("world_size_env")

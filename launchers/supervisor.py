@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import select
 import selectors
@@ -39,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import IO, BinaryIO, Literal
 
 from launchers.plan import ProcessSpec
 
@@ -264,7 +263,7 @@ def kill_marked_processes(run_id: str, exclude: Iterable[int] = ()) -> list[int]
     """SIGKILL every process whose initial environment has ``MLAUNCH_RUN_ID=<run_id>``."""
     marker = f"MLAUNCH_RUN_ID={run_id}".encode()
     skip = set(exclude)
-    killed = []
+    killed: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -343,7 +342,7 @@ class _Worker:
     label: str
     prefix: bytes
     popen: subprocess.Popen[bytes]
-    log: BinaryIO | None
+    log: IO[bytes] | None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     buffers: dict[int, bytes] = field(default_factory=dict)
     returncode: int | None = None
@@ -406,8 +405,13 @@ class Supervisor:
         if self._signal is not None and self._failure is None:
             return Outcome("signalled", 128 + self._signal, signal=self._signal, exit_codes=codes)
         if self._failure is not None:
-            return Outcome("failed", self._failure.exit_code or 1, failure=self._failure, signal=self._signal,
-                           exit_codes=codes)
+            return Outcome(
+                "failed",
+                self._failure.exit_code or 1,
+                failure=self._failure,
+                signal=self._signal,
+                exit_codes=codes,
+            )
         return Outcome("succeeded", 0, exit_codes=codes)
 
     # -- starting --------------------------------------------------------------------------
@@ -423,8 +427,15 @@ class Supervisor:
             try:
                 self._spawn(spec, label)
             except OSError as exc:
-                self._failure = Failure(label, spec.rank, 0, 127 if isinstance(exc, FileNotFoundError) else 126,
-                                        None, [f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"], spec.log)
+                self._failure = Failure(
+                    label,
+                    spec.rank,
+                    0,
+                    127 if isinstance(exc, FileNotFoundError) else 126,
+                    None,
+                    [f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"],
+                    spec.log,
+                )
                 return
 
     def _spawn(self, spec: ProcessSpec, label: str) -> None:
@@ -478,7 +489,7 @@ class Supervisor:
             if self._kill_at is not None:
                 timeout = max(0.0, min(timeout, self._kill_at - time.monotonic()))
             for key, _ in self._selector.select(timeout):
-                fd = int(key.fd)  # type: ignore[arg-type]
+                fd = int(key.fd)
                 if fd == self.signals.read_fd:
                     continue
                 self._read(fd)
@@ -562,17 +573,16 @@ class Supervisor:
             return
         if code != 0:
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-            self._failure = Failure(worker.label, worker.spec.rank, worker.pid, code, sig, list(worker.tail),
-                                    worker.spec.log)
+            self._failure = Failure(
+                worker.label, worker.spec.rank, worker.pid, code, sig, list(worker.tail), worker.spec.log
+            )
             self.announce(f"{self._failure.describe()}; stopping the other processes")
             self._stop_all(signal.SIGTERM)
             return
         if all(w.returncode == 0 for w in self.workers if w.spec.required):
             services = [w for w in self._live() if not w.spec.required]
             if services:
-                self.announce(
-                    "every required process finished; stopping " + ", ".join(w.label for w in services)
-                )
+                self.announce("every required process finished; stopping " + ", ".join(w.label for w in services))
                 self._stop_all(signal.SIGTERM)
 
     def _drain_pipes(self, worker: _Worker) -> None:
@@ -669,14 +679,6 @@ def _print_err(message: str) -> None:
         sys.stderr.flush()
 
 
-def _ignore_errno(func: Callable[[], object], *codes: int) -> None:
-    try:
-        func()
-    except OSError as exc:
-        if exc.errno not in codes:
-            raise
-
-
 __all__ = [
     "Failure",
     "Outcome",
@@ -684,7 +686,6 @@ __all__ = [
     "Supervisor",
     "Watchdog",
     "become_subreaper",
-    "errno",
     "exit_code_of",
     "kill_marked_processes",
 ]

@@ -1,0 +1,94 @@
+"""Shared test configuration.
+
+Slow suites (real TensorFlow / MindSpore in their own virtual environments, long chaos
+runs) are marked ``@pytest.mark.slow``. They run when any of ``--slow``,
+``MLAUNCH_SLOW=1`` or ``CI=true`` is set — CI runs everything with the same ``pytest``
+command the README gives; a developer's plain ``pytest`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SHARED = ROOT.parent / "shared"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run @pytest.mark.slow suites")
+
+
+def slow_enabled(config: pytest.Config) -> bool:
+    return bool(
+        config.getoption("--slow")
+        or os.environ.get("MLAUNCH_SLOW") == "1"
+        or os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if slow_enabled(config):
+        return
+    skip = pytest.mark.skip(reason="slow suite: run with --slow, MLAUNCH_SLOW=1 or CI=true")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def mlaunch_cmd() -> list[str]:
+    """The installed command, run with this interpreter (works in any venv)."""
+    return [sys.executable, "-m", "launchers"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's env minus every platform variable, plus ``extra``.
+
+    A developer's shell (or CI) must not turn a local-simulation test into a platform run.
+    """
+    platform_prefixes = ("MA_", "VC_", "VK_", "PET_", "MS_", "TF_CONFIG", "RANK_TABLE_FILE", "MINDX_", "CM_")
+    platform_names = {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "ASCEND_DEVICE_ID",
+        "DEVICE_ID",
+        "RANK_ID",
+        "RANK_SIZE",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(platform_prefixes) and k not in platform_names}
+    env.update(extra)
+    return env
+
+
+def run_mlaunch(
+    args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*mlaunch_cmd(), *args],
+        env=env or clean_env(),
+        cwd=cwd or ROOT,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_torch = pytest.mark.skipif(not torch_available(), reason="torch is not installed (pip install torch==2.13.0)")
