@@ -189,6 +189,11 @@ class HighAvailabilityOptions(Section):
     sink_size: int = Field(1, ge=1)
     taskd: bool = False
 
+    @property
+    def enabled(self) -> bool:
+        """Whether any high-availability feature is asked for (TFT features or TaskD)."""
+        return self.ttp or self.uce or self.arf or self.taskd
+
 
 class KubernetesOptions(Section):
     """``kubernetes:`` — what manifests need beyond the job itself (owned by the manifest work)."""

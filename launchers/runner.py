@@ -55,8 +55,17 @@ def make_plan(
     """Detect the cluster and plan attempt 0 — pure, used by both ``plan`` and ``run``."""
     engine = get_engine(engine_name)
     cluster = engine.detect(job, os.environ if env is None else env, extra_args, simulate=simulate)
-    plan = engine.plan(job, cluster, 0)
-    return engine, cluster, plan
+    return engine, cluster, plan_attempt(engine, job, cluster, 0)
+
+
+def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> LaunchPlan:
+    """The engine's plan, plus what job-wide features add to it (high-availability side processes, env)."""
+    plan = engine.plan(job, cluster, attempt)
+    if job.high_availability.enabled:
+        from launchers.ha import apply_high_availability
+
+        plan = apply_high_availability(job, cluster, plan)
+    return plan
 
 
 def process_labels(plan: LaunchPlan) -> dict[int, str]:
@@ -146,7 +155,7 @@ def _attempts(
             say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
             return 128 + received[0]
         cluster = engine.restart_cluster(cluster, attempt)
-        plan = engine.plan(job, cluster, attempt)
+        plan = plan_attempt(engine, job, cluster, attempt)
 
 
 def report_failure(outcome: Outcome, processes: list[ProcessSpec]) -> None:
