@@ -576,7 +576,9 @@ class Supervisor:
             self._failure = Failure(
                 worker.label, worker.spec.rank, worker.pid, code, sig, list(worker.tail), worker.spec.log
             )
-            self.announce(f"{self._failure.describe()}; stopping the other processes")
+            others = self._live()
+            if others:
+                self.announce(f"{self._failure.describe()}; stopping the other {len(others)} processes")
             self._stop_all(signal.SIGTERM)
             return
         if all(w.returncode == 0 for w in self.workers if w.spec.required):
