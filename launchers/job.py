@@ -175,35 +175,137 @@ class RestartOptions(Section):
     max_backoff: Duration = Field(60.0)
 
 
-class HighAvailabilityOptions(Section):
-    """``high_availability:`` — MindIO TFT / TaskD wiring (owned by the HA work)."""
+RecoverStrategy = Literal["retry", "recover", "recover-in-place", "elastic-training", "dump", "exit"]
 
-    ttp: bool = False
-    uce: bool = False
-    arf: bool = False
-    controller: str | None = Field(None, description="host:port of the TFT controller; default node 0")
-    dp: int = Field(1, ge=1, description="data-parallel size")
-    tp: int = Field(1, ge=1, description="tensor/model-parallel size")
-    pp: int = Field(1, ge=1, description="pipeline stages")
-    optimizer_shard: int = Field(1, ge=1, description="optimizer_weight_shard_size (1 = off)")
-    sink_size: int = Field(1, ge=1)
-    taskd: bool = False
+
+class HighAvailabilityOptions(Section):
+    """``high_availability:`` — MindIO TFT / TaskD wiring (owned by the HA work).
+
+    TFT features (``ttp``, ``uce``, ``arf``) set MindIO's env for MindSpore/MindFormers;
+    ``taskd`` starts MindCluster's TaskD manager beside node 0's processes. Both need a
+    replica relation (``dp / optimizer_shard`` ≥ 2), checked before launch.
+    """
+
+    ttp: bool = Field(False, description="TTP: dying checkpoint written by one healthy rank per replica group")
+    uce: bool = Field(False, description="UCE: on-chip memory fault repair (implies ttp)")
+    arf: bool = Field(False, description="ARF: process-level rescheduling (implies ttp)")
+    controller: str | None = Field(
+        None, description="HOST:PORT (or HOST) of the TFT controller → MS_TFT_IP/MS_TFT_PORT; default node 0:30051"
+    )
+    dp: int = Field(1, ge=1, description="data-parallel size (data_parallel)")
+    tp: int = Field(1, ge=1, description="tensor/model-parallel size (model_parallel)")
+    pp: int = Field(1, ge=1, description="pipeline stages (pipeline_stage)")
+    optimizer_shard: int = Field(1, ge=1, description="optimizer_weight_shard_size (1 = optimizer parallel off)")
+    sink_size: int = Field(1, ge=1, description="MindSpore data sink size; MindIO TFT works only with 1")
+    taskd: bool = Field(False, description="start MindCluster's TaskD manager on node 0 and preload libtaskd.so")
+    mindspeed_flags: bool = Field(
+        False, description="append --enable-high-availability --enable-hbmfault-repair to the start file's args"
+    )
+    hccl_op_retry: str = Field("L0:0, L1:1, L2:1", description="HCCL_OP_RETRY_ENABLE when taskd is on")
+    recover_strategy: list[RecoverStrategy] | None = Field(
+        None,
+        description="MindCluster recover-strategy annotation; default from the features: "
+        "uce or taskd → retry, arf → recover, ttp → dump",
+    )
+
+    @field_validator("controller")
+    @classmethod
+    def _controller(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(\d{1,5}))?", value.strip())
+        if not match or (match.group(2) and not 0 < int(match.group(2)) < 65536):
+            raise ValueError("expected HOST:PORT or HOST, e.g. 10.0.0.1:30051")
+        return value.strip()
 
     @property
     def enabled(self) -> bool:
         """Whether any high-availability feature is asked for (TFT features or TaskD)."""
         return self.ttp or self.uce or self.arf or self.taskd
 
+    @property
+    def tft(self) -> bool:
+        """Whether MindIO TFT (TTP/UCE/ARF) is asked for."""
+        return self.ttp or self.uce or self.arf
+
+
+class VolumeOptions(Section):
+    """A volume for the pods: an existing PVC or a host path (neither: nothing is mounted)."""
+
+    pvc: str | None = Field(None, description="name of an existing PersistentVolumeClaim")
+    host_path: str | None = Field(None, description="directory on the node (hostPath)")
+    mount_path: str | None = Field(None, description="where it appears in the container (default per volume)")
+    sub_path: str | None = Field(None, description="mount only this sub-directory of the volume")
+    read_only: bool = False
+
+    @field_validator("host_path")
+    @classmethod
+    def _one_source(cls, value: str | None, info: Any) -> str | None:
+        if value is not None and info.data.get("pvc") is not None:
+            raise ValueError("give either pvc or host_path, not both")
+        if value is not None and not value.startswith("/"):
+            raise ValueError("host_path must be an absolute path on the node, e.g. /data/code")
+        return value
+
+    @field_validator("mount_path")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("mount_path must be an absolute path in the container, e.g. /job/output")
+        return value
+
+    @property
+    def given(self) -> bool:
+        return self.pvc is not None or self.host_path is not None
+
 
 class KubernetesOptions(Section):
-    """``kubernetes:`` — what manifests need beyond the job itself (owned by the manifest work)."""
+    """``kubernetes:`` — what manifests need beyond the job itself (owned by the manifest work).
 
-    image: str | None = None
+    Nothing secret belongs here: values are written into the manifest as they are. Secrets
+    are referenced by name (``env_from_secrets``), never copied.
+    """
+
+    image: str | None = Field(None, description="container image (required by `mlaunch manifest`)")
     namespace: str = "default"
-    cpu: Scalar | None = None
-    memory: str | None = None
+    cpu: Scalar | None = Field(None, description="CPU request = limit per pod, e.g. 8 or 7500m")
+    memory: str | None = Field(None, description="memory request = limit per pod, e.g. 64Gi")
     accelerator: str | None = Field(None, description="resource name, e.g. nvidia.com/gpu or huawei.com/Ascend910")
-    shm_size: str = "16Gi"
+    accelerator_count: int | None = Field(None, ge=1, description="accelerators per pod; default procs_per_node")
+    shm_size: str = Field("16Gi", description="size of the memory-backed /dev/shm (data loaders, staged checkpoints)")
+    queue: str = Field("default", description="Volcano queue (also the Kubeflow/MindCluster scheduling queue)")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="e.g. {accelerator-type: module-910b-8}")
+    code: VolumeOptions = Field(
+        default_factory=lambda: VolumeOptions(), description="code volume; none: the code is in the image"
+    )
+    code_mount: str = Field("/job/code", description="where code_dir is in the container (the working directory)")
+    output: VolumeOptions = Field(
+        default_factory=lambda: VolumeOptions(),
+        description="output/checkpoint volume, mounted at the checkpoint directory unless mount_path is set",
+    )
+    job_file: str | None = Field(None, description="path of this job.yaml in the container; default: under code_mount")
+    entrypoint: str | None = Field(
+        None,
+        description="generated entrypoint script (mlaunch entrypoint), relative to this file; "
+        "default: the container runs `mlaunch --engine E job.yaml`",
+    )
+    env_from_secrets: list[str] = Field(
+        default_factory=list, description="Secrets whose keys become env in every container (envFrom)"
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    termination_margin: Duration = Field(
+        15.0, description="added to checkpoint.grace_period for terminationGracePeriodSeconds"
+    )
+    ring_controller: str = Field("ascend-910b", description="AscendJob: ring-controller.atlas label")
+    fault_scheduling: Literal["grace", "force", "off"] = Field("force", description="AscendJob: fault-scheduling")
+    pod_rescheduling: bool = Field(True, description="AscendJob: pod-rescheduling label")
+
+    @field_validator("code_mount")
+    @classmethod
+    def _code_mount_absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("code_mount must be an absolute path in the container, e.g. /job/code")
+        return value.rstrip("/") or "/"
 
 
 class Job(Section):
