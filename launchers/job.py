@@ -26,6 +26,7 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 
 from launchers.durations import parse_duration
@@ -116,15 +117,49 @@ class TensorflowOptions(Section):
     )
     chief: bool = Field(False, description="make worker 0 of node 0 a separate 'chief' task in TF_CONFIG")
     port: Port = Field(2222, description="first port of the ps/worker servers")
+    decides: Literal["auto", "chief", "workers"] = Field(
+        "auto",
+        description="whose exit decides success (the others are stopped afterwards): auto = the chief when "
+        "there is one (ParameterServerStrategy), else the workers",
+    )
+    role_flag: Literal["auto", "job_name", "task_name"] = Field(
+        "auto",
+        description="flag that carries the role: auto = the one the platform used (--task_name or --job_name), "
+        "else --job_name",
+    )
+
+    @model_validator(mode="after")
+    def _chief_needs_tf_config(self) -> TensorflowOptions:
+        if self.chief and self.output == "flags":
+            raise ValueError(
+                "chief: true needs TF_CONFIG (the classic --ps_hosts/--worker_hosts flags have no chief); "
+                "set output: tf_config or both"
+            )
+        return self
 
 
 class AscendOptions(Section):
     """``ascend:`` — rank-table or MindSpore dynamic-cluster (msrun) launch (owned by the Ascend engine)."""
 
-    style: Literal["rank_table", "msrun"] = "rank_table"
+    style: Literal["rank_table", "msrun"] = Field(
+        "rank_table",
+        description="rank_table: one process per device from RANK_TABLE_FILE; msrun: MindSpore dynamic cluster "
+        "(a MS_SCHED scheduler on node 0 plus MS_WORKER processes). MA_RUN_METHOD=msrun or MindCluster's MS_* "
+        "env select msrun when this key is not set",
+    )
     rank_table: str | None = Field(None, description="path of the rank table; default: $RANK_TABLE_FILE")
     wait_timeout: Duration = Field(600.0, description="how long to wait while the rank table says 'initializing'")
-    sched_port: Port = Field(8118, description="msrun: MS_SCHED_PORT")
+    sched_port: Port = Field(8118, description="msrun: MS_SCHED_PORT (a free port when simulated, unless set)")
+    workdir: Literal["rank", "code"] = Field(
+        "rank",
+        description="each process's working directory: rank = its own log_dir/rank_<R> (as davincirun and the "
+        "MindSpore scripts do, so compiler caches do not collide); code = code_dir",
+    )
+    device_id: Literal["auto", "physical", "logical"] = Field(
+        "auto",
+        description="what DEVICE_ID carries: physical = the rank table's device_id; logical = the local index "
+        "(like ASCEND_DEVICE_ID); auto = logical when ASCEND_RT_VISIBLE_DEVICES remaps devices, else physical",
+    )
 
 
 class MpiOptions(Section):
