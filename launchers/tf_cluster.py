@@ -1,0 +1,256 @@
+"""TensorFlow cluster specs: read them from every platform input, compare them, lay them out.
+
+Inputs (platform_spec.md §2.2, §3.2, §4):
+- ModelArts flags appended to the start file: ``--ps_hosts``, ``--worker_hosts`` (comma lists of
+  ``host:port``, sometimes in ``[...]``), ``--task_index`` and the role as ``--job_name`` or
+  ``--task_name`` (both spellings are in ModelArts' docs);
+- ``TF_CONFIG`` (Kubeflow TFJob, Volcano's tensorflow plugin): ``cluster``, ``task`` and extras
+  such as ``"environment": "cloud"``, which are passed on; a sparse worker map is accepted when
+  its indices are 0..n-1;
+- Volcano svc env: ``VC_PS_HOSTS``/``VC_WORKER_HOSTS``/``VC_CHIEF_HOSTS`` (bare host names; the
+  port is ``tensorflow.port``), ``VC_TASK_INDEX``, the role from ``MA_TASK_NAME`` or this pod's
+  host name ``<job>-<task>-<i>``.
+Two inputs that both describe the cluster must agree (host names compared without ports when
+one side has none), or detection stops with a ``PlatformError`` naming both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from launchers.errors import PlatformError
+from launchers.platform import env_int
+
+TF_PLATFORM_ARGS = ("ps_hosts", "worker_hosts", "task_index", "job_name", "task_name")
+ROLES = ("chief", "worker", "ps", "evaluator")
+
+
+@dataclass
+class TfSighting:
+    """One input's view: the cluster, this process's task (if it says), where it came from."""
+
+    source: str
+    cluster: dict[str, list[str]]
+    task_type: str | None = None
+    task_index: int | None = None
+    extras: dict[str, Any] = field(default_factory=dict)  # other TF_CONFIG keys, passed on
+    role_flag: str | None = None  # "job_name" / "task_name" when flags carried the role
+
+
+def parse_host_list(raw: str, what: str) -> list[str]:
+    """``a:1,b:2``, ``[a:1, b:2]`` or ``["a:1","b:2"]`` → ``["a:1", "b:2"]``."""
+    text = raw.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    hosts = [h.strip().strip("'\"").strip() for h in text.split(",")] if text.strip() else []
+    if any(not h for h in hosts):
+        raise PlatformError(f"{what}={raw!r} has an empty entry; expected host:port,host:port")
+    return hosts
+
+
+def _index(raw: str, what: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise PlatformError(f"{what}={raw!r} is not an integer; expected the task's index from 0") from None
+    if value < 0:
+        raise PlatformError(f"{what}={value} must be ≥ 0")
+    return value
+
+
+def _role(raw: str, what: str) -> str:
+    role = raw.strip().lower()
+    if role not in ROLES:
+        raise PlatformError(f"{what}={raw!r}: expected one of {', '.join(ROLES)}")
+    return role
+
+
+def from_flags(args: Mapping[str, str], env: Mapping[str, str]) -> TfSighting | None:
+    """ModelArts' appended ``--ps_hosts --worker_hosts --task_index --job_name|--task_name``."""
+    if not args:
+        return None
+    if "worker_hosts" not in args:
+        given = ", ".join(f"--{k}" for k in args)
+        raise PlatformError(f"TensorFlow platform arguments ({given}) were given without --worker_hosts")
+    cluster = {"worker": parse_host_list(args["worker_hosts"], "--worker_hosts")}
+    if "ps_hosts" in args:
+        cluster["ps"] = parse_host_list(args["ps_hosts"], "--ps_hosts")
+    s = TfSighting("modelarts-tf-flags", cluster)
+    names = [n for n in ("job_name", "task_name") if n in args]
+    if len(names) == 2 and args["job_name"].strip() != args["task_name"].strip():
+        raise PlatformError(
+            f"platform arguments disagree on this task's role: --job_name={args['job_name']} but "
+            f"--task_name={args['task_name']}"
+        )
+    if names:
+        s.role_flag = names[0]
+        s.task_type = _role(args[names[0]], f"--{names[0]}")
+    if "task_index" in args:
+        s.task_index = _index(args["task_index"], "--task_index")
+    return s
+
+
+def _cluster_from_json(raw: Any, where: str) -> dict[str, list[str]]:
+    if not isinstance(raw, dict) or not raw:
+        raise PlatformError(f"{where}: 'cluster' must be a non-empty object of role → list of host:port")
+    cluster: dict[str, list[str]] = {}
+    for role, hosts in raw.items():
+        if isinstance(hosts, dict):  # Kubeflow's sparse form {"0": "h:p", "1": ...}
+            try:
+                indexed = {int(k): str(v) for k, v in hosts.items()}
+            except ValueError:
+                raise PlatformError(f"{where}: cluster.{role} has a non-integer index") from None
+            if sorted(indexed) != list(range(len(indexed))):
+                raise PlatformError(
+                    f"{where}: cluster.{role} is sparse ({sorted(indexed)}); mlaunch needs indices 0..n-1"
+                )
+            hosts = [indexed[i] for i in range(len(indexed))]
+        if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+            raise PlatformError(f"{where}: cluster.{role} must be a list of 'host:port' strings")
+        cluster[str(role).lower()] = list(hosts)
+    return cluster
+
+
+def from_tf_config(env: Mapping[str, str]) -> TfSighting | None:
+    raw = env.get("TF_CONFIG", "").strip()
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise PlatformError(f"platform env TF_CONFIG is not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(data, dict):
+        raise PlatformError("platform env TF_CONFIG must be a JSON object with 'cluster' and 'task'")
+    s = TfSighting("TF_CONFIG", _cluster_from_json(data.get("cluster"), "platform env TF_CONFIG"))
+    task = data.get("task")
+    if task is not None:
+        if not isinstance(task, dict) or "type" not in task:
+            raise PlatformError('platform env TF_CONFIG: \'task\' must be an object like {"type": "worker", ...}')
+        s.task_type = _role(str(task["type"]), "TF_CONFIG task.type")
+        s.task_index = _index(str(task.get("index", 0)), "TF_CONFIG task.index")
+    s.extras = {k: v for k, v in data.items() if k not in ("cluster", "task")}
+    return s
+
+
+def _pod_role(hosts: Mapping[str, list[str]], hostname: str) -> tuple[str, int] | None:
+    short = hostname.split(".")[0]
+    for role, names in hosts.items():
+        for i, name in enumerate(names):
+            if name.split(".")[0].split(":")[0] == short:
+                return role, i
+    return None
+
+
+def from_volcano_env(env: Mapping[str, str], port: int, hostname: str | None = None) -> TfSighting | None:
+    """Volcano svc plugin: VC_<TASK>_HOSTS for ps (required to read this as TF) and worker/chief."""
+    if not env.get("VC_PS_HOSTS", "").strip():
+        return None
+    cluster: dict[str, list[str]] = {}
+    for role in ROLES:
+        raw = env.get(f"VC_{role.upper()}_HOSTS", "").strip()
+        if raw:
+            cluster[role] = [h if ":" in h else f"{h}:{port}" for h in parse_host_list(raw, f"VC_{role.upper()}_HOSTS")]
+            num = env_int(env, f"VC_{role.upper()}_NUM", minimum=0, meaning=f"the number of {role} pods")
+            if num is not None and num != len(cluster[role]):
+                raise PlatformError(
+                    f"platform env VC_{role.upper()}_NUM={num} but VC_{role.upper()}_HOSTS lists {len(cluster[role])}"
+                )
+    if "worker" not in cluster and "chief" not in cluster:
+        raise PlatformError("platform env VC_PS_HOSTS is set but VC_WORKER_HOSTS (or VC_CHIEF_HOSTS) is not")
+    s = TfSighting("volcano-tf", cluster)
+    task_name = env.get("MA_TASK_NAME", "").strip()
+    if task_name:
+        s.task_type = _role(task_name, "platform env MA_TASK_NAME")
+    index = None
+    for name in ("VC_TASK_INDEX", "VK_TASK_INDEX"):
+        index = env_int(env, name, meaning="this pod's index within its task")
+        if index is not None:
+            break
+    if s.task_type is None:
+        found = _pod_role(cluster, hostname or socket.gethostname())
+        if found is None:
+            raise PlatformError(
+                "cannot tell whether this pod is a ps, worker or chief: MA_TASK_NAME is not set and the host "
+                f"name {hostname or socket.gethostname()!r} is in none of VC_PS_HOSTS/VC_WORKER_HOSTS/VC_CHIEF_HOSTS"
+            )
+        s.task_type, by_name = found
+        index = by_name if index is None else index
+    s.task_index = index
+    return s
+
+
+def _bare(hosts: list[str]) -> list[str]:
+    return [h.rsplit(":", 1)[0] if re.search(r":\d+$", h) else h for h in hosts]
+
+
+def _same_hosts(a: list[str], b: list[str]) -> bool:
+    if a == b:
+        return True
+    return _bare(a) == _bare(b)
+
+
+def merge(sightings: list[TfSighting]) -> TfSighting:
+    """The first sighting, after checking every later one agrees with it (cluster and task)."""
+    first = sightings[0]
+    for other in sightings[1:]:
+        for role in set(first.cluster) | set(other.cluster):
+            mine, theirs = first.cluster.get(role), other.cluster.get(role)
+            if mine is None or theirs is None:
+                continue  # Volcano lists every task; flags only ps/worker
+            if not _same_hosts(mine, theirs):
+                raise PlatformError(
+                    f"platform inputs disagree on the {role} hosts: {first.source} says {','.join(mine)}, "
+                    f"but {other.source} says {','.join(theirs)}"
+                )
+        for what, words in (("task_type", "role"), ("task_index", "index")):
+            mine_v, theirs_v = getattr(first, what), getattr(other, what)
+            if mine_v is not None and theirs_v is not None and mine_v != theirs_v:
+                raise PlatformError(
+                    f"platform inputs disagree on this task's {words}: {first.source} says "
+                    f"{mine_v}, but {other.source} says {theirs_v}"
+                )
+        if first.task_type is None:
+            first.task_type = other.task_type
+        if first.task_index is None:
+            first.task_index = other.task_index
+        for k, v in other.extras.items():
+            first.extras.setdefault(k, v)
+    return first
+
+
+def resolve_task(s: TfSighting, env: Mapping[str, str]) -> tuple[str, int]:
+    """This process's (type, index), with MA_TASK_NAME / VC_TASK_INDEX as fallbacks; checked against the cluster."""
+    task_type = s.task_type
+    if task_type is None and env.get("MA_TASK_NAME", "").strip():
+        task_type = _role(env["MA_TASK_NAME"], "platform env MA_TASK_NAME")
+    if task_type is None:
+        raise PlatformError(
+            f"{s.source} describes the cluster but not this task's role; expected --job_name (or --task_name) "
+            "ps|worker, TF_CONFIG task.type, or MA_TASK_NAME"
+        )
+    index = s.task_index
+    if index is None:
+        for name in ("VC_TASK_INDEX", "VK_TASK_INDEX"):
+            index = env_int(env, name, meaning="this task's index")
+            if index is not None:
+                break
+    hosts = s.cluster.get(task_type)
+    if not hosts:
+        raise PlatformError(f"this task is a {task_type} ({s.source}) but the cluster lists no {task_type} hosts")
+    if index is None:
+        if len(hosts) > 1:
+            raise PlatformError(
+                f"{s.source}: {len(hosts)} {task_type} tasks but not which one this is; expected --task_index, "
+                "TF_CONFIG task.index or VC_TASK_INDEX"
+            )
+        index = 0
+    if index >= len(hosts):
+        raise PlatformError(
+            f"this task is {task_type} {index} ({s.source}) but only {len(hosts)} {task_type} hosts are listed"
+        )
+    return task_type, index
