@@ -42,7 +42,25 @@ def _plan_summary(job: Job, plan: LaunchPlan) -> list[Finding]:
     return found
 
 
-CHECKS: list[CheckFn] = [_plan_summary, _entry]
+def _high_availability(job: Job, plan: LaunchPlan) -> list[Finding]:
+    """Replica groups of the HA layout (the refusals themselves are raised while planning)."""
+    if not job.high_availability.enabled:
+        return []
+    from launchers.ha import TASKD_ROLE, check_high_availability, describe_groups
+
+    try:
+        groups = check_high_availability(job, plan.world_size)
+    except UserError as exc:
+        return [Finding("error", str(exc))]
+    found = [Finding("ok", describe_groups(job, groups))]
+    for node in plan.nodes:
+        for proc in node.processes:
+            if proc.role == TASKD_ROLE:
+                found.append(Finding("ok", f"TaskD manager on node {node.index}; LD_PRELOAD={proc.env['LD_PRELOAD']}"))
+    return found
+
+
+CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability]
 
 
 def run_checks(job_file: Path, engine: str | None, extra_args: Sequence[str], *, simulate: bool = False) -> int:
