@@ -82,6 +82,9 @@ def main() -> None:
         raise SystemExit(f"parameters differ across ranks: {gathered}")
     if rank == 0:
         print(f"final-checksum {mine}", flush=True)
+    # Leave together: a rank that tears gloo down while a peer is still closing its
+    # connections can abort ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
     os.environ.get("MLAUNCH_RESTART_COUNT")  # visible to scripts that want to know the attempt
 
