@@ -226,19 +226,30 @@ def merge(sightings: list[TfSighting]) -> TfSighting:
 def resolve_task(s: TfSighting, env: Mapping[str, str]) -> tuple[str, int]:
     """This process's (type, index), with MA_TASK_NAME / VC_TASK_INDEX as fallbacks; checked against the cluster."""
     task_type = s.task_type
-    if task_type is None and env.get("MA_TASK_NAME", "").strip():
-        task_type = _role(env["MA_TASK_NAME"], "platform env MA_TASK_NAME")
+    if env.get("MA_TASK_NAME", "").strip():
+        named = _role(env["MA_TASK_NAME"], "platform env MA_TASK_NAME")
+        if task_type is not None and named != task_type:
+            raise PlatformError(
+                f"platform inputs disagree on this task's role: {s.source} says {task_type}, "
+                f"but MA_TASK_NAME says {named}"
+            )
+        task_type = named
     if task_type is None:
         raise PlatformError(
             f"{s.source} describes the cluster but not this task's role; expected --job_name (or --task_name) "
             "ps|worker, TF_CONFIG task.type, or MA_TASK_NAME"
         )
     index = s.task_index
-    if index is None:
-        for name in ("VC_TASK_INDEX", "VK_TASK_INDEX"):
-            index = env_int(env, name, meaning="this task's index")
-            if index is not None:
-                break
+    for name in ("VC_TASK_INDEX", "VK_TASK_INDEX"):
+        pod_index = env_int(env, name, meaning="this task's index")
+        if pod_index is None:
+            continue
+        if index is not None and pod_index != index:
+            raise PlatformError(
+                f"platform inputs disagree on this task's index: {s.source} says {index}, but {name} says {pod_index}"
+            )
+        index = pod_index
+        break
     hosts = s.cluster.get(task_type)
     if not hosts:
         raise PlatformError(f"this task is a {task_type} ({s.source}) but the cluster lists no {task_type} hosts")
