@@ -375,7 +375,16 @@ def collect_sightings(env: Mapping[str, str], args: Mapping[str, str]) -> list[S
     # pytorch plugin, Kubeflow) it is not the node rank, so plain Volcano env is read only alone.
     if not any(found):
         found.append(_from_volcano_env(env))
-    return [s for s in found if s is not None]
+    sightings = [s for s in found if s is not None]
+    # MA_NUM_GPUS alone does not make a platform (a laptop may have it set), but on a platform
+    # node whose topology came from elsewhere (appended args) it still sets processes per node.
+    if sightings and not any(s.source == "modelarts" for s in sightings):
+        gpus = env_int(env, "MA_NUM_GPUS", meaning="accelerators per node")
+        if gpus:
+            extra = Sighting("modelarts")
+            extra.put("nproc", gpus, f"MA_NUM_GPUS={gpus}")
+            sightings.append(extra)
+    return sightings
 
 
 def detect(
