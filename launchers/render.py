@@ -8,6 +8,7 @@ renders exactly what a checkout does.
 
 from __future__ import annotations
 
+import re
 import shlex
 from importlib import resources
 from typing import Any
@@ -16,15 +17,24 @@ import jinja2
 
 
 def sh_quote(value: object) -> str:
-    """Quote one value for POSIX shells (the ``sh`` filter)."""
-    return shlex.quote(str(value))
+    """Quote one value for POSIX shells (the ``sh`` filter): ``shlex.quote``, with ``$`` and backticks
+    escaped outside the single quotes. Every shell reads the same word; shellcheck no longer takes a
+    literal ``$(...)`` or ``$HOME`` in a value for an expansion that was meant to happen (SC2016), so
+    generated scripts pass it without exclusions whatever the values hold.
+    """
+    text = str(value)
+    if "$" not in text and "`" not in text:
+        return shlex.quote(text)
+    return "".join(
+        "\\" + part if part in ("$", "`") else shlex.quote(part) for part in re.split(r"([$`])", text) if part
+    )
 
 
 def sh_join(values: object) -> str:
     """Quote and join a list of arguments (the ``sh_join`` filter)."""
     if isinstance(values, (str, bytes)):
         raise TypeError("sh_join expects a list of arguments, not a string")
-    return " ".join(shlex.quote(str(v)) for v in values)  # type: ignore[attr-defined]
+    return " ".join(sh_quote(v) for v in values)  # type: ignore[attr-defined]
 
 
 class _PackageLoader(jinja2.BaseLoader):
