@@ -175,21 +175,63 @@ class MpiOptions(Section):
     export: list[str] = Field(default_factory=list, description="extra env names passed to remote ranks")
 
 
+# Env names that hold secrets: the generated pre-start passes them through, never writes or echoes them.
+SECRET_NAME_PATTERNS = ("*_KEY", "*SECRET*", "*TOKEN*", "CRED*", "*CREDENTIAL*", "*PASSWORD*", "*PASSWD*")
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an env variable name matches a common secret pattern (case-insensitive)."""
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(name.upper(), pattern) for pattern in SECRET_NAME_PATTERNS)
+
+
 class PrestartOptions(Section):
     """``prestart:`` — what the generated ma_pre_start.sh installs and exports."""
 
-    wheels: list[str] = Field(default_factory=list, description="wheel files or globs, relative to code_dir")
-    requirements: str | None = None
-    commands: list[str] = Field(default_factory=list, description="extra shell commands, run after installs")
-    env: dict[str, Scalar] = Field(default_factory=dict)
-    cleanup: bool = False
-    offline: bool = False
-    find_links: list[str] = Field(default_factory=list)
+    dir: str | None = Field(
+        None,
+        description="directory the pre-start enters and installs from; relative to code_dir, or absolute "
+        "(e.g. /home/ma-user/modelarts/inputs/data_url_0); default: code_dir",
+    )
+    wheels: list[str] = Field(
+        default_factory=list,
+        description="wheel files or globs (e.g. dist/mlaunch-*.whl), relative to prestart.dir; installed in order",
+    )
+    requirements: str | None = Field(None, description="requirements file for pip install -r, relative to prestart.dir")
+    commands: list[str] = Field(
+        default_factory=list, description="extra shell commands, run after the installs (each by bash -c)"
+    )
+    env: dict[str, Scalar] = Field(
+        default_factory=dict, description="exported, and persisted for the start file; no secrets here"
+    )
+    passthrough: list[str] = Field(
+        default_factory=list,
+        description="env names (secrets: *_KEY, *TOKEN*...) passed on from the platform env, never written or echoed",
+    )
+    cleanup: bool = Field(False, description="remove the wheel files it installed from prestart.dir afterwards")
+    offline: bool = Field(False, description="pip --no-index: install only from the wheels and find_links")
+    find_links: list[str] = Field(
+        default_factory=list, description="directories of wheels for pip --find-links, relative to prestart.dir"
+    )
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        return _check_env_names(value)
+        _check_env_names(value)
+        secrets = [name for name in value if looks_secret(name)]
+        if secrets:
+            raise ValueError(
+                f"{', '.join(secrets)} looks like a secret; mlaunch never writes secrets into generated scripts. "
+                "Set it in the platform's job environment and list its name under prestart.passthrough"
+            )
+        return value
+
+    @field_validator("passthrough")
+    @classmethod
+    def _passthrough_names(cls, value: list[str]) -> list[str]:
+        _check_env_names(dict.fromkeys(value, ""))
+        return value
 
 
 class CheckpointOptions(Section):
