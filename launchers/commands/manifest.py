@@ -1,0 +1,61 @@
+"""``mlaunch manifest``: the Kubernetes YAML that runs a job under Volcano, Kubeflow or MindCluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+TARGET_NAMES = ("volcano", "pytorchjob", "tfjob", "mpijob", "ascendjob")
+
+
+def manifest(
+    job_file: Annotated[Path, typer.Argument(help="the job.yaml file", show_default=False)],
+    target: Annotated[
+        str,
+        typer.Option("--target", "-t", help="volcano | pytorchjob | tfjob | mpijob | ascendjob", show_default=False),
+    ],
+    engine: Annotated[
+        str | None,
+        typer.Option("--engine", "-e", help="ascend | pytorch | tensorflow | mpi (default: job.yaml's engine:)"),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="write to this file instead of standard output")
+    ] = None,
+) -> None:
+    """Write the Kubernetes manifest that runs this job: one pod per node, `mlaunch` inside each.
+
+    Image, namespace, resources, volumes and MindCluster labels come from job.yaml's
+    `kubernetes:` section; restarts and the termination grace period from `restart:` and
+    `checkpoint:`. Nothing from job.yaml's `env:` is copied (mlaunch applies it in the pod).
+
+      mlaunch manifest --target pytorchjob examples/k8s/pytorch.yaml -o pytorchjob.yaml
+
+      mlaunch manifest -t volcano job.yaml | kubectl apply -f -
+    """
+    from launchers.errors import UserError
+    from launchers.job import load_job
+    from launchers.manifests import build, render
+    from launchers.runner import resolve_engine_name
+
+    if target not in TARGET_NAMES:
+        raise UserError(f"unknown --target {target!r}; expected one of: {', '.join(TARGET_NAMES)}")
+    job = load_job(job_file)
+    engine_name = resolve_engine_name(job, engine)
+    built = build(job, target, engine_name)
+    text = render(built, job, engine_name, str(output) if output else None)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {output}: {exc.strerror or exc}") from None
+    kinds = ", ".join(f"{d['kind']} {d['metadata']['name']}" for d in built.documents)
+    typer.echo(f"wrote {output} ({kinds}); apply with: kubectl apply -f {output}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="manifest")(manifest)
