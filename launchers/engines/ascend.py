@@ -391,6 +391,10 @@ class AscendEngine:
         if "HCCL_CONNECT_TIMEOUT" not in job.env and "HCCL_CONNECT_TIMEOUT" not in cluster.env:
             common["HCCL_CONNECT_TIMEOUT"] = HCCL_CONNECT_TIMEOUT
         set_plog = "ASCEND_PROCESS_LOG_PATH" not in job.env and "ASCEND_PROCESS_LOG_PATH" not in cluster.env
+        # Resolved once: job.log_path resolves symlinks on the file system, too slow per rank at 65,536 ranks.
+        log_dir = job.log_path
+        rank_log = log_file(job, "rank0")[: -len("rank0.log")]  # the directory prefix log_file() uses
+        code_dir = str(job.code_path)
         nodes = []
         for index in cluster.local_nodes():
             server = table.servers[index]
@@ -400,7 +404,7 @@ class AscendEngine:
                 if cluster.only_rank is not None and dev.rank_id != cluster.only_rank:
                     continue
                 rank = dev.rank_id
-                rank_dir = str(job.log_path / f"rank_{rank}")
+                rank_dir = f"{log_dir}/rank_{rank}"
                 env = dict(common)
                 env.update(
                     {
@@ -414,15 +418,15 @@ class AscendEngine:
                     }
                 )
                 if set_plog:
-                    env["ASCEND_PROCESS_LOG_PATH"] = str(Path(rank_dir) / "plog")
+                    env["ASCEND_PROCESS_LOG_PATH"] = f"{rank_dir}/plog"
                 procs.append(
                     ProcessSpec(
                         rank=rank,
                         local_rank=local,
                         argv=list(argv),
                         env=env,
-                        cwd=rank_dir if job.ascend.workdir == "rank" else str(job.code_path),
-                        log=log_file(job, f"rank{rank}"),
+                        cwd=rank_dir if job.ascend.workdir == "rank" else code_dir,
+                        log=f"{rank_log}rank{rank}.log",
                     )
                 )
             bootstrap = []
