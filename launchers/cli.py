@@ -1,185 +1,141 @@
-"""The ``mlaunch`` command.
+"""The ``mlaunch`` console entry point.
 
-``mlaunch --engine pytorch job.yaml [platform args...]`` is ``mlaunch run ...``: a first
-argument that is not a command name routes to ``run``, because that is what a platform's
-start command looks like. Arguments after the job file that mlaunch does not own are
-accepted: the platform's (``--init_method``, ``--rank``, ``--world_size``, TF's
-``--ps_hosts``...) are read, the rest is passed to the start file.
+The common case — a platform starting ``mlaunch --engine E job.yaml [platform args...]`` on
+every node — takes a fast path that parses its few options by hand and never imports typer:
+launch overhead is paid on every node and every restart. Every other command (``plan``,
+``check``, ``schema``, ``prestart``..., any ``--help``) goes through the typer application in
+``launchers.cli_app``, which defines the same ``run`` command for help and completeness.
 
-User mistakes exit 2 with a one-paragraph message; never a traceback. Commands beyond the
-core live in ``launchers/commands/<name>.py`` and register themselves through
-``register(app)``; heavy imports stay inside the command functions so ``run`` starts fast.
+User mistakes exit 2 with a one-paragraph message; never a traceback.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
-import pkgutil
 import sys
-from pathlib import Path
-from typing import Annotated, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-import typer
-from typer.core import TyperGroup
-
-try:  # typer ≥ 0.20 vendors click as typer._click; older releases use click itself
-    from typer._click import exceptions as click_exceptions
-except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import exceptions as click_exceptions  # type: ignore[no-redef]
-
-from launchers import __version__
 from launchers.errors import EXIT_USER_ERROR, UserError
 
-
-class _DefaultRunGroup(TyperGroup):
-    """Route ``mlaunch [--engine E] job.yaml ...`` to ``run``."""
-
-    GROUP_OPTIONS = ("--help", "-h", "--version", "--install-completion", "--show-completion")
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
-        if args and args[0] not in self.commands and args[0] not in self.GROUP_OPTIONS:
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
+_HELP = ("--help", "-h", "--version")
 
 
-app = typer.Typer(
-    cls=_DefaultRunGroup,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    no_args_is_help=True,
-    help="Launch distributed training jobs on ModelArts-style platforms, or simulate them locally.\n\n"
-    "mlaunch --engine pytorch job.yaml   runs the job (same as `mlaunch run`).",
-)
-
-EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-EngineOpt = Annotated[
-    str | None,
-    typer.Option("--engine", "-e", help="ascend | pytorch | tensorflow | mpi (default: job.yaml's engine:)"),
-]
-JobArg = Annotated[Path, typer.Argument(help="the job.yaml file", show_default=False)]
-SimulateOpt = Annotated[
-    bool, typer.Option("--simulate", help="ignore platform env and simulate the cluster on this machine")
-]
+@dataclass
+class RunArgs:
+    job_file: str
+    engine: str | None = None
+    simulate: bool = False
+    extra: list[str] = field(default_factory=list)
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"mlaunch {__version__}")
-        raise typer.Exit()
+def parse_fast_run(args: list[str], commands: set[str]) -> RunArgs | None:
+    """Parse ``[run] [--engine E|-e E|--engine=E] [--simulate] JOB [extra...]``; None → use typer.
 
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version")
-    ] = False,
-) -> None:
-    """Launch distributed training jobs on ModelArts-style platforms, or simulate them locally."""
-
-
-@app.command(context_settings=EXTRA)
-def run(ctx: typer.Context, job_file: JobArg, engine: EngineOpt = None, simulate: SimulateOpt = False) -> None:
-    """Run this node's share of the job (all nodes, simulated, when no platform env is present).
-
-    Examples:
-
-      mlaunch --engine pytorch examples/pytorch/job.yaml
-
-      mlaunch --engine pytorch job.yaml --init_method tcp://10.0.0.1:6666 --rank 1 --world_size 2
+    mlaunch's own options are recognised anywhere (as click does); every other token after the
+    job file is an extra argument for the platform reader or the start file.
     """
+    if not args:
+        return None
+    rest = args[1:] if args[0] == "run" else args
+    if args[0] != "run" and args[0] in commands:
+        return None
+    parsed = RunArgs(job_file="")
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        if token in _HELP:
+            return None
+        if token in ("--engine", "-e"):
+            if i + 1 >= len(rest):
+                return None  # let typer report the missing value
+            parsed.engine = rest[i + 1]
+            i += 2
+            continue
+        if token.startswith("--engine="):
+            parsed.engine = token.split("=", 1)[1]
+        elif token == "--simulate":
+            parsed.simulate = True
+        elif token == "--":
+            parsed.extra.extend(rest[i + 1 :])
+            break
+        elif not parsed.job_file and not token.startswith("-"):
+            parsed.job_file = token
+        elif not parsed.job_file:
+            return None  # an unknown option before the job file: typer explains it
+        else:
+            parsed.extra.append(token)
+        i += 1
+    job = parsed.job_file
+    if not job or not (job.endswith((".yaml", ".yml")) or os.path.isfile(job)):
+        return None  # not obviously a job file (maybe a command): typer decides
+    return parsed
+
+
+def _command_names() -> set[str]:
+    """Core command names plus one per extension module (modules are named after their command)."""
+    import pkgutil
+
+    import launchers.commands as package
+
+    names = {"run", "plan", "schema", "check"}
+    names.update(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+    return names
+
+
+def _fast_run(run: RunArgs) -> int:
     from launchers.job import load_job
     from launchers.runner import resolve_engine_name, run_job
 
-    job = load_job(job_file)
-    code = run_job(job, resolve_engine_name(job, engine), list(ctx.args), simulate=simulate)
-    raise typer.Exit(code)
-
-
-@app.command(context_settings=EXTRA)
-def plan(
-    ctx: typer.Context,
-    job_file: JobArg,
-    engine: EngineOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
-    simulate: SimulateOpt = False,
-) -> None:
-    """Print what would run, per node and rank (argv, env, cwd), without starting anything.
-
-    It reads the same platform env and appended arguments as a run, so you can see exactly
-    what a platform node would start:
-
-      mlaunch plan --engine pytorch job.yaml --json
-
-      MA_NUM_HOSTS=2 VC_TASK_INDEX=1 mlaunch plan -e pytorch job.yaml --init_method tcp://10.0.0.1:6666
-    """
-    from launchers.job import load_job
-    from launchers.runner import make_plan, resolve_engine_name
-
-    job = load_job(job_file)
-    _, _, launch_plan = make_plan(job, resolve_engine_name(job, engine), list(ctx.args), simulate=simulate)
-    if as_json:
-        typer.echo(launch_plan.dumps())
-    else:
-        from launchers.plan_view import print_plan
-
-        print_plan(launch_plan)
-
-
-@app.command()
-def schema() -> None:
-    """Print the JSON Schema of job.yaml (for editor completion and validation)."""
-    from launchers.job import job_json_schema
-
-    typer.echo(json.dumps(job_json_schema(), indent=2))
-
-
-@app.command(context_settings=EXTRA)
-def check(ctx: typer.Context, job_file: JobArg, engine: EngineOpt = None, simulate: SimulateOpt = False) -> None:
-    """Validate job.yaml and the platform env, plan the job, and explain any problem.
-
-    Exits 0 when the job could be launched as it stands, 2 otherwise.
-    """
-    from launchers.checks import run_checks
-
-    raise typer.Exit(run_checks(job_file, engine, list(ctx.args), simulate=simulate))
-
-
-def _register_extensions() -> None:
-    """Commands in launchers/commands/*.py add themselves with ``register(app)``."""
-    import launchers.commands as package
-
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"launchers.commands.{info.name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(app)
-
-
-_register_extensions()
+    job = load_job(run.job_file)
+    return run_job(job, resolve_engine_name(job, run.engine), run.extra, simulate=run.simulate)
 
 
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point: user errors → exit 2 and a message; the job's code otherwise."""
-    args = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        result = app(args=args, prog_name="mlaunch", standalone_mode=False)
+        fast = parse_fast_run(args, _command_names())
+        if fast is not None:
+            sys.exit(_fast_run(fast))
+        sys.exit(_typer_main(args))
     except UserError as exc:
         sys.stderr.write(f"mlaunch: error: {exc}\n")
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click_exceptions.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code or EXIT_USER_ERROR)
-    except (typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
         sys.stderr.write("mlaunch: aborted\n")
         sys.exit(130)
     except BrokenPipeError:
         # `mlaunch plan | head`: the reader left; nothing to report.
         os._exit(0)
-    sys.exit(result if isinstance(result, int) else 0)
+
+
+def _typer_main(args: list[str]) -> int:
+    import typer
+
+    from launchers.cli_app import app
+
+    try:  # typer ≥ 0.20 vendors click as typer._click; older releases use click itself
+        from typer._click import exceptions as click_exceptions
+    except ImportError:  # pragma: no cover - depends on the installed typer
+        from click import exceptions as click_exceptions  # type: ignore[no-redef]
+    try:
+        result = app(args=args, prog_name="mlaunch", standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except click_exceptions.ClickException as exc:
+        exc.show()
+        return int(exc.exit_code or EXIT_USER_ERROR)
+    except typer.Abort:
+        sys.stderr.write("mlaunch: aborted\n")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+def __getattr__(name: str) -> Any:
+    """``launchers.cli.app`` stays importable (typer's CliRunner, tests) without a start-up cost."""
+    if name == "app":
+        from launchers.cli_app import app
+
+        return app
+    raise AttributeError(name)
