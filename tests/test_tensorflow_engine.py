@@ -260,3 +260,19 @@ def test_a_failing_worker_fails_the_job_and_stops_the_ps(tmp_path: Path) -> None
     assert code == 3, out
     assert "exited with code 3" in out
     assert not any(alive(p) for p in pids)
+
+
+def test_cli_plan_json_with_modelarts_flags(tmp_path: Path) -> None:
+    job = write_job(tmp_path)
+    result = run_mlaunch(
+        ["plan", "--engine", "tensorflow", str(job), "--json", *MA_ARGS, "--job_name", "worker"],
+        env=clean_env(VC_TASK_INDEX="1", MA_TASK_NAME="worker"),
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    (node,) = plan["nodes"]
+    (proc,) = node["processes"]
+    assert (proc["role"], proc["rank"], proc["required"]) == ("worker", 1, True)
+    assert json.loads(proc["env"]["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+    assert proc["argv"][-4:] == ["--job_name", "worker", "--task_index", "1"]
+    assert node["host"] == "a-w-1.a" and plan["source"] == "modelarts-tf-flags"

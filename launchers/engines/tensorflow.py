@@ -171,7 +171,7 @@ class TensorflowEngine:
             procs_per_node=1,
             master_addr=host or first,
             master_port=int(port) if port.isdigit() else job.tensorflow.port,
-            hosts=all_hosts,
+            hosts=[address.rsplit(":", 1)[0] for address in all_hosts],
             extra_args=rest,
             notes=notes,
             env=dict(env),
