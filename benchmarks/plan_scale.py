@@ -29,7 +29,7 @@ DEVICES = 16
 TARGET_S = 1.0
 
 
-def best_of(repeat: int, fn) -> float:  # type: ignore[no-untyped-def]
+def best_of(repeat: int, fn) -> float:
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def main() -> int:
             env = {"RANK_TABLE_FILE": str(path), "MA_CURRENT_HOST_IP": simulated_server_id(servers - 1)}
             load = best_of(args.repeat, lambda p=path: load_rank_table(p))
 
-            def node_plan(env=env, servers=servers):  # type: ignore[no-untyped-def]
+            def node_plan(env=env, servers=servers):
                 cluster = ENGINE.detect(job, env, [])
                 plan = ENGINE.plan(job, cluster)
                 assert len(plan.processes) == DEVICES and plan.world_size == servers * DEVICES
@@ -69,7 +69,7 @@ def main() -> int:
             cluster = ENGINE.detect(job, env, [])
             cluster.simulated = True  # plan every server's processes, as local simulation does
 
-            def all_plan(cluster=cluster, servers=servers):  # type: ignore[no-untyped-def]
+            def all_plan(cluster=cluster, servers=servers):
                 assert len(ENGINE.plan(job, cluster).processes) == servers * DEVICES
 
             everything = best_of(max(1, args.repeat - 1), all_plan)

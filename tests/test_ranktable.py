@@ -114,7 +114,7 @@ LEGACY: dict[str, Any] = {
 }
 
 
-def table_with(base: dict[str, Any], edit) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def table_with(base: dict[str, Any], edit) -> dict[str, Any]:
     data = copy.deepcopy(base)
     edit(data)
     return data
@@ -195,7 +195,7 @@ def test_legacy_duplicate_pod_suffix_is_an_error() -> None:
         (lambda d: d.pop("server_list"), r"field 'server_list' is missing"),
     ],
 )
-def test_v10_errors_name_the_field(edit, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_v10_errors_name_the_field(edit, message: str) -> None:
     with pytest.raises(RankTableError, match=message):
         parse_rank_table(table_with(V10, edit), "t.json")
 
@@ -217,7 +217,7 @@ def test_v10_errors_name_the_field(edit, message: str) -> None:  # type: ignore[
         (lambda d: d["super_pod_list"][1].update(super_pod_id="0"), r"super pod '0' is listed twice"),
     ],
 )
-def test_v12_super_pod_errors(edit, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_v12_super_pod_errors(edit, message: str) -> None:
     with pytest.raises(RankTableError, match=message):
         parse_rank_table(table_with(V12, edit))
 

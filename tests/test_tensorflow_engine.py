@@ -35,7 +35,7 @@ def plan_for(tmp_path: Path, env: dict[str, str], text: str = "", args: list[str
     return make_plan(job, "tensorflow", args or [], env)[2]
 
 
-def tf_config(proc) -> dict:  # type: ignore[no-untyped-def]
+def tf_config(proc) -> dict:
     return json.loads(proc.env["TF_CONFIG"])
 
 
