@@ -332,3 +332,19 @@ def test_the_checker_catches_a_wrong_variable(tmp_path: Path) -> None:
         [sys.executable, str(CHECK_ENV)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 1 and "RANK_START=3 but the server's first rank is 2" in result.stdout
+
+
+def test_this_server_found_by_this_machines_own_address(tmp_path: Path) -> None:
+    """No MA_CURRENT_HOST_IP: the server whose server_id is one of this machine's addresses (loopback here)."""
+    data = json.loads(json.dumps(V10))
+    data["server_list"][0]["server_id"] = "192.0.2.250"  # TEST-NET: never this machine
+    data["server_list"][1]["server_id"] = "127.0.0.1"
+    plan = plan_for(tmp_path, {"RANK_TABLE_FILE": table_file(tmp_path, data)})
+    assert [p.rank for p in plan.processes] == [2, 3] and plan.nodes[0].host == "127.0.0.1"
+
+
+def test_simulate_flag_ignores_the_platform_table(tmp_path: Path) -> None:
+    job = load_job(write_job(tmp_path, "nodes: 1\nprocs_per_node: 3\n"))
+    env = {"RANK_TABLE_FILE": table_file(tmp_path, V10), "MA_CURRENT_HOST_IP": "10.0.0.2"}
+    plan = make_plan(job, "ascend", [], env, simulate=True)[2]
+    assert plan.simulated and [p.env["RANK_SIZE"] for p in plan.processes] == ["3", "3", "3"]
