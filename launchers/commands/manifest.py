@@ -26,9 +26,11 @@ def manifest(
 ) -> None:
     """Write the Kubernetes manifest that runs this job: one pod per node, `mlaunch` inside each.
 
-    Image, namespace, resources, volumes and MindCluster labels come from job.yaml's
-    `kubernetes:` section; restarts and the termination grace period from `restart:` and
-    `checkpoint:`. Nothing from job.yaml's `env:` is copied (mlaunch applies it in the pod).
+    Image, resources, volumes, MindCluster labels: job.yaml's `kubernetes:` section.
+
+    Restarts and the termination grace period: `restart:` and `checkpoint:`.
+
+    Nothing from job.yaml's `env:` is copied: mlaunch applies it inside the pod.
 
       mlaunch manifest --target pytorchjob examples/k8s/pytorch.yaml -o pytorchjob.yaml
 
