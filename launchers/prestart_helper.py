@@ -17,7 +17,9 @@ Subcommands (``python - CMD ARGS``, output for the calling script):
   (and the checkout for an editable install). Comparing hashes, not versions, catches a rebuilt
   wheel with an unchanged version, which ``pip install`` would otherwise call "already satisfied".
 - ``console-script DIST NAME``: absolute path of the console script ``NAME`` that ``pip``
-  installed for distribution ``DIST`` with this interpreter (exit 1 if there is none).
+  installed for distribution ``DIST`` into this interpreter's own scripts directory (exit 1 if
+  there is none: e.g. a venv that sees the distribution through ``--system-site-packages``,
+  whose script would start the other interpreter).
 - ``fingerprint FILE``: sha256 of FILE's content, this interpreter and its prefix: the key of
   the "already done in this container" marker.
 """
@@ -116,10 +118,19 @@ def cmd_console_script(dist_name: str, script: str) -> int:
         dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError:
         return 1
+    import sysconfig
+
+    own_dirs = set()
+    for scheme in (None, f"{os.name}_user"):
+        try:
+            path = sysconfig.get_path("scripts", scheme) if scheme else sysconfig.get_path("scripts")
+        except KeyError:
+            continue
+        own_dirs.add(os.path.realpath(path))
     for entry in dist.files or []:
         if entry.name == script and entry.parent.name in ("bin", "Scripts"):
-            located = os.path.realpath(str(entry.locate()))
-            if os.access(located, os.X_OK):
+            located = os.path.abspath(str(entry.locate()))
+            if os.path.realpath(os.path.dirname(located)) in own_dirs and os.access(located, os.X_OK):
                 print(located)
                 return 0
     return 1
