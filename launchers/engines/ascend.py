@@ -48,6 +48,7 @@ from launchers.ranktable import (
     RankTable,
     Server,
     find_this_server,
+    gc_paused,
     generate_rank_table,
     load_rank_table,
     parse_rank_table,
@@ -349,7 +350,8 @@ class AscendEngine:
         if cluster.style == "msrun":
             nodes = self._plan_msrun(job, cluster, attempt)
         else:
-            nodes = self._plan_rank_table(job, cluster, attempt)
+            with gc_paused():  # tens of thousands of env dicts when every rank is simulated
+                nodes = self._plan_rank_table(job, cluster, attempt)
         notes = list(cluster.notes) + list(cluster.notes_extra)
         return LaunchPlan(
             engine=self.name,
