@@ -370,6 +370,11 @@ class KubernetesOptions(Section):
         default_factory=list, description="Secrets whose keys become env in every container (envFrom)"
     )
     image_pull_secrets: list[str] = Field(default_factory=list)
+    ssh_secret: str | None = Field(
+        None,
+        description="MPI: Secret made from `mlaunch keys DIR` (kubectl create secret generic NAME --from-file=DIR), "
+        "mounted at mpi.keys_dir or /etc/mlaunch/ssh; default <name>-mlaunch-ssh",
+    )
     termination_margin: Duration = Field(
         15.0, description="added to checkpoint.grace_period for terminationGracePeriodSeconds"
     )
