@@ -3,13 +3,15 @@
 Targets (``mlaunch manifest --target T``), one pod per node unless said otherwise:
 
 - ``volcano`` — batch.volcano.sh/v1alpha1 Job, task ``worker`` × nodes; the env and svc plugins
-  give ``VC_TASK_INDEX`` and ``VC_WORKER_HOSTS``/``VC_WORKER_NUM`` (the ssh plugin adds keys for MPI).
+  give ``VC_TASK_INDEX`` and ``VC_WORKER_HOSTS``/``VC_WORKER_NUM`` (plus the ssh plugin for MPI).
 - ``pytorchjob`` — kubeflow.org/v1 PyTorchJob, Master + Worker × (nodes−1); the operator sets
   ``MASTER_ADDR/PORT``, ``RANK``, ``WORLD_SIZE`` and ``PET_*``.
 - ``tfjob`` — kubeflow.org/v1 TFJob, Chief (when ``tensorflow.chief``) + Worker per node + PS
   (``tensorflow.ps`` × nodes, no accelerators); ``TF_CONFIG`` names every task, one task per pod.
-- ``mpijob`` — kubeflow.org/v2beta1 MPIJob, Launcher (node 0, ``runLauncherAsWorker``) + Worker ×
-  (nodes−1); ``/etc/mpi/hostfile`` and an operator-generated SSH key Secret.
+- ``mpijob`` — kubeflow.org/v2beta1 MPIJob, Worker × (nodes−1) + Launcher (``runLauncherAsWorker``);
+  the templates name the hosts (``VC_WORKER_HOSTS``) and each pod's index (``VC_TASK_INDEX``: the
+  operator's ``replica-index`` label for workers, the last index for the launcher), which is all
+  the MPI engine needs: worker 0 runs mpirun, the launcher waits for its exit code.
 - ``ascendjob`` — mindxdl.gitee.com/v1 AscendJob, PyTorch: Master + Worker, MindSpore: Scheduler
   (holding NPUs, node 0) + Worker; ``MASTER_*``/``RANK``/``WORLD_SIZE`` or ``MS_*``, and for
   rank-table jobs the ``rings-config-<job>`` ConfigMap MindCluster fills in.
@@ -20,8 +22,8 @@ failing attempt, and turns 0 into 3) with ``PodEvicted/PodFailed → RestartJob`
 ``restartPolicy: Never`` with label ``fault-retry-times: n``.
 
 Nothing secret is written: job.yaml's ``env`` is applied by mlaunch inside the pod, never
-copied here; SSH keys come from the Secret each operator generates (Volcano's ssh plugin,
-the MPI Operator); ``kubernetes.env_from_secrets`` references Secrets by name.
+copied here; the MPI job's ssh secret (``mlaunch keys DIR``) is a Secret the user creates and the
+pods mount by name; ``kubernetes.env_from_secrets`` references Secrets by name.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ ASCENDJOB_PORT = 2222  # ascend-operator's default ascendjob-port
 RANK_TABLE_MOUNT = "/user/serverid/devindex/config"  # where MindCluster delivers hccl.json
 RANK_TABLE_FILE = f"{RANK_TABLE_MOUNT}/hccl.json"
 DEFAULT_NPU = "huawei.com/Ascend910"
-ROOT_SSH = "/root/.ssh"
+MPI_KEYS_MOUNT = "/etc/mlaunch/ssh"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"  # set on MPIJob worker pods by the MPI Operator
 
 
 @dataclass
@@ -135,6 +138,8 @@ def engine_ports(job: Job, engine: str, target: str) -> list[dict[str, Any]]:
             ports += [{"containerPort": job.tensorflow.port + k, "name": f"tf-{k}"} for k in range(1, per_node)]
     elif engine == "mpi":
         ports.append({"containerPort": job.mpi.sshd_port, "name": "sshd"})
+        done = getattr(job.mpi, "completion_port", None) or job.mpi.sshd_port + 1
+        ports.append({"containerPort": done, "name": "mpi-done"})  # node 0 tells the others the exit code
     elif engine == "ascend":
         if target == "ascendjob":
             port = job.ascend.sched_port if ascend_style(job) == "msrun" else ASCENDJOB_PORT
@@ -163,11 +168,32 @@ def metadata(
     return meta
 
 
-def mpi_keys_path(job: Job) -> str:
-    """Where the operator-generated SSH keys are mounted: job.yaml's mpi.keys_dir in the container, else /root/.ssh."""
+def mpi_secret_name(job: Job, name: str) -> str:
+    return job.kubernetes.ssh_secret or f"{name}-mlaunch-ssh"
+
+
+def mpi_keys(job: Job, name: str) -> tuple[Mounts, list[dict[str, Any]], str]:
+    """The job's ssh secret (from ``mlaunch keys DIR``) mounted from a Secret; env naming it when job.yaml does not."""
+    mounts, env = Mounts(), []
     if job.mpi.keys_dir:
-        return ContainerLayout(job, job.kubernetes.code_mount).path(job.resolve(job.mpi.keys_dir))
-    return ROOT_SSH
+        path = ContainerLayout(job, job.kubernetes.code_mount).path(job.resolve(job.mpi.keys_dir))
+    else:
+        path = MPI_KEYS_MOUNT
+        env.append({"name": "MLAUNCH_SSH_KEYS", "value": path})
+    secret = mpi_secret_name(job, name)
+    # 0400: mlaunch copies the files into a private runtime directory before sshd reads them.
+    mounts.add("mlaunch-ssh", {"secret": {"secretName": secret, "defaultMode": 0o400}}, path, read_only=True)
+    namespace = check_namespace(job)
+    note = (
+        f"MPI ssh secret: create it once before applying: mlaunch keys ./job-ssh && kubectl create secret generic "
+        f"{secret} --from-file=./job-ssh -n {namespace} (mounted at {path})"
+    )
+    return mounts, env, note
+
+
+def host_list(name: str, pods: list[str]) -> str:
+    """``VC_WORKER_HOSTS``-style list: ``<pod>.<job>`` (hostname.subdomain of each pod)."""
+    return ",".join(f"{pod}.{name}" for pod in pods)
 
 
 def rank_table_pieces(job: Job, name: str) -> tuple[dict[str, Any], Mounts, list[dict[str, Any]]]:
@@ -207,9 +233,9 @@ def volcano(job: Job, engine: str) -> Manifest:
     job_labels: dict[str, str] = {}
     template_labels: dict[str, str] = {}
     if engine == "mpi":
-        keys = mpi_keys_path(job)
-        plugins["ssh"] = [] if keys == ROOT_SSH else [f"--ssh-key-file-path={keys}"]
-        notes.append(f"SSH keys: Volcano's ssh plugin generates Secret {name}-ssh and mounts it at {keys}")
+        plugins["ssh"] = []
+        spec.extra, spec.env, note = mpi_keys(job, name)
+        notes.append(note)
     if engine == "ascend" and ascend_style(job) == "rank_table":
         config_map, mounts, env = rank_table_pieces(job, name)
         extra_docs.append(config_map)
@@ -303,30 +329,45 @@ def tfjob(job: Job, engine: str) -> Manifest:
 
 
 def mpijob(job: Job, engine: str) -> Manifest:
-    """The launcher is node 0 (``runLauncherAsWorker``): it runs mpirun and its own ranks."""
+    """Worker i is node i and runs mpirun on worker 0; the launcher (``runLauncherAsWorker``) is the last node.
+
+    A template is shared by all pods of a replica type, so each pod's index comes from the
+    operator's ``replica-index`` label (downward API) for workers; the launcher's is fixed.
+    The MPI Operator's own hostfile and ssh keys are not used: mlaunch's MPI engine runs
+    its own sshd with the job secret and writes its own hostfile.
+    """
     nodes = job.nodes
     name = k8s_name(job, f"-worker-{nodes - 2}" if nodes > 2 else "-launcher")
     restart, backoff = kubeflow_restart(job)
-    keys = mpi_keys_path(job)
-    template = pod_template(job, engine, name, ContainerSpec(name="mlaunch", ports=engine_ports(job, engine, "mpijob")))
-    replicas = {"Launcher": _replica(1, restart, template)}
+    pods = [f"{name}-worker-{i}" for i in range(nodes - 1)] + [f"{name}-launcher"]
+    mounts, keys_env, note = mpi_keys(job, name)
+    hosts = [
+        {"name": "VC_WORKER_HOSTS", "value": host_list(name, pods)},
+        {"name": "VC_WORKER_NUM", "value": str(nodes)},
+    ]
+    ports = engine_ports(job, engine, "mpijob")
+
+    def template(index_env: dict[str, Any]) -> dict[str, Any]:
+        spec = ContainerSpec(name="mlaunch", ports=ports, env=[*keys_env, *hosts, index_env], extra=mounts)
+        return pod_template(job, engine, name, spec)
+
+    replicas = {"Launcher": _replica(1, restart, template({"name": "VC_TASK_INDEX", "value": str(nodes - 1)}))}
     if nodes > 1:
-        replicas["Worker"] = _replica(nodes - 1, restart, template)
+        worker_index = downward_env("VC_TASK_INDEX", f"metadata.labels['{REPLICA_INDEX_LABEL}']")
+        replicas["Worker"] = _replica(nodes - 1, restart, template(worker_index))
     document = {
         "apiVersion": "kubeflow.org/v2beta1",
         "kind": "MPIJob",
         "metadata": metadata(job, name),
         "spec": {
             "slotsPerWorker": job.procs_per_node,
-            "runLauncherAsWorker": True,
+            "runLauncherAsWorker": True,  # the launcher pod holds accelerators and runs ranks too
             "mpiImplementation": "OpenMPI",
-            "sshAuthMountPath": keys,
             "runPolicy": _run_policy(job, nodes, backoff),
             "mpiReplicaSpecs": replicas,
         },
     }
-    notes = [f"SSH keys: the MPI Operator generates Secret {name}-ssh and mounts it at {keys}"]
-    return Manifest("mpijob", [document], notes)
+    return Manifest("mpijob", [document], [note])
 
 
 def recover_strategy(job: Job) -> list[str]:

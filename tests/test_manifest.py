@@ -339,21 +339,43 @@ def test_tfjob_has_one_task_per_pod_and_cpu_only_ps(tmp_path: Path) -> None:
         assert gpus == (None if role == "PS" else 1)
 
 
-def test_mpijob_launcher_runs_as_worker_and_keys_come_from_the_operator(tmp_path: Path) -> None:
+def test_mpijob_names_hosts_and_indices_and_mounts_the_job_secret(tmp_path: Path) -> None:
     job_file = write_job(tmp_path, "mpi", 3, 4, mpi={"keys_dir": "keys", "sshd_port": 36666})
     (keys := tmp_path / "keys").mkdir()
     (keys / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n")
     (job, *_) = documents_of(job_file, "mpijob")
     spec = job["spec"]
     assert spec["runLauncherAsWorker"] is True and spec["slotsPerWorker"] == 4
-    assert spec["sshAuthMountPath"] == "/job/code/keys"
     assert {k: v["replicas"] for k, v in spec["mpiReplicaSpecs"].items()} == {"Launcher": 1, "Worker": 2}
-    for _, _, container in containers(job):
+    hosts = "demo-worker-0.demo,demo-worker-1.demo,demo-launcher.demo"
+    index = {
+        "Launcher": {"name": "VC_TASK_INDEX", "value": "2"},
+        "Worker": {
+            "name": "VC_TASK_INDEX",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"}},
+        },
+    }
+    for role, pod, container in containers(job):
+        assert {"name": "VC_WORKER_HOSTS", "value": hosts} in container["env"]
+        assert index[role] in container["env"]
         assert {"containerPort": 36666, "name": "sshd"} in container["ports"]
+        assert {"containerPort": 36667, "name": "mpi-done"} in container["ports"]
+        assert {"name": "mlaunch-ssh", "secret": {"secretName": "demo-mlaunch-ssh", "defaultMode": 0o400}} in pod[
+            "volumes"
+        ]
+        assert {"name": "mlaunch-ssh", "mountPath": "/job/code/keys", "readOnly": True} in container["volumeMounts"]
     text = render(build(load_job(job_file), "mpijob", "mpi"), load_job(job_file), "mpi")
     assert "TOPSECRETKEYMATERIAL" not in text and "PRIVATE KEY" not in text
-    (vc, *_) = documents_of(job_file, "volcano")
-    assert vc["spec"]["plugins"]["ssh"] == ["--ssh-key-file-path=/job/code/keys"]
+    assert "kubectl create secret generic demo-mlaunch-ssh --from-file=./job-ssh -n default" in text
+
+
+def test_volcano_mpi_uses_the_ssh_plugin_and_the_job_secret(tmp_path: Path) -> None:
+    job_file = write_job(tmp_path, "mpi", 2, 2, kubernetes={"ssh_secret": "team-ssh"})
+    (job, *_) = documents_of(job_file, "volcano")
+    assert job["spec"]["plugins"] == {"env": [], "svc": [], "ssh": []}
+    ((_, pod, container),) = containers(job)
+    assert {"name": "MLAUNCH_SSH_KEYS", "value": "/etc/mlaunch/ssh"} in container["env"]
+    assert {"name": "mlaunch-ssh", "secret": {"secretName": "team-ssh", "defaultMode": 0o400}} in pod["volumes"]
 
 
 def test_ascendjob_labels_ports_and_recovery(tmp_path: Path) -> None:

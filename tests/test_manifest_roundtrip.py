@@ -79,26 +79,33 @@ def named_port(container: dict[str, Any], name: str) -> int:
     return int(port)
 
 
-def template_env(container: dict[str, Any], pod_ip: str, pod_name: str) -> dict[str, str]:
+def template_env(container: dict[str, Any], pod_ip: str, pod_name: str, labels: dict[str, str]) -> dict[str, str]:
     """The container's own env as the kubelet resolves it (downward API included)."""
     env: dict[str, str] = {}
+    fields = {"status.podIP": pod_ip, "metadata.name": pod_name}
+    fields.update({f"metadata.labels['{key}']": value for key, value in labels.items()})
     for entry in container.get("env", []):
         if "value" in entry:
             env[entry["name"]] = str(entry["value"])
-            continue
-        path = entry["valueFrom"]["fieldRef"]["fieldPath"]
-        env[entry["name"]] = {"status.podIP": pod_ip, "metadata.name": pod_name}[path]
+        else:
+            env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
 
 
-def pods_of(doc: dict[str, Any], name_of: Callable[[str, int], str]) -> list[Pod]:
+def pods_of(
+    doc: dict[str, Any],
+    name_of: Callable[[str, int], str],
+    labels_of: Callable[[str, int], dict[str, str]] | None = None,
+) -> list[Pod]:
+    """The pods of every replica type; ``labels_of`` gives the labels the operator adds to pod i."""
     pods = []
     for rtype, replicas, template in replica_specs(doc):
         for i in range(replicas):
             ip = f"10.244.{len(pods) // 200}.{10 + len(pods) % 200}"
             container = template["spec"]["containers"][0]
             pod = Pod(rtype, i, name_of(rtype, i), ip, container)
-            pod.env = template_env(container, ip, pod.name)
+            labels = {**template["metadata"].get("labels", {}), **(labels_of(rtype, i) if labels_of else {})}
+            pod.env = template_env(container, ip, pod.name, labels)
             pods.append(pod)
     return pods
 
@@ -262,7 +269,37 @@ def volcano_rank_table(doc: dict[str, Any], tmp_path: Path) -> list[Pod]:
     return pods
 
 
+def mpijob_env(doc: dict[str, Any], tmp_path: Path) -> list[Pod]:
+    """MPI Operator v2beta1: launcher/worker env, the worker's replica-index label (newWorker)."""
+    job, spec = doc["metadata"]["name"], doc["spec"]
+    assert spec["runLauncherAsWorker"] is True
+
+    def labels(rtype: str, i: int) -> dict[str, str]:
+        role = rtype.lower()
+        found = {"training.kubeflow.org/job-name": job, "training.kubeflow.org/job-role": role}
+        if rtype == "Worker":
+            found["training.kubeflow.org/replica-index"] = str(i)
+        return found
+
+    pods = pods_of(doc, lambda rtype, i: f"{job}-launcher" if rtype == "Launcher" else f"{job}-worker-{i}", labels)
+    for pod in pods:
+        if pod.rtype == "Launcher":
+            pod.env.update(
+                {
+                    "K_MPI_JOB_ROLE": "launcher",
+                    "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                    "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+                    "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+                    "OMPI_MCA_orte_set_default_slots": str(spec["slotsPerWorker"]),
+                }
+            )
+        else:
+            pod.env["K_MPI_JOB_ROLE"] = "worker"
+    return pods
+
+
 OPERATORS: dict[str, Callable[[dict[str, Any], Path], list[Pod]]] = {
+    "mpijob": mpijob_env,
     "volcano": volcano_rank_table,
     "pytorchjob": pytorchjob_env,
     "tfjob": tfjob_env,
@@ -322,6 +359,14 @@ def round_trip(
     job = load_job(job_file)
     doc, *_ = manifest_docs(job, target, engine)
     pods = OPERATORS[target](doc, tmp_path)
+    if any("MLAUNCH_SSH_KEYS" in pod.env for pod in pods):  # the mounted Secret made by `mlaunch keys`
+        from bootstrap.keys import generate
+
+        keys = tmp_path / "job-ssh"
+        if not keys.exists():
+            generate(keys)
+        for pod in pods:
+            pod.env["MLAUNCH_SSH_KEYS"] = str(keys)
     # The container's own command: mlaunch --engine E <job.yaml in the container> (here: the file itself).
     command = pods[0].container["command"]
     assert command[:3] == ["mlaunch", "--engine", engine] and command[3].endswith("/job.yaml")
@@ -393,9 +438,34 @@ def test_tensorflow_round_trip(tmp_path: Path, target: str, chief: bool, nodes: 
 @pytest.mark.parametrize("nodes", NODES)
 @pytest.mark.parametrize("target", ["mpijob", "volcano"])
 def test_mpi_round_trip(tmp_path: Path, target: str, nodes: int) -> None:
+    """Node 0 runs mpirun over every node's slots; every other pod waits for its exit code."""
     if reason := engine_missing("mpi"):
         pytest.skip(reason)
-    pytest.skip("the mpi engine exists now: write its operator env (MPIJob hostfile, Volcano ssh) here")
+    procs = 2
+    rt = round_trip(tmp_path, target, "mpi", nodes, procs)
+    by_node = {int(pod.env["VC_TASK_INDEX"]): (pod, plan) for pod, plan in zip(rt.pods, rt.plans, strict=True)}
+    assert sorted(by_node) == list(range(nodes))  # pod i is node i, each index once
+    hosts = rt.pods[0].env["VC_WORKER_HOSTS"].split(",")
+    heads = [n for n, (_, plan) in by_node.items() for p in plan.processes if p.role == "mpirun"]
+    assert heads == [0]
+    _, head = by_node[0]
+    (mpirun,) = head.processes
+    np = int(mpirun.argv[mpirun.argv.index("-np") + 1])
+    assert np == nodes * procs
+    if nodes > 1:
+        (hostfile,) = [s.params for s in head.nodes[0].bootstrap if s.name == "hostfile"]
+        assert hostfile["hosts"] == hosts and hostfile["slots"] == procs
+        # -map-by slot fills each host's slots in order: host i holds ranks i*procs .. i*procs+procs-1
+        ranks = [i * procs + k for i in range(len(hostfile["hosts"])) for k in range(hostfile["slots"])]
+        assert sorted(ranks) == list(range(np))
+        for node in range(1, nodes):
+            _, plan = by_node[node]
+            (peer,) = plan.processes
+            assert peer.role == "peer"
+            assert peer.argv[peer.argv.index("--node0") + 1] == hosts[0]
+            assert peer.argv[peer.argv.index("--listen") + 1] == hosts[node]
+    assert {plan.world_size for plan in rt.plans} == {nodes * procs}
+    assert len({plan.master_addr for plan in rt.plans}) == 1
 
 
 @pytest.mark.parametrize("target", ["volcano", "pytorchjob", "ascendjob"])
