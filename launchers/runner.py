@@ -3,6 +3,11 @@
 This is the glue between the pure parts (engines produce a LaunchPlan) and the one place
 that starts processes (``supervisor``). Everything that can be wrong with the user's input
 is checked before the first process starts, so nothing is ever launched half-way.
+
+Graceful exit (issue 4) adds, per attempt: the agent-side flash save (``flash_save``) when
+a worker fails — and after a stop whose workers did not commit while grace time is left —,
+the grace-budget monitor, warm standby workers for restarts when job.yaml lists
+``preload:`` modules, and freeing the run's shared memory when the attempt is over.
 """
 
 from __future__ import annotations
@@ -10,10 +15,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from launchers.elastic import staging
 from launchers.engines import get_engine
 from launchers.engines.base import Engine, check_entry_exists
 from launchers.errors import UserError
@@ -21,13 +28,17 @@ from launchers.job import Job
 from launchers.plan import LaunchPlan, ProcessSpec
 from launchers.platform import Cluster
 from launchers.supervisor import (
+    Failure,
     Outcome,
     SignalRouter,
+    StandbyPool,
     Supervisor,
     Watchdog,
     become_subreaper,
     signal_name,
 )
+
+STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
 
 
 def say(message: str) -> None:
@@ -61,6 +72,8 @@ def make_plan(
 def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> LaunchPlan:
     """The engine's plan, plus what job-wide features add to it (high-availability side processes, env)."""
     plan = engine.plan(job, cluster, attempt)
+    for proc in plan.processes:  # the elastic runtime's Checkpointer keeps this many
+        proc.env.setdefault("MLAUNCH_CHECKPOINT_KEEP", str(job.checkpoint.keep))
     if job.high_availability.enabled:
         from launchers.ha import apply_high_availability
 
@@ -96,14 +109,24 @@ def run_job(
     check_entry_exists(job)
     for note in plan.notes:
         say(f"note: {note}")
+    from launchers.grace_budget import prelaunch_warnings
+
+    for warning in prelaunch_warnings(job):
+        say(f"warning: {warning}")
     prepare: Callable[[Job, LaunchPlan], Any] | None = getattr(engine, "prepare", None)
     run_id = uuid.uuid4().hex
     become_subreaper()
     watchdog = Watchdog(run_id).start()
+    standbys = None
+    if job.preload and job.restart.max_restarts > 0:
+        standbys = StandbyPool(job.preload, run_id=run_id, watchdog=watchdog, delay=STANDBY_DELAY)
     try:
         with SignalRouter() as signals:
-            return _attempts(job, engine, cluster, plan, prepare, run_id, signals, watchdog)
+            return _attempts(job, engine, cluster, plan, prepare, run_id, signals, watchdog, standbys)
     finally:
+        if standbys is not None:
+            standbys.close()
+        staging.unlink_run(run_id)
         watchdog.close()
 
 
@@ -116,12 +139,17 @@ def _attempts(
     run_id: str,
     signals: SignalRouter,
     watchdog: Watchdog,
+    standbys: StandbyPool | None = None,
 ) -> int:
+    from launchers.grace_budget import Monitor
+
     attempt = 0
     policy = plan.policy
+    monitor = Monitor(run_id, policy.grace_period, say, declared_save=job.checkpoint.save_time)
     while True:
         cleanup = prepare(job, plan) if prepare else None
         say(plan.headline() + (f"  attempt {attempt}" if attempt else ""))
+        flash = FlashHook(run_id, attempt, plan, policy.grace_period)
         try:
             outcome = Supervisor(
                 plan.processes,
@@ -131,17 +159,29 @@ def _attempts(
                 watchdog=watchdog,
                 labels=process_labels(plan),
                 log_mode="wb" if attempt == 0 else "ab",
+                standbys=standbys,
+                on_failure=flash,
+                tick=monitor,
             ).run()
         finally:
             if callable(cleanup):
                 cleanup()
+        if outcome.status == "signalled":
+            flash.after_stop(outcome)
+        roots = flash.checkpoint_dirs(job)
+        staging.unlink_run(run_id)  # this attempt's staged state is persisted or obsolete
+        if standbys is not None and attempt == 0 and standbys.handed_off == 0 and outcome.status != "succeeded":
+            ready = standbys.ready_count()
+            if ready:
+                say(f"{ready} warm standby worker(s) ready (preload: {', '.join(job.preload)})")
         if outcome.status == "succeeded":
             say(f"job finished: all {len(plan.processes)} processes exited 0")
             return 0
         if outcome.status == "signalled":
             assert outcome.signal is not None
-            say(f"stopped by {signal_name(outcome.signal)}; exit code {outcome.exit_code}")
-            return outcome.exit_code
+            code = stop_exit_code(outcome, roots)
+            say(f"stopped by {signal_name(outcome.signal)}; exit code {code}")
+            return code
         report_failure(outcome, plan.processes)
         if attempt >= policy.max_restarts:
             if policy.max_restarts:
@@ -156,6 +196,99 @@ def _attempts(
             return 128 + received[0]
         cluster = engine.restart_cluster(cluster, attempt)
         plan = plan_attempt(engine, job, cluster, attempt)
+
+
+class FlashHook:
+    """The agent-side flash save of one attempt (see ``launchers.flash_save``)."""
+
+    def __init__(self, run_id: str, attempt: int, plan: LaunchPlan, grace: float) -> None:
+        self.run_id = run_id
+        self.attempt = attempt
+        self.grace = grace
+        self.nnodes = plan.nnodes
+        self.key = f"a{attempt}p{plan.master_port}"
+        self.rank_nodes = {
+            proc.rank: node.index
+            for node in plan.nodes
+            for proc in node.processes
+            if proc.role == "worker" and proc.rank >= 0
+        }
+        self.done = False
+
+    def __call__(self, failure: Failure) -> None:
+        """A worker failed: persist the newest step every rank staged, while the others wind down."""
+        self.persist(time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed")
+
+    def after_stop(self, outcome: Outcome) -> None:
+        """Stopped by a signal: if the workers exited without committing and grace time is left, persist."""
+        if self.done or outcome.grace_expired or outcome.stop_started is None:
+            return  # past the grace period the platform's SIGKILL is due: start no write now
+        deadline = outcome.stop_started + self.grace
+        if time.monotonic() < deadline:
+            self.persist(deadline, "after the stop")
+
+    def persist(self, deadline: float, when: str) -> None:
+        from launchers.flash_save import persist
+
+        if not self.rank_nodes or not staging.run_segments(self.run_id):
+            return
+        self.done = True
+        result = persist(
+            self.run_id,
+            attempt=self.attempt,
+            rank_nodes=self.rank_nodes,
+            nnodes=self.nnodes,
+            key=self.key,
+            deadline=deadline,
+        )
+        if result.status in ("committed", "written", "failed"):
+            where = f" ({result.path})" if result.path else ""
+            say(f"flash save {when}: {result.message}{where}")
+
+    def checkpoint_dirs(self, job: Job) -> set[str]:
+        """Where this attempt's ranks checkpoint: job.yaml's dir and whatever their Checkpointers named."""
+        roots = {str(job.resolve(job.checkpoint.dir))}
+        roots.update(info.ckpt_dir for info in staging.read_run(self.run_id) if info.ckpt_dir)
+        return roots
+
+
+def stop_exit_code(outcome: Outcome, roots: set[str]) -> int:
+    """128+signal — or 137 when the grace period cut off a dying checkpoint that was being written.
+
+    The code says whether the stop lost the dying checkpoint: a platform's restart policy
+    treats both as retryable, a person reading it learns that resume falls back to an older
+    checkpoint. A worker that failed while stopping (its save failed: disk full...) is reported.
+    """
+    from pathlib import Path
+
+    from launchers.elastic import layout
+
+    assert outcome.signal is not None
+    clean = {0, 128 + outcome.signal, 143}
+    for label, code in outcome.exit_codes.items():
+        if code not in clean and not (outcome.grace_expired and code == 137):
+            say(f"{label} exited with code {code} while stopping; its dying checkpoint may not be committed")
+    if not outcome.grace_expired or outcome.stop_started is None:
+        return 128 + outcome.signal
+    began = time.time() - (time.monotonic() - outcome.stop_started) - 1.0
+    for root in sorted(roots):
+        cut = [p for p in layout.partial_dirs(Path(root)) if _mtime(p) >= began]
+        if cut:
+            newest = layout.newest_step(Path(root))
+            fallback = f"step {newest}" if newest is not None else "no checkpoint (a fresh start)"
+            say(
+                f"the grace period ended while {cut[0].name} was being written: it was NOT committed; "
+                f"a resume falls back to {fallback}; exit code 137"
+            )
+            return 137
+    return 128 + outcome.signal
+
+
+def _mtime(path: Any) -> float:
+    try:
+        return float(path.stat().st_mtime)
+    except OSError:
+        return 0.0
 
 
 def report_failure(outcome: Outcome, processes: list[ProcessSpec]) -> None:

@@ -20,12 +20,19 @@ What a user relies on, and how it is done:
 
 The loop is single-threaded: one selector over the output pipes and a signal wake-up pipe
 (SIGCHLD included), so there is no thread to race a fork and no polling delay on exit.
+
+Graceful-exit hooks (issue 4): ``on_failure`` runs right after the first failure has been
+answered with SIGTERM (the runner persists the ranks' staged state there, while the others
+wind down); ``tick`` runs about twice a second (the grace-budget monitor); a ``StandbyPool``
+hands warm, pre-imported processes the workers' argv/env instead of starting cold ones.
+The watchdog's final sweep also unlinks the run's shared-memory staging segments.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import select
 import selectors
@@ -40,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, BinaryIO, Literal
 
+from launchers.elastic import staging
 from launchers.plan import ProcessSpec
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -257,6 +265,7 @@ def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
         with contextlib.suppress(OSError):
             os.killpg(pgid, signal.SIGKILL)
     kill_marked_processes(run_id, exclude={os.getpid(), parent})
+    staging.unlink_run(run_id)  # shared memory outlives processes: free it whatever happened
 
 
 def kill_marked_processes(run_id: str, exclude: Iterable[int] = ()) -> list[int]:
@@ -305,6 +314,186 @@ def _children_of(pid: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------
+# Starting a process (a worker or a warm standby): the same guarantees for both
+# ----------------------------------------------------------------------------------------
+
+
+def _start_process(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    parent: int,
+    *,
+    stdin: int = subprocess.DEVNULL,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Own session/process group, SIGKILL when mlaunch dies, output to pipes."""
+
+    def child_setup() -> None:
+        # Die with mlaunch even if it is SIGKILLed; if it already died, do not run at all.
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(137)
+
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=child_setup,  # noqa: PLW1509 - the supervisor loop is single-threaded
+        close_fds=True,
+        pass_fds=pass_fds,
+    )
+
+
+@dataclass
+class _Standby:
+    popen: subprocess.Popen[bytes]
+    ready_fd: int
+    python: str
+    state: Literal["starting", "ready", "dead"] = "starting"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> str:
+        """Read the ready pipe without blocking: 'R' → ready, EOF → dead (a preload failed)."""
+        if self.state == "starting" and self.ready_fd >= 0:
+            try:
+                data = os.read(self.ready_fd, 16)
+            except BlockingIOError:
+                return self.state
+            except OSError:
+                data = b""
+            self.state = "ready" if data.startswith(b"R") else "dead"
+            os.close(self.ready_fd)
+            self.ready_fd = -1
+        return self.state
+
+
+class StandbyPool:
+    """Warm standby workers for fast restarts (see ``launchers.standby`` for the other side).
+
+    One standby per worker slot, started ``delay`` seconds after an attempt began (so they
+    do not compete with the workers' own start-up), in its own process group with the same
+    parent-death signal, ``MLAUNCH_RUN_ID`` and watchdog registration as a worker. A
+    restart hands each new worker to a standby when its start command is
+    ``<python> -u script.py ...`` with the standby's interpreter; anything else starts cold.
+    """
+
+    def __init__(self, preload: list[str], *, run_id: str = "", watchdog: Watchdog | None = None, delay: float = 1.0):
+        self.preload = list(preload)
+        self.run_id = run_id
+        self.watchdog = watchdog
+        self.delay = delay
+        self.standbys: list[_Standby] = []
+        self.handed_off = 0
+        self.cold_starts = 0
+
+    @staticmethod
+    def compatible(spec: ProcessSpec) -> bool:
+        argv = spec.argv
+        return len(argv) >= 3 and argv[1] == "-u" and argv[2].endswith(".py") and spec.role == "worker"
+
+    def pids(self) -> set[int]:
+        return {s.pid for s in self.standbys}
+
+    def _alive(self) -> list[_Standby]:
+        self.standbys = [s for s in self.standbys if s.poll() != "dead"]
+        return self.standbys
+
+    def ready_count(self) -> int:
+        return sum(1 for s in self._alive() if s.state == "ready")
+
+    def fill(self, specs: list[ProcessSpec], parent: int) -> int:
+        """Start standbys until there is one per compatible spec; returns how many were started."""
+        wanted = [s for s in specs if self.compatible(s)]
+        started = 0
+        for spec in wanted[len(self._alive()) :]:
+            env = dict(os.environ)
+            env.update(spec.env)
+            if self.run_id:
+                env["MLAUNCH_RUN_ID"] = self.run_id
+            read_fd, write_fd = os.pipe()
+            env["MLAUNCH_STANDBY_READY_FD"] = str(write_fd)
+            try:
+                popen = _start_process(
+                    [spec.argv[0], "-u", "-m", "launchers.standby", *self.preload],
+                    env,
+                    spec.cwd,
+                    parent,
+                    stdin=subprocess.PIPE,
+                    pass_fds=(write_fd,),
+                )
+            except OSError:
+                os.close(read_fd)
+                return started
+            finally:
+                os.close(write_fd)
+            os.set_blocking(read_fd, False)
+            self.standbys.append(_Standby(popen, read_fd, spec.argv[0]))
+            if self.watchdog:
+                self.watchdog.watch(popen.pid)
+            started += 1
+        return started
+
+    def take(self, spec: ProcessSpec) -> _Standby | None:
+        """A live standby for ``spec`` (ready, or still importing: it is ahead of a cold start)."""
+        if not self.compatible(spec):
+            return None
+        for standby in self._alive():
+            if standby.python == spec.argv[0]:
+                self.standbys.remove(standby)
+                return standby
+        return None
+
+    def hand_off(self, standby: _Standby, spec: ProcessSpec, env: dict[str, str]) -> bool:
+        """Send the worker's argv/env/cwd; False if the standby could not take it (then kill it)."""
+        payload = json.dumps({"argv": spec.argv, "env": env, "cwd": spec.cwd}).encode()
+        stdin = standby.popen.stdin
+        assert stdin is not None
+        try:
+            fd = stdin.fileno()
+            os.set_blocking(fd, False)
+            sent = os.write(fd, payload)
+            stdin.close()
+            if sent != len(payload):
+                raise BlockingIOError("spec larger than the pipe buffer")
+        except OSError:
+            self._kill(standby)
+            return False
+        if standby.ready_fd >= 0:
+            os.close(standby.ready_fd)
+            standby.ready_fd = -1
+        self.handed_off += 1
+        return True
+
+    def _kill(self, standby: _Standby) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(standby.pid, signal.SIGKILL)
+        if self.watchdog:
+            self.watchdog.unwatch(standby.pid)
+        if standby.ready_fd >= 0:
+            os.close(standby.ready_fd)
+            standby.ready_fd = -1
+        for stream in (standby.popen.stdin, standby.popen.stdout, standby.popen.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+    def close(self) -> None:
+        """Kill every standby that was not handed off (mlaunch is finishing)."""
+        for standby in self.standbys:
+            self._kill(standby)
+        self.standbys = []
+        _reap_unknown()
+
+
+# ----------------------------------------------------------------------------------------
 # The supervisor
 # ----------------------------------------------------------------------------------------
 
@@ -334,6 +523,8 @@ class Outcome:
     failure: Failure | None = None
     signal: int | None = None
     exit_codes: dict[str, int] = field(default_factory=dict)  # label → exit code
+    grace_expired: bool = False  # workers were still alive when the grace period ended (SIGKILLed)
+    stop_started: float | None = None  # time.monotonic() when the stop (SIGTERM to the workers) began
 
 
 @dataclass
@@ -369,6 +560,9 @@ class Supervisor:
         labels: dict[int, str] | None = None,
         announce: Callable[[str], None] | None = None,
         log_mode: str = "ab",
+        standbys: StandbyPool | None = None,
+        on_failure: Callable[[Failure], None] | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         self.processes = processes
         self.grace_period = grace_period
@@ -389,6 +583,13 @@ class Supervisor:
         self._signal: int | None = None
         self._stopping = False
         self._parent_pid = os.getpid()
+        self.standbys = standbys
+        self.on_failure = on_failure
+        self.tick = tick
+        self._started = time.monotonic()
+        self._next_tick = 0.0
+        self.stop_started: float | None = None
+        self.grace_expired = False
 
     # -- public ----------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -403,16 +604,20 @@ class Supervisor:
             self._final_cleanup()
         codes = {w.label: w.returncode for w in self.workers if w.returncode is not None}
         if self._signal is not None and self._failure is None:
-            return Outcome("signalled", 128 + self._signal, signal=self._signal, exit_codes=codes)
-        if self._failure is not None:
-            return Outcome(
+            outcome = Outcome("signalled", 128 + self._signal, signal=self._signal, exit_codes=codes)
+        elif self._failure is not None:
+            outcome = Outcome(
                 "failed",
                 self._failure.exit_code or 1,
                 failure=self._failure,
                 signal=self._signal,
                 exit_codes=codes,
             )
-        return Outcome("succeeded", 0, exit_codes=codes)
+        else:
+            outcome = Outcome("succeeded", 0, exit_codes=codes)
+        outcome.grace_expired = self.grace_expired
+        outcome.stop_started = self.stop_started
+        return outcome
 
     # -- starting --------------------------------------------------------------------------
     def _start_all(self) -> None:
@@ -447,30 +652,19 @@ class Supervisor:
         if spec.log:
             Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
             log = open(spec.log, self.log_mode)  # noqa: SIM115 - closed in _final_cleanup
-        parent = self._parent_pid
-
-        def child_setup() -> None:
-            # Die with mlaunch even if it is SIGKILLed; if it already died, do not run at all.
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:
-                os._exit(137)
-
-        popen = subprocess.Popen(
-            spec.argv,
-            cwd=spec.cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=child_setup,  # noqa: PLW1509 - the supervisor loop is single-threaded
-            close_fds=True,
-        )
+        popen = None
+        standby = self.standbys.take(spec) if self.standbys else None
+        if standby is not None and self.standbys is not None and self.standbys.hand_off(standby, spec, env):
+            popen = standby.popen  # already watched by the watchdog, in its own group
+        if popen is None:
+            if self.standbys is not None and self.standbys.compatible(spec):
+                self.standbys.cold_starts += 1
+            popen = _start_process(spec.argv, env, spec.cwd, self._parent_pid)
+            if self.watchdog:
+                self.watchdog.watch(popen.pid)
         worker = _Worker(spec, label, f"[{label}] ".encode(), popen, log)
         self.workers.append(worker)
         self._by_pid[popen.pid] = worker
-        if self.watchdog:
-            self.watchdog.watch(popen.pid)
         for stream, is_err in ((popen.stdout, False), (popen.stderr, True)):
             assert stream is not None
             fd = stream.fileno()
@@ -499,12 +693,30 @@ class Supervisor:
             if self._kill_at is not None and time.monotonic() >= self._kill_at:
                 live = self._live()
                 if live:
+                    self.grace_expired = True
                     self.announce(
                         f"grace period of {self.grace_period:g}s is over; SIGKILL to "
                         + ", ".join(w.label for w in live)
                     )
                 self._kill_groups(signal.SIGKILL)
                 self._kill_at = None
+            self._housekeeping()
+
+    def _housekeeping(self) -> None:
+        """Standby refill and the periodic hook; neither may break supervision."""
+        now = time.monotonic()
+        if self.standbys is not None and not self._stopping and now - self._started >= self.standbys.delay:
+            try:
+                self.standbys.fill(self.processes, self._parent_pid)
+            except OSError as exc:
+                self.announce(f"cannot start standby workers: {exc}")
+                self.standbys = None
+        if self.tick is not None and now >= self._next_tick:
+            self._next_tick = now + 0.5
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - a monitor must never stop supervision
+                self.announce(f"monitor error (ignored): {exc!r}")
 
     def _read(self, fd: int) -> None:
         worker, is_err = self._by_fd[fd]
@@ -580,6 +792,11 @@ class Supervisor:
             if others:
                 self.announce(f"{self._failure.describe()}; stopping the other {len(others)} processes")
             self._stop_all(signal.SIGTERM)
+            if self.on_failure is not None:
+                try:
+                    self.on_failure(self._failure)
+                except Exception as exc:  # noqa: BLE001 - the teardown goes on whatever the hook did
+                    self.announce(f"failure hook error (ignored): {exc!r}")
             return
         if all(w.returncode == 0 for w in self.workers if w.spec.required):
             services = [w for w in self._live() if not w.spec.required]
@@ -624,6 +841,8 @@ class Supervisor:
             self.announce(f"received {signal_name(sig)} again; already stopping (SIGINT twice kills at once)")
 
     def _stop_all(self, sig: int) -> None:
+        if self.stop_started is None:
+            self.stop_started = time.monotonic()
         self._stopping = True
         self._kill_groups(sig)
         if self._kill_at is None:
@@ -654,8 +873,9 @@ class Supervisor:
             if worker.log:
                 worker.log.close()
         watchdog_pid = self.watchdog.pid if self.watchdog else -1
+        standby_pids = self.standbys.pids() if self.standbys else set()
         for child in _children_of(os.getpid()):
-            if child != watchdog_pid and child not in self._by_pid:
+            if child != watchdog_pid and child not in self._by_pid and child not in standby_pids:
                 with contextlib.suppress(OSError):
                     os.kill(child, signal.SIGKILL)
         self._reap()
@@ -685,6 +905,7 @@ __all__ = [
     "Failure",
     "Outcome",
     "SignalRouter",
+    "StandbyPool",
     "Supervisor",
     "Watchdog",
     "become_subreaper",

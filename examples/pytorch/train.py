@@ -6,6 +6,19 @@ and ignores any other argument a platform appends (``--data_url`` ...).
 
 Fixed seed and synthetic data: the same world size gives bit-identical parameters on every
 run, so ``final-checksum`` (printed by rank 0 at the end) compares runs exactly.
+
+It uses mlaunch's graceful-exit API (``launchers.elastic``), so it can be stopped at any
+time and resumed without losing a step:
+- SIGTERM/SIGINT only set a flag; at the next step boundary every rank agrees to stop,
+  saves its shard, rank 0 commits the checkpoint, and the process exits 143;
+- every step is staged to shared memory, so if a rank is killed (kill -9) mlaunch itself
+  persists the newest step every rank staged;
+- the next run resumes from the newest committed checkpoint — model, optimizer (momentum),
+  LR scheduler, the Python/NumPy/torch random streams and the data-loader position — and
+  ends with the same ``final-checksum`` as a run that was never interrupted.
+The checkpoint directory is ``--ckpt-dir``, else ``$MLAUNCH_CHECKPOINT_DIR`` (mlaunch sets it
+from job.yaml's ``checkpoint.dir``), else ``output/ckpt``. A run that finishes removes its
+resume checkpoints, so running the example again trains from the start.
 """
 
 from __future__ import annotations
@@ -13,11 +26,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import random
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from launchers import elastic
+from launchers.elastic import pytorch as elastic_torch
 
 
 def parse_args() -> argparse.Namespace:
@@ -26,6 +44,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--ckpt-dir", default=None, help="default: $MLAUNCH_CHECKPOINT_DIR, else output/ckpt")
+    parser.add_argument("--save-every", type=int, default=0, help="also save a checkpoint every N steps (0: off)")
+    parser.add_argument("--no-stage", action="store_true", help="do not stage steps for mlaunch's agent-side save")
+    parser.add_argument("--keep-checkpoints", action="store_true", help="keep the checkpoints after the last step")
     parser.add_argument("--init_method", default=None, help="tcp://HOST:PORT (ModelArts style)")
     parser.add_argument("--rank", type=int, default=None)
     parser.add_argument("--world_size", type=int, default=None)
@@ -34,16 +56,23 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Dropout(0.05), nn.Linear(32, 1))
 
 
-def batch_for(step: int, rank: int, world: int, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each (step, rank) gets its own slice of an endless synthetic regression stream."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * world + rank)
-    x = torch.randn(batch_size, 16, generator=gen)
-    w_true = torch.linspace(-1.0, 1.0, 16)
-    y = (x @ w_true).unsqueeze(1) + 0.01 * torch.randn(batch_size, 1, generator=gen)
-    return x, y
+class Synthetic(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A fixed regression set: sample i is the same on every run and every rank."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(size, 16, generator=gen)
+        w_true = torch.linspace(-1.0, 1.0, 16)
+        self.y = (self.x @ w_true).unsqueeze(1) + 0.01 * torch.randn(size, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
 
 
 def checksum(model: nn.Module) -> str:
@@ -60,20 +89,69 @@ def main() -> None:
     else:
         dist.init_process_group("gloo")  # env:// — RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     rank, world = dist.get_rank(), dist.get_world_size()
+    guard = elastic.install()
+    ckpt = elastic.Checkpointer(args.ckpt_dir or os.environ.get("MLAUNCH_CHECKPOINT_DIR") or "output/ckpt")
+
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(make_model())
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    dataset = Synthetic(64 * args.batch_size * world, args.seed)
+    sampler = elastic_torch.ResumableSampler(dataset, rank=rank, num_replicas=world, seed=args.seed)
+    # its own generator: creating an iterator must not draw from the global torch stream
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    # One gradient bucket per parameter: DDP re-buckets gradients after its first iteration,
+    # in the order they became ready, and with more than two ranks a float sum depends on
+    # its order — a resumed process (whose first iteration is a later step) would differ in
+    # the last bits. Per-parameter buckets keep every step's sums identical.
+    model = DistributedDataParallel(make_model(), bucket_cap_mb_list=[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.5)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=8, gamma=0.7)
     loss_fn = nn.MSELoss()
-    for step in range(args.steps):
-        x, y = batch_for(step, rank, world, args.batch_size, args.seed)
+
+    start = 0
+    state = ckpt.load_latest()
+    if state is not None:
+        start = elastic_torch.restore(state, model=model, optimizer=optimizer, scheduler=scheduler, data=sampler)
+        if rank == 0:
+            print(f"resumed from step {ckpt.loaded_step} ({ckpt.loaded.path if ckpt.loaded else ''})", flush=True)
+
+    batches = iter(loader)
+    model.train()
+    for step in range(start, args.steps):
+        try:
+            x, y = next(batches)
+        except StopIteration:  # next epoch: the sampler reshuffles from (seed, epoch)
+            batches = iter(loader)
+            x, y = next(batches)
+        # a little augmentation from each random stream, so a resume must restore all three
+        x = x * float(np.random.uniform(0.95, 1.05)) + 0.01 * torch.randn_like(x)
+        if random.random() < 0.5:  # same samples, another summation order
+            x, y = x.flip(0), y.flip(0)
         optimizer.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
+        scheduler.step()
         reduced = loss.detach().clone()
         dist.all_reduce(reduced)
         if rank == 0:
             print(f"step {step} loss {reduced.item() / world:.6f}", flush=True)
+
+        snapshot = elastic_torch.capture(step, model=model, optimizer=optimizer, scheduler=scheduler, data=sampler)
+        if not args.no_stage:
+            ckpt.stage(step, snapshot)  # mlaunch persists it if this process is killed
+        if guard.should_stop(step):  # any rank's signal: every rank stops here, at the same step
+            ckpt.save(step, snapshot)
+            guard.exit()  # 143
+        if args.save_every and (step + 1) % args.save_every == 0:
+            ckpt.save(step, snapshot)
+
     mine = checksum(model.module)
     print(f"param-checksum {mine}", flush=True)
     gathered: list[str | None] = [None] * world
@@ -82,11 +160,9 @@ def main() -> None:
         raise SystemExit(f"parameters differ across ranks: {gathered}")
     if rank == 0:
         print(f"final-checksum {mine}", flush=True)
-    # Leave together: a rank that tears gloo down while a peer is still closing its
-    # connections can abort ("terminate called without an active exception").
-    dist.barrier()
+    if not args.keep_checkpoints:
+        ckpt.clear()  # finished: the resume points are no longer needed
     dist.destroy_process_group()
-    os.environ.get("MLAUNCH_RESTART_COUNT")  # visible to scripts that want to know the attempt
 
 
 if __name__ == "__main__":

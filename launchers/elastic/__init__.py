@@ -1,4 +1,29 @@
-"""The in-training side of graceful exit (imported by training scripts).
+"""Graceful exit that loses nothing — the in-training side (imported by training scripts).
 
-See the README's "Graceful exit" section for the API.
+::
+
+    from launchers import elastic
+    guard = elastic.install()               # SIGTERM/SIGINT/SIGUSR1 only set a flag; a second signal is ignored
+    ckpt = elastic.Checkpointer("output/ckpt")
+    state = ckpt.load_latest()              # newest *committed* checkpoint, or None
+    for step in range(start, total):
+        train_one_step()
+        ckpt.stage(step, state_dict)        # optional: copy to shared memory for the agent-side save
+        if guard.should_stop(step):         # any rank's signal counts (all_reduce MAX when distributed)
+            ckpt.save(step, state_dict)     # every rank writes its shard; rank 0 commits after all are written
+            guard.exit()                    # exit code 143
+
+``launchers.elastic.pytorch`` captures and restores model, optimizer, LR scheduler, RNG
+states and a data position so a resumed run continues bit-identically;
+``launchers.elastic.mindspore`` has an ``ExceptionCheckpoint`` callback.
+
+Importing this package imports neither torch nor MindSpore (standard library only); the
+frameworks are used when the script has imported them.
 """
+
+from __future__ import annotations
+
+from launchers.elastic.checkpoint import Checkpointer, CheckpointError
+from launchers.elastic.guard import EXIT_CODE, GracefulExit, Guard, install
+
+__all__ = ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "install"]

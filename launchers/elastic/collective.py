@@ -1,0 +1,159 @@
+"""The few collectives graceful exit needs, over whichever framework the script initialised.
+
+Agreement to stop, "did every rank write its shard", "did rank 0 commit" are each one tiny
+collective. They run over ``torch.distributed`` when the script initialised it, over
+MindSpore's communication when that is initialised, and are local no-ops otherwise (a
+single process, or a script that never set up a process group).
+
+Nothing here imports a framework: a framework counts only if the script already imported
+it (``sys.modules``). The torch calls go through ``torch.distributed.distributed_c10d``
+directly, so a test that wraps ``torch.distributed.all_reduce`` to count a script's own
+collectives does not count ours.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Protocol
+
+
+class Collective(Protocol):
+    """Rank/world of this process and integer reductions across every rank."""
+
+    name: str
+
+    def rank(self) -> int: ...
+    def world_size(self) -> int: ...
+    def all_reduce(self, values: list[int], op: str) -> list[int]: ...  # op: "max" | "min" | "sum"
+    def all_gather(self, values: list[int]) -> list[list[int]]: ...
+
+
+class Local:
+    """No process group: this process is the whole world as far as agreement goes."""
+
+    name = "local"
+
+    def __init__(self, rank: int = 0, world: int = 1) -> None:
+        self._rank = rank
+        self._world = world
+
+    def rank(self) -> int:
+        return self._rank
+
+    def world_size(self) -> int:
+        return self._world
+
+    def all_reduce(self, values: list[int], op: str) -> list[int]:
+        return list(values)
+
+    def all_gather(self, values: list[int]) -> list[list[int]]:
+        return [list(values)]
+
+
+class Torch:
+    """``torch.distributed`` once ``init_process_group`` ran (gloo on CPU, nccl/hccl on devices)."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._c10d = sys.modules["torch.distributed"].distributed_c10d
+        self._torch = sys.modules["torch"]
+
+    def _device(self) -> Any:
+        backend = str(self._c10d.get_backend()).lower()
+        if "nccl" in backend:
+            return self._torch.device("cuda", self._torch.cuda.current_device())
+        if "hccl" in backend:
+            return self._torch.device("npu", self._torch.npu.current_device())  # torch_npu
+        return self._torch.device("cpu")
+
+    def rank(self) -> int:
+        return int(self._c10d.get_rank())
+
+    def world_size(self) -> int:
+        return int(self._c10d.get_world_size())
+
+    def all_reduce(self, values: list[int], op: str) -> list[int]:
+        torch = self._torch
+        tensor = torch.tensor(values, dtype=torch.int64, device=self._device())
+        reduce_op = {"max": self._c10d.ReduceOp.MAX, "min": self._c10d.ReduceOp.MIN, "sum": self._c10d.ReduceOp.SUM}
+        self._c10d.all_reduce(tensor, op=reduce_op[op])
+        return [int(v) for v in tensor.cpu().tolist()]
+
+    def all_gather(self, values: list[int]) -> list[list[int]]:
+        torch = self._torch
+        tensor = torch.tensor(values, dtype=torch.int64, device=self._device())
+        out = [torch.zeros_like(tensor) for _ in range(self.world_size())]
+        self._c10d.all_gather(out, tensor)
+        return [[int(v) for v in t.cpu().tolist()] for t in out]
+
+
+class MindSpore:
+    """MindSpore's communication (HCCL/MCCL) after ``mindspore.communication.init()``."""
+
+    name = "mindspore"
+
+    def __init__(self) -> None:
+        self._comm = sys.modules["mindspore.communication"]
+        self._ms = sys.modules["mindspore"]
+
+    def rank(self) -> int:
+        return int(self._comm.get_rank())
+
+    def world_size(self) -> int:
+        return int(self._comm.get_group_size())
+
+    def all_reduce(self, values: list[int], op: str) -> list[int]:
+        ms = self._ms
+        ops = ms.ops
+        reduce_op = {"max": ops.ReduceOp.MAX, "min": ops.ReduceOp.MIN, "sum": ops.ReduceOp.SUM}[op]
+        tensor = ms.Tensor(values, ms.int32)
+        out = ops.AllReduce(reduce_op)(tensor)
+        return [int(v) for v in out.asnumpy().tolist()]
+
+    def all_gather(self, values: list[int]) -> list[list[int]]:
+        ms = self._ms
+        out = ms.ops.AllGather()(ms.Tensor([values], ms.int32)).asnumpy().tolist()
+        return [[int(v) for v in row] for row in out]
+
+
+def _torch_ready() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported torch counts as "not initialised"
+        return False
+
+
+def _mindspore_ready() -> bool:
+    comm = sys.modules.get("mindspore.communication")
+    if comm is None:
+        return False
+    try:
+        comm.get_group_size()
+    except Exception:  # noqa: BLE001 - MindSpore raises RuntimeError before init()
+        return False
+    return True
+
+
+def current(rank: int | None = None, world: int | None = None) -> Collective:
+    """The collective of whatever the script initialised; ``Local`` (env RANK/WORLD_SIZE) otherwise."""
+    if _torch_ready():
+        return Torch()
+    if _mindspore_ready():
+        return MindSpore()
+    import os
+
+    if rank is None:
+        rank = _env_int(os, ("RANK", "RANK_ID"), 0)
+    if world is None:
+        world = _env_int(os, ("WORLD_SIZE", "RANK_SIZE"), 1)
+    return Local(rank, world)
+
+
+def _env_int(os: Any, names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return default

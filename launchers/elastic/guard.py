@@ -1,0 +1,162 @@
+"""The stop flag: signals only set it; ranks agree on it at step boundaries.
+
+Why a flag and not a save inside the handler: a save needs collectives (every rank writes,
+then one commits), and a handler runs at an arbitrary point — possibly inside another
+collective. So the handler does nothing but record the signal, and ``should_stop(step)`` —
+called by every rank at the same points of the loop — turns the local flags into one
+decision with a tiny all-reduce(MAX): if any rank was signalled, every rank stops at the
+same step (Lightning's deadlock in #20806 was rank 0 deciding alone). A second signal is
+ignored: the save already under way must not be started twice or interrupted.
+
+``exit()`` ends the process with 143 (128 + SIGTERM), the code a supervisor and a
+platform read as "stopped on request".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+from launchers.elastic import collective, staging
+
+EXIT_CODE = 143
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class GracefulExit(SystemExit):
+    """Raised by ``Guard.exit()``: a ``SystemExit`` with code 143, so ``finally`` blocks still run."""
+
+    def __init__(self, code: int = EXIT_CODE) -> None:
+        super().__init__(code)
+
+
+class Guard:
+    """What ``install()`` returns: the flag, the agreement and the exit."""
+
+    def __init__(self, signals: Iterable[int] = DEFAULT_SIGNALS, *, quiet: bool = False) -> None:
+        self.signals = tuple(signals)
+        self.quiet = quiet
+        self.received: int | None = None  # the first signal
+        self.count = 0  # every signal seen, the ignored ones included
+        self.stop_step: int | None = None  # the step all ranks agreed to stop at
+        self._previous: dict[int, Any] = {}
+        self._installed = False
+        self._last_check: float | None = None
+        self._step_time = 0.0
+        self._checks = 0
+        self._status_at = 0.0
+
+    # -- signals -----------------------------------------------------------------------
+    def install(self) -> Guard:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("elastic.install() must run in the main thread (signal handlers live there)")
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        self._installed = True
+        return self
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before ``install()``."""
+        if not self._installed:
+            return
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+        self._installed = False
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.received is None:
+            self.received = signum
+            self._say(f"received {signal.Signals(signum).name}; will stop at the next step boundary")
+        else:
+            self._say(f"received {signal.Signals(signum).name} again; ignored (already stopping)")
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
+        """Set the flag from code (e.g. a time limit), as if ``signum`` had arrived."""
+        self._handler(signum, None)
+
+    @property
+    def requested(self) -> bool:
+        """This process's own flag (no agreement)."""
+        return self.received is not None
+
+    # -- agreement ---------------------------------------------------------------------
+    def should_stop(self, step: int | None = None) -> bool:
+        """True on every rank, at the same call, once any rank was signalled.
+
+        Every rank must call it at the same points (each step, and inside long eval or
+        warm-up loops). With ``torch.distributed`` (or MindSpore) initialised it is one
+        all-reduce(MAX) of one integer; otherwise it is the local flag.
+        """
+        self._measure_step()
+        if self.stop_step is not None:
+            return True
+        coll = collective.current()
+        local = 1 if self.received is not None else 0
+        agreed = coll.all_reduce([local], "max")[0] if coll.world_size() > 1 else local
+        if agreed:
+            self.stop_step = step if step is not None else -1
+            if self.received is None:
+                self._say(f"another rank was signalled; stopping at step {step}")
+            return True
+        return False
+
+    def _measure_step(self) -> None:
+        """Step time for mlaunch's grace-budget monitor (published at most once a second)."""
+        now = time.monotonic()
+        if self._last_check is not None:
+            took = now - self._last_check
+            self._step_time = took if self._checks < 2 else 0.8 * self._step_time + 0.2 * took
+        self._last_check = now
+        self._checks += 1
+        if self._checks >= 3 and now - self._status_at > 1.0:
+            self._status_at = now
+            coll_rank, coll_world = _rank_world()
+            staging.update_status(coll_rank, coll_world, step_time=self._step_time, steps_seen=self._checks)
+
+    # -- exit --------------------------------------------------------------------------
+    def exit(self, code: int = EXIT_CODE) -> None:
+        """Leave the training script with ``code`` (143): tear the process group down, then SystemExit."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None:
+            try:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - exiting anyway; a broken group must not change the code
+                pass
+        raise GracefulExit(code)
+
+    def _say(self, message: str) -> None:
+        # os.write, not sys.stderr: this runs inside a signal handler, which may have
+        # interrupted a write to sys.stderr (a re-entrant buffered write raises).
+        if not self.quiet:
+            rank = os.environ.get("RANK", "?")
+            with contextlib.suppress(OSError):
+                os.write(2, f"mlaunch.elastic[rank {rank}]: {message}\n".encode())
+
+
+def _rank_world() -> tuple[int, int]:
+    coll = collective.current()
+    return coll.rank(), coll.world_size()
+
+
+_guard: Guard | None = None
+
+
+def install(signals: Iterable[int] = DEFAULT_SIGNALS, *, quiet: bool = False) -> Guard:
+    """Install the stop flag for ``signals`` (SIGTERM, SIGINT, SIGUSR1); idempotent per process."""
+    global _guard
+    if _guard is not None and _guard._installed:
+        return _guard
+    _guard = Guard(signals, quiet=quiet).install()
+    return _guard

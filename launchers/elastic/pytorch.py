@@ -1,0 +1,150 @@
+"""PyTorch helpers: everything a resumed run needs to continue *bit-identically*.
+
+A checkpoint of the weights alone is not enough to continue the same run: the optimizer's
+moments, the LR scheduler's position, the random streams (Python, NumPy, torch CPU and the
+current accelerator) and the position in the data all shape the next step. ``capture``
+collects them into one state dict (tensors are not copied: staging and saving copy them);
+``restore`` puts them back and returns the step to continue from.
+
+``ResumableSampler`` is a ``DataLoader`` sampler whose shuffling depends only on (seed,
+epoch) and which can start in the middle of an epoch, so "data position" is two integers.
+
+Import this module only from training code: it imports torch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+
+try:  # NumPy is optional for torch; its RNG is captured when it is there
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy is installed wherever torch's CPU wheel is
+    _np = None  # type: ignore[assignment]
+
+
+def rng_state() -> dict[str, Any]:
+    """The state of every random stream this process uses."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if _np is not None:
+        state["numpy"] = _np.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_python_state(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if _np is not None and "numpy" in state:
+        _np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_python_state(value: Any) -> Any:
+    # (version, tuple of 625 ints, gauss_next): tuples survive the shard format unchanged
+    return (value[0], tuple(value[1]), value[2])
+
+
+def capture(
+    step: int,
+    *,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    data: Any = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One state dict for ``Checkpointer.stage/save``: the state *after* ``step`` finished.
+
+    ``data`` is whatever locates the next batch: an int, a ``ResumableSampler`` (its
+    ``state_dict()`` is taken) or any object with ``state_dict()``.
+    """
+    state: dict[str, Any] = {"step": step, "rng": rng_state()}
+    if model is not None:
+        state["model"] = _unwrap(model).state_dict()
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    if data is not None:
+        state["data"] = data.state_dict() if hasattr(data, "state_dict") else data
+    if extra:
+        state["extra"] = extra
+    return state
+
+
+def restore(
+    state: dict[str, Any],
+    *,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    data: Any = None,
+) -> int:
+    """Load what ``capture`` saved; returns the first step to run (saved step + 1)."""
+    if model is not None and "model" in state:
+        _unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None and "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
+    if data is not None and "data" in state and hasattr(data, "load_state_dict"):
+        data.load_state_dict(state["data"])
+    if "rng" in state:
+        set_rng_state(state["rng"])  # last: loading the rest must not consume random numbers after it
+    return int(state["step"]) + 1
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """DDP/FSDP-style wrappers keep the real module in ``.module``: save that, without the prefix."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+class ResumableSampler(torch.utils.data.Sampler[int]):
+    """Shuffled (or ordered) indices of this rank's share, resumable at any position.
+
+    The permutation of epoch *e* depends only on ``(seed, e)``; ranks take every
+    ``num_replicas``-th index as ``DistributedSampler`` does. ``state_dict()`` is
+    ``{"epoch", "position"}``; after ``load_state_dict`` the next ``__iter__`` continues
+    from that position of that epoch.
+    """
+
+    def __init__(
+        self, data: Sized | int, *, rank: int = 0, num_replicas: int = 1, shuffle: bool = True, seed: int = 0
+    ) -> None:
+        self.length = data if isinstance(data, int) else len(data)
+        self.rank, self.num_replicas, self.shuffle, self.seed = rank, num_replicas, shuffle, seed
+        self.epoch = 0
+        self.position = 0  # indices of this epoch already handed out
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.length, generator=gen).tolist()
+        else:
+            order = list(range(self.length))
+        return order[self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self._indices()
+        while self.position < len(indices):
+            index = indices[self.position]
+            self.position += 1
+            yield index
+        self.epoch += 1
+        self.position = 0
+
+    def __len__(self) -> int:
+        return len(self._indices()) - self.position
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

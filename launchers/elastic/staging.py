@@ -1,0 +1,344 @@
+"""Per-rank shared-memory staging: the worker writes, the agent (mlaunch) reads after a fault.
+
+One file per rank in ``/dev/shm`` (``$MLAUNCH_SHM_DIR`` overrides), named after the run so
+mlaunch — and, if mlaunch is SIGKILLed, its watchdog — can find and unlink every segment of
+the run: ``mlaunch.<run_id>.rank<R>``.
+
+Layout: a 4 KiB header, then two *slots* of equal capacity. Each slot holds one complete
+shard image (``shardfile``) of one step. The worker always writes into the slot that does
+not hold its newest complete step, so killing it in the middle of a copy still leaves the
+previous step intact. Every slot has a sequence number (a seqlock): odd while being
+written, even when complete. A reader trusts a slot only if the number is even before and
+after it copied the bytes, so a half-copied buffer is never persisted.
+
+The header also carries what the agent needs without asking the worker: the checkpoint
+directory and keep count the worker's ``Checkpointer`` uses, the restart attempt (slots of
+an earlier attempt are never mixed with this one's), and status for the grace budget
+(measured step time, last save's duration and size, the step being saved).
+
+The space is reserved with ``posix_fallocate``: writing through a mapping into a full tmpfs
+would kill the training process with SIGBUS; reserving first turns that into an ``OSError``
+and staging switches itself off with a warning instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import mmap
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from launchers.elastic import shardfile
+
+MAGIC = b"MLSTAGE1"
+HEADER_SIZE = 4096
+NSLOTS = 2
+# magic, version, header_size, rank, world, attempt, pid, capacity, nslots, keep
+_FIXED = struct.Struct("<8sIIqqqqQIi")
+# step_time, save_seconds, save_bytes, state_bytes, steps_seen, saving_step, committed_step, updated
+_STATUS = struct.Struct("<ddQQqqqd")
+_STATUS_AT = 128
+# seq, step, length, stamp, attempt
+_SLOT = struct.Struct("<QqQdq")
+_SLOTS_AT = 256
+_SLOT_STRIDE = 64
+_DIR_AT = 512  # u16 length + utf-8 path of the checkpoint directory
+_DIR_MAX = HEADER_SIZE - _DIR_AT - 2
+
+
+def shm_dir() -> str:
+    return os.environ.get("MLAUNCH_SHM_DIR") or "/dev/shm"
+
+
+def segment_path(run_id: str, rank: int) -> str:
+    return os.path.join(shm_dir(), f"mlaunch.{run_id}.rank{rank}")
+
+
+def run_segments(run_id: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(glob.escape(shm_dir()), f"mlaunch.{glob.escape(run_id)}.rank*")))
+
+
+def unlink_run(run_id: str) -> int:
+    """Remove every segment of ``run_id``; returns how many were removed."""
+    removed = 0
+    for path in run_segments(run_id):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed += 1
+    return removed
+
+
+@dataclass
+class Status:
+    step_time: float = 0.0
+    save_seconds: float = 0.0
+    save_bytes: int = 0
+    state_bytes: int = 0
+    steps_seen: int = 0
+    saving_step: int = -1
+    committed_step: int = -1
+    updated: float = 0.0
+
+
+@dataclass
+class Slot:
+    index: int
+    seq: int
+    step: int
+    length: int
+    stamp: float
+    attempt: int
+
+    @property
+    def complete(self) -> bool:
+        return self.seq > 0 and self.seq % 2 == 0 and self.length > 0
+
+
+# ----------------------------------------------------------------------------------------
+# Worker side
+# ----------------------------------------------------------------------------------------
+
+
+class Segment:
+    """This process's segment (created on first use, grown when the state grows)."""
+
+    def __init__(self, path: str, rank: int, world: int, attempt: int) -> None:
+        self.path = path
+        self.rank = rank
+        self.world = world
+        self.attempt = attempt
+        self.capacity = 0
+        self._fd = -1
+        self._mm: mmap.mmap | None = None
+        self.ckpt_dir = ""
+        self.keep = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _open(self, capacity: int) -> None:
+        """(Re)create the file with ``capacity`` per slot and map it; OSError if no space."""
+        self.close()
+        total = HEADER_SIZE + NSLOTS * capacity
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, total)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, total)
+            mm = mmap.mmap(fd, total)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            raise
+        self._fd, self._mm, self.capacity = fd, mm, capacity
+        _FIXED.pack_into(
+            mm, 0, MAGIC, 1, HEADER_SIZE, self.rank, self.world, self.attempt, os.getpid(), capacity, NSLOTS, self.keep
+        )
+        self._write_dir()
+
+    def ensure(self, capacity: int) -> None:
+        if self._mm is None or capacity > self.capacity:
+            status = self.status() if self._mm is not None else Status()
+            self._open(capacity)
+            self.set_status(status)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def set_target(self, ckpt_dir: str, keep: int) -> None:
+        self.ckpt_dir, self.keep = ckpt_dir, keep
+        if self._mm is not None:
+            self._write_dir()
+            struct.pack_into("<i", self._mm, _FIXED.size - 4, keep)
+
+    def _write_dir(self) -> None:
+        assert self._mm is not None
+        raw = self.ckpt_dir.encode()[:_DIR_MAX]
+        struct.pack_into("<H", self._mm, _DIR_AT, len(raw))
+        self._mm[_DIR_AT + 2 : _DIR_AT + 2 + len(raw)] = raw
+
+    # -- status ------------------------------------------------------------------------
+    def status(self) -> Status:
+        assert self._mm is not None
+        return Status(*_STATUS.unpack_from(self._mm, _STATUS_AT))
+
+    def set_status(self, status: Status) -> None:
+        if self._mm is None:
+            self.ensure(0)
+        assert self._mm is not None
+        status.updated = time.time()
+        _STATUS.pack_into(
+            self._mm,
+            _STATUS_AT,
+            status.step_time,
+            status.save_seconds,
+            status.save_bytes,
+            status.state_bytes,
+            status.steps_seen,
+            status.saving_step,
+            status.committed_step,
+            status.updated,
+        )
+
+    # -- slots -------------------------------------------------------------------------
+    def slots(self) -> list[Slot]:
+        assert self._mm is not None
+        return [Slot(i, *_SLOT.unpack_from(self._mm, _SLOTS_AT + i * _SLOT_STRIDE)) for i in range(NSLOTS)]
+
+    def stage(self, step: int, enc: shardfile.Encoded) -> None:
+        """Copy ``enc`` into the slot that does not hold the newest complete step."""
+        if self._mm is None or enc.size > self.capacity:
+            self.ensure(enc.size + enc.size // 4 + (1 << 20))  # head-room: states grow a little
+        assert self._mm is not None
+        slots = self.slots()
+        complete = [s for s in slots if s.complete]
+        newest = max(complete, key=lambda s: (s.step, s.seq), default=None)
+        target = next((s for s in slots if newest is None or s.index != newest.index), slots[0])
+        at = _SLOTS_AT + target.index * _SLOT_STRIDE
+        seq = target.seq + 1 if target.seq % 2 == 0 else target.seq + 2
+        # seqlock: odd while writing, then data, then the slot's fields, then even
+        struct.pack_into("<Q", self._mm, at, seq)
+        data_at = HEADER_SIZE + target.index * self.capacity
+        view = memoryview(self._mm)[data_at : data_at + self.capacity]
+        try:
+            shardfile.write_into(view, enc)
+        finally:
+            view.release()
+        _SLOT.pack_into(self._mm, at, seq, step, enc.size, time.time(), self.attempt)
+        struct.pack_into("<Q", self._mm, at, seq + 1)
+
+
+# ----------------------------------------------------------------------------------------
+# Agent side (mlaunch): read-only views of a run's segments
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class SegmentInfo:
+    path: str
+    rank: int
+    world: int
+    attempt: int
+    pid: int
+    capacity: int
+    keep: int
+    ckpt_dir: str
+    status: Status
+    slots: list[Slot]
+
+
+class SegmentReader:
+    """A read-only mapping of one segment, for the agent."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_SIZE:
+                raise shardfile.ShardFormatError(f"{path}: too small to be a staging segment")
+            self._mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        magic, _v, _h, rank, world, attempt, pid, capacity, nslots, keep = _FIXED.unpack_from(self._mm, 0)
+        if magic != MAGIC or nslots != NSLOTS:
+            self._mm.close()
+            raise shardfile.ShardFormatError(f"{path}: not a staging segment")
+        (dlen,) = struct.unpack_from("<H", self._mm, _DIR_AT)
+        ckpt_dir = bytes(self._mm[_DIR_AT + 2 : _DIR_AT + 2 + dlen]).decode(errors="replace")
+        self.info = SegmentInfo(path, rank, world, attempt, pid, capacity, keep, ckpt_dir, self.status(), self.slots())
+
+    def status(self) -> Status:
+        return Status(*_STATUS.unpack_from(self._mm, _STATUS_AT))
+
+    def slots(self) -> list[Slot]:
+        return [Slot(i, *_SLOT.unpack_from(self._mm, _SLOTS_AT + i * _SLOT_STRIDE)) for i in range(NSLOTS)]
+
+    def seq(self, index: int) -> int:
+        (seq,) = struct.unpack_from("<Q", self._mm, _SLOTS_AT + index * _SLOT_STRIDE)
+        return int(seq)
+
+    def data(self, slot: Slot) -> memoryview:
+        start = HEADER_SIZE + slot.index * self.info.capacity
+        return memoryview(self._mm)[start : start + slot.length]
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):
+            self._mm.close()
+
+    def __enter__(self) -> SegmentReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_run(run_id: str) -> list[SegmentInfo]:
+    """Header snapshots of every segment of the run (unreadable ones are skipped)."""
+    infos = []
+    for path in run_segments(run_id):
+        try:
+            with SegmentReader(path) as reader:
+                infos.append(reader.info)
+        except (OSError, ValueError):
+            continue
+    return infos
+
+
+# ----------------------------------------------------------------------------------------
+# The process-wide segment of a worker started by mlaunch
+# ----------------------------------------------------------------------------------------
+
+_segment: Segment | None = None
+_disabled_reason: str | None = None
+
+
+def process_segment(rank: int, world: int) -> Segment | None:
+    """This worker's segment, or None when not run by mlaunch (no agent would read it) or disabled."""
+    global _segment
+    if _disabled_reason is not None:
+        return None
+    run_id = os.environ.get("MLAUNCH_RUN_ID")
+    if not run_id:
+        return None
+    if _segment is None or _segment.rank != rank:
+        attempt = int(os.environ.get("MLAUNCH_RESTART_COUNT", "0") or 0)
+        _segment = Segment(segment_path(run_id, rank), rank, world, attempt)
+    return _segment
+
+
+def disable(reason: str) -> None:
+    """Stop staging in this process (e.g. /dev/shm is too small) and say so once."""
+    global _disabled_reason, _segment
+    if _disabled_reason is None:
+        _disabled_reason = reason
+        sys.stderr.write(f"mlaunch.elastic: staging to shared memory is off: {reason}\n")
+        sys.stderr.flush()
+    if _segment is not None:
+        _segment.close()
+        with contextlib.suppress(OSError):
+            os.unlink(_segment.path)
+        _segment = None
+
+
+def update_status(rank: int, world: int, **fields: Any) -> None:
+    """Record status for mlaunch's grace-budget monitor (no-op when not under mlaunch)."""
+    seg = process_segment(rank, world)
+    if seg is None:
+        return
+    try:
+        status = seg.status() if seg._mm is not None else Status()
+        for name, value in fields.items():
+            setattr(status, name, value)
+        seg.set_status(status)
+    except (OSError, ValueError) as exc:
+        disable(str(exc))

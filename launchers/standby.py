@@ -1,0 +1,85 @@
+"""A warm standby worker: a Python process that already imported the heavy modules and waits.
+
+A restart normally pays interpreter start-up and ``import torch`` again in every process
+(seconds, on a busy node). mlaunch keeps one standby per worker instead (``preload:`` in
+job.yaml): started like a worker — own process group, parent-death signal, the run's
+``MLAUNCH_RUN_ID`` so the watchdog finds it — it imports the listed modules, reports ready,
+and blocks on its stdin. When the group restarts, the supervisor writes the worker's argv,
+env and cwd there; the standby becomes that worker: same pid, same output pipes, the script
+run as ``__main__`` exactly as ``python -u script.py args...`` would run it.
+
+Protocol (supervisor side in ``launchers.supervisor.StandbyPool``):
+- ``MLAUNCH_STANDBY_READY_FD``: a pipe the standby writes ``R`` to once every module is
+  imported (EOF without ``R``: an import failed, the standby is not used);
+- stdin: one JSON object ``{"argv": [...], "env": {...}, "cwd": "..."}`` then EOF; EOF
+  with nothing means "not needed" and the standby exits 0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import sys
+import traceback
+
+READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
+
+
+def _preload(modules: list[str], ready_fd: int) -> bool:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - any failure means "do not use me"
+            sys.stderr.write(f"mlaunch standby: cannot preload {name!r}:\n{traceback.format_exc()}")
+            sys.stderr.flush()
+            return False
+    if ready_fd >= 0:
+        os.write(ready_fd, b"R")
+        os.close(ready_fd)
+    return True
+
+
+def _read_spec() -> dict[str, object] | None:
+    chunks = []
+    while True:
+        data = os.read(0, 1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+    raw = b"".join(chunks)
+    return json.loads(raw) if raw.strip() else None
+
+
+def become(spec: dict[str, object]) -> None:
+    """Turn this process into the worker ``spec`` describes and run its script as ``__main__``."""
+    argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
+    env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
+    os.chdir(str(spec["cwd"]))
+    os.environ.clear()
+    os.environ.update(env)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - replaces the spec pipe for the script's lifetime
+    script = argv[2]
+    sys.argv = argv[2:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> int:
+    modules = list(sys.argv[1:] if argv is None else argv)
+    ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
+    if not _preload(modules, ready_fd):
+        return 3
+    spec = _read_spec()
+    if spec is None:
+        return 0
+    become(spec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
