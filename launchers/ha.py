@@ -299,7 +299,11 @@ def apply_high_availability(job: Job, cluster: Cluster, plan: LaunchPlan) -> Lau
             if ha.mindspeed_flags and proc.required:
                 proc.argv = [*proc.argv, *(flag for flag in MINDSPEED_FLAGS if flag not in proc.argv)]
     if ha.taskd:
+        from launchers.ascend_device import is_node_leader
+
         node0 = next((node for node in plan.nodes if node.index == 0), None)
-        if node0 is not None and not any(p.role == TASKD_ROLE for p in node0.processes):
+        # ModelArts may start one mlaunch per device: only device 0's copy runs the manager.
+        leader = cluster.simulated or is_node_leader(cluster.env)
+        if node0 is not None and leader and not any(p.role == TASKD_ROLE for p in node0.processes):
             node0.processes.append(taskd_manager_spec(job, cluster, plan, env))
     return plan

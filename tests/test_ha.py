@@ -250,6 +250,39 @@ def test_taskd_manager_only_on_the_platform_node_0(tmp_path: Path, on_path: Path
     assert all("LD_PRELOAD" in p.env for p in node1.processes)
 
 
+@needs_ascend
+def test_taskd_manager_once_when_modelarts_starts_one_copy_per_device(tmp_path: Path, on_path: Path) -> None:
+    """ModelArts runs the start file once per device: only the ASCEND_DEVICE_ID=0 copy on node 0 runs the manager."""
+    table = {
+        "status": "completed",
+        "version": "1.0",
+        "server_count": "2",
+        "server_list": [
+            {
+                "server_id": f"10.0.0.{s + 1}",
+                "device": [
+                    {"device_id": str(d), "device_ip": f"192.168.{s}.{d}", "rank_id": str(s * 2 + d)} for d in range(2)
+                ],
+            }
+            for s in range(2)
+        ],
+    }
+    (tmp_path / "hccl.json").write_text(json.dumps(table))
+    job_file = write_job(tmp_path, "{taskd: true, dp: 4}", engine="ascend", extra="ascend: {style: rank_table}\n")
+    found = []
+    for rank in range(4):
+        env = {
+            "RANK_TABLE_FILE": str(tmp_path / "hccl.json"),
+            "ASCEND_DEVICE_ID": str(rank % 2),
+            "RANK_ID": str(rank),
+            "MA_CURRENT_HOST_IP": f"10.0.0.{rank // 2 + 1}",
+        }
+        plan = plan_of(job_file, env)
+        assert sorted(p.rank for p in workers(plan)) == [rank]
+        found += [(rank, node) for node, _ in managers(plan)]
+    assert found == [(0, 0)]
+
+
 def test_taskd_job_id_comes_from_mindcluster(tmp_path: Path, on_path: Path) -> None:
     job_file = write_job(tmp_path, "{taskd: true, dp: 4}")
     env = {
