@@ -168,11 +168,37 @@ class MpiOptions(Section):
     flavour: Literal["openmpi", "horovod", "mindspore-gpu"] = "openmpi"
     sshd_port: Port = 36666
     interfaces: list[str] = Field(default_factory=list, description="NICs for btl/oob_tcp_if_include")
-    keys_dir: str | None = Field(None, description="job secret directory made by `mlaunch keys DIR`")
+    keys_dir: str | None = Field(
+        None, description="job secret directory made by `mlaunch keys DIR` (else $MLAUNCH_SSH_KEYS)"
+    )
     hosts: list[str] = Field(default_factory=list, description="hosts when the platform names none")
-    peer_timeout: Duration = 300.0
-    extra_args: list[Scalar] = Field(default_factory=list)
-    export: list[str] = Field(default_factory=list, description="extra env names passed to remote ranks")
+    peer_timeout: Duration = Field(300.0, description="one deadline for every peer's sshd to accept the job key")
+    extra_args: list[Scalar] = Field(default_factory=list, description="more mpirun options, before the program")
+    export: list[str] = Field(
+        default_factory=list, description="extra env names (or globs such as MA_*) passed to every rank; no secrets"
+    )
+    completion_port: Port | None = Field(
+        None, description="port on which peer nodes wait for node 0's exit code; default sshd_port + 1"
+    )
+    node0_timeout: Duration = Field(
+        60.0, description="peer nodes exit non-zero after this long without word from node 0"
+    )
+
+    @field_validator("export")
+    @classmethod
+    def _export_names(cls, value: list[str]) -> list[str]:
+        from launchers.engines.mpi import is_secret_name
+
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_*?\[\]][A-Za-z0-9_*?\[\]!-]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name or glob (e.g. NCCL_DEBUG, MA_*)")
+        secrets = [name for name in value if not any(c in name for c in "*?[") and is_secret_name(name)]
+        if secrets:
+            raise ValueError(
+                f"{', '.join(secrets)} looks like a credential; mlaunch never passes credentials to mpirun's ranks "
+                "(globs skip such names too)"
+            )
+        return value
 
 
 # Env names that hold secrets: the generated pre-start passes them through, never writes or echoes them.

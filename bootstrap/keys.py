@@ -1,0 +1,165 @@
+"""The job secret: one client key pair and one job-wide host key pair.
+
+``mlaunch keys DIR`` writes it once; the platform mounts it on every node (a Kubernetes
+Secret, a mounted directory) or job.yaml names it (``mpi.keys_dir``). Every node's sshd
+uses the same host key, so a single pinned ``known_hosts`` line (under the alias
+``mlaunch-job``) lets ssh check host keys strictly without any per-host key exchange.
+
+Files in the secret directory (all private ones 0600, the directory 0700):
+
+- ``id_ed25519`` / ``id_ed25519.pub`` — the client key mpirun's ssh and the readiness check use;
+- ``authorized_keys`` — that public key, for every node's sshd;
+- ``ssh_host_ed25519_key`` / ``ssh_host_ed25519_key.pub`` — the job-wide host key;
+- ``known_hosts`` — ``mlaunch-job <host public key>``, for ``ssh -o HostKeyAlias=mlaunch-job``.
+
+The completion channel between nodes is authenticated with an HMAC whose key is derived
+from the client private key, so no extra secret has to be distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootstrap.runtime import HOST_KEY_ALIAS, Layout
+
+CLIENT_KEY = "id_ed25519"
+HOST_KEY = "ssh_host_ed25519_key"
+AUTHORIZED_KEYS = "authorized_keys"
+KNOWN_HOSTS = "known_hosts"
+REQUIRED = (CLIENT_KEY, HOST_KEY, HOST_KEY + ".pub", AUTHORIZED_KEYS)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to a fresh 0600 file (never through a symlink, never briefly readable)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) and make it 0700 — sshd's StrictModes rejects a writable one."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_uid == os.geteuid():
+        os.chmod(path, 0o700)
+
+
+def _generate_pair() -> tuple[bytes, bytes]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private, public
+
+
+def known_hosts_line(host_public: str) -> str:
+    """The single pinned entry: ``mlaunch-job ssh-ed25519 AAAA...``."""
+    fields = host_public.split()
+    if len(fields) < 2:
+        raise ValueError("not an OpenSSH public key line")
+    return f"{HOST_KEY_ALIAS} {fields[0]} {fields[1]}\n"
+
+
+def generate(directory: Path, *, comment: str = "mlaunch-job", force: bool = False) -> list[Path]:
+    """Create the job secret in ``directory``; refuse to overwrite an existing one unless ``force``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    existing = [directory / name for name in (*REQUIRED, KNOWN_HOSTS) if (directory / name).exists()]
+    if existing and not force:
+        raise FileExistsError(", ".join(str(p) for p in existing))
+    client_private, client_public = _generate_pair()
+    host_private, host_public = _generate_pair()
+    client_line = client_public.decode() + f" {comment}\n"
+    host_line = host_public.decode() + f" {comment}-host\n"
+    written = []
+    for name, data in (
+        (CLIENT_KEY, client_private),
+        (CLIENT_KEY + ".pub", client_line.encode()),
+        (AUTHORIZED_KEYS, client_line.encode()),
+        (HOST_KEY, host_private),
+        (HOST_KEY + ".pub", host_line.encode()),
+        (KNOWN_HOSTS, known_hosts_line(host_line).encode()),
+    ):
+        path = directory / name
+        if path.is_symlink() or path.exists():
+            path.unlink()  # start from nothing: O_NOFOLLOW|O_CREAT then makes a fresh 0600 file
+        write_private(path, data)
+        written.append(path)
+    return written
+
+
+def problems(directory: Path) -> list[str]:
+    """What is wrong with a job secret directory (empty list: usable)."""
+    if not directory.is_dir():
+        return [f"{directory} is not a directory"]
+    found = []
+    missing = [name for name in REQUIRED if not (directory / name).is_file()]
+    if missing:
+        found.append(f"{directory} lacks {', '.join(missing)}")
+    for name in (CLIENT_KEY, HOST_KEY):
+        path = directory / name
+        if path.is_file():
+            try:
+                head = path.read_bytes()[:64]
+            except OSError as exc:
+                found.append(f"cannot read {path}: {exc.strerror}")
+                continue
+            if b"PRIVATE KEY" not in head:
+                found.append(f"{path} is not a private key in OpenSSH/PEM form")
+    return found
+
+
+def loose_permissions(directory: Path) -> list[Path]:
+    """Private files others may read (fine for a mounted secret we copy; worth a warning in a checkout)."""
+    loose = []
+    for name in (CLIENT_KEY, HOST_KEY):
+        path = directory / name
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            loose.append(path)
+    return loose
+
+
+@dataclass(frozen=True)
+class Installed:
+    layout: Layout
+    host_public: str
+
+
+def install(source: Path, layout: Layout) -> Installed:
+    """Copy the secret into the node's private runtime directory (0700, files 0600)."""
+    make_private_dir(layout.dir.parent)
+    make_private_dir(layout.dir)
+    write_private(layout.client_key, (source / CLIENT_KEY).read_bytes())
+    write_private(layout.host_key, (source / HOST_KEY).read_bytes())
+    write_private(layout.authorized_keys, (source / AUTHORIZED_KEYS).read_bytes())
+    host_public = (source / (HOST_KEY + ".pub")).read_text().strip()
+    write_private(layout.known_hosts, known_hosts_line(host_public).encode())
+    return Installed(layout, host_public)
+
+
+def remove_secrets(layout: Layout) -> None:
+    """Delete the copies of private material once the node's attempt is over."""
+    for path in layout.secret_files:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def completion_secret(client_key: Path) -> bytes:
+    """HMAC key of the completion channel, derived from the job's private key (same on every node)."""
+    return hashlib.sha256(b"mlaunch completion channel v1\0" + client_key.read_bytes()).digest()

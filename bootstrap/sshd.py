@@ -1,0 +1,177 @@
+"""The job's own sshd on each node: generated config, started as a daemon, stopped by its PidFile.
+
+Why a daemon and not a supervised process: mlaunch's supervisor reaps every child with
+``waitpid(-1)`` while it runs, so nothing may hold a ``Popen`` across it. sshd daemonises
+itself (no ``-D``), writes its PidFile, and the engine's cleanup stops it — together with
+every session it still serves (an ``orted`` and the ranks node 0's mpirun started here),
+so a node that stops leaves nothing behind.
+
+The config (``templates/sshd_config.j2``) allows exactly one thing: the job's user logging
+in with the job's key. No password, no keyboard-interactive, no PAM, no forwarding, a
+job-wide host key, and it listens only on this node's own address when that is known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from bootstrap.keys import make_private_dir, write_private
+from bootstrap.runtime import Layout
+
+PRIVSEP_DIR = Path("/run/sshd")  # Debian's sshd exits 255 without it
+_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\$?$")
+
+
+class SshdError(RuntimeError):
+    """sshd could not be started; the message carries the reason and the tail of its log."""
+
+
+def sshd_binary() -> str | None:
+    """Absolute path of sshd (it refuses to re-exec itself from a relative one)."""
+    found = shutil.which("sshd") or shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:/sbin")
+    return os.path.abspath(found) if found else None
+
+
+def current_user() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def local_addresses_of(host: str) -> list[str]:
+    """The addresses ``host`` resolves to that belong to this machine (bindable), in order.
+
+    Listening only there keeps sshd off every other interface. An unresolvable name or one
+    that points elsewhere gives an empty list; the caller then listens on all addresses.
+    """
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    found: list[str] = []
+    for family, _, _, _, sockaddr in infos:
+        address = str(sockaddr[0])
+        if address in found or ipaddress.ip_address(address).is_loopback:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, 0))
+            except OSError:
+                continue
+        found.append(address)
+    return found
+
+
+def listen_addresses(host: str | None) -> list[str]:
+    """ListenAddress lines for this node: its own address(es), else every address."""
+    if host:
+        own = local_addresses_of(host)
+        if own:
+            return own
+    return ["0.0.0.0"]
+
+
+def render_config(layout: Layout, port: int, listen: list[str], user: str) -> str:
+    from launchers.render import render
+
+    if not _USER.match(user):
+        raise SshdError(f"user name {user!r} cannot be written into an sshd config")
+    return render("sshd_config.j2", layout=layout, port=port, listen=listen, user=user, max_startups="100:30:400")
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _is_our_sshd(pid: int, layout: Layout) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(part.endswith(b"sshd") for part in cmdline[:1]) and str(layout.sshd_config).encode() in cmdline
+
+
+def start(layout: Layout, port: int, listen: list[str], *, timeout: float = 10.0) -> int:
+    """Write the config, start sshd as a daemon, and return its pid once it listens."""
+    binary = sshd_binary()
+    if binary is None:
+        raise SshdError("sshd is not installed (Debian/Ubuntu: apt-get install openssh-server)")
+    stop(layout)  # a daemon left by an earlier attempt or a killed mlaunch
+    if os.geteuid() == 0:
+        PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+    make_private_dir(layout.dir)
+    write_private(layout.sshd_config, render_config(layout, port, listen, current_user()).encode())
+    with contextlib.suppress(FileNotFoundError):
+        layout.sshd_pid.unlink()
+    result = subprocess.run(
+        [binary, "-f", str(layout.sshd_config), "-E", str(layout.sshd_log)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise SshdError(f"sshd refused to start (exit {result.returncode}): {_why(result.stderr, layout)}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = _read_pid(layout.sshd_pid)
+        if pid and _alive(pid):
+            return pid
+        time.sleep(0.01)
+    raise SshdError(f"sshd did not write {layout.sshd_pid} within {timeout:g}s: {_why('', layout)}")
+
+
+def _why(stderr: str, layout: Layout) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    with contextlib.suppress(OSError):
+        lines += layout.sshd_log.read_text(errors="replace").splitlines()[-5:]
+    return " | ".join(lines[-6:]) or "no message"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop(layout: Layout, *, grace: float = 2.0) -> bool:
+    """Stop the daemon named by the PidFile and every session it serves; True if one was running."""
+    pid = _read_pid(layout.sshd_pid)
+    if pid is None or not _alive(pid) or not _is_our_sshd(pid, layout):
+        with contextlib.suppress(FileNotFoundError):
+            layout.sshd_pid.unlink()  # stale: the daemon is gone (the supervisor reaps adopted orphans too)
+        return False
+    import psutil
+
+    try:
+        daemon = psutil.Process(pid)
+        family = [daemon, *daemon.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in family:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(family, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace)
+    with contextlib.suppress(FileNotFoundError):
+        layout.sshd_pid.unlink()
+    return True

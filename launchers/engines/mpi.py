@@ -1,0 +1,468 @@
+"""MPI engine: Open MPI's mpirun over the job's own sshd, with Horovod and MindSpore-GPU flavours.
+
+What ModelArts' ``run_mpi.sh`` does by hand, as a plan (``mlaunch plan`` shows every step):
+
+- **every node** copies the job secret (``mlaunch keys DIR``) into a private runtime
+  directory and starts a key-only sshd on ``mpi.sshd_port`` (36666), host key pinned;
+- **node 0** runs one process, ``python -m bootstrap.head -- mpirun ...``: it checks every
+  host's sshd concurrently with a real SSH login, writes the hostfile (``host slots=N``),
+  runs mpirun (which starts every rank on every node through ssh) and finally tells each
+  peer node the exit code;
+- **the other nodes** run one process, ``python -m bootstrap.peer``, which waits for that
+  code and exits with it — or exits non-zero if node 0 vanishes (no ``sleep 365d``).
+
+With no platform env (or a single node) the job runs on this machine: one mpirun on
+localhost with nodes × procs_per_node slots, no sshd, so an MPI job can be tried on a laptop.
+
+mpirun gets ``-x`` for exactly the variables the job needs — mlaunch's per-job variables,
+job.yaml's ``env``, ``PATH``, ``LD_LIBRARY_PATH``, ``PYTHONPATH``, ``NCCL_*`` (plus
+``HOROVOD_*`` / ``GLOG_*``, ``MS_*`` for the flavours) and the names or globs listed in
+``mpi.export`` — and never a credential: secret-looking names are refused or skipped.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bootstrap.runtime import Layout, layout_for, ssh_client_args
+from launchers.engines.base import base_env, entry_argv, log_file, policy_of, script_args
+from launchers.errors import UserError
+from launchers.job import Job, looks_secret
+from launchers.plan import BootstrapStep, LaunchPlan, NodePlan, ProcessSpec
+from launchers.platform import Cluster, detect
+
+KEYS_ENV = "MLAUNCH_SSH_KEYS"  # where a platform mounts the job secret, when job.yaml names none
+VOLCANO_DIR_ENV = "MLAUNCH_VOLCANO_DIR"  # the Volcano svc plugin's ConfigMap (default /etc/volcano)
+
+ALWAYS_EXPORT = ("PATH",)
+EXPORT_IF_SET = ("LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS")
+FLAVOUR_PREFIXES = {
+    "openmpi": ("NCCL_",),
+    "horovod": ("NCCL_", "HOROVOD_"),
+    "mindspore-gpu": ("NCCL_", "GLOG_", "MS_"),
+}
+# Horovod's own mpirun line (horovod/runner/mpi_run.py) and the seed's: TCP/shared memory, no openib.
+FLAVOUR_MCA = {
+    "openmpi": [],
+    "horovod": ["-mca", "pml", "ob1", "-mca", "btl", "^openib"],
+    "mindspore-gpu": ["-mca", "pml", "ob1", "-mca", "btl", "^openib"],
+}
+# Beyond launchers.job.looks_secret: the cloud-credential families ModelArts' script copied blindly.
+SECRET_EXTRA = ("S3_*", "SCC*", "AWS_*", "OBS_*", "*_AK", "*_SK", "AK", "SK", "*PRIVATE*", "*AUTH*", "*SESSION*")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an env name looks like it carries a credential (case-insensitive)."""
+    upper = name.upper()
+    return looks_secret(name) or any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_EXTRA)
+
+
+class MpiEngine:
+    name = "mpi"
+
+    # -- detect ----------------------------------------------------------------------------
+    def detect(self, job: Job, env: Mapping[str, str], extra_args: Sequence[str], *, simulate: bool = False) -> Cluster:
+        notes: list[str] = []
+        if not simulate:
+            env = self._with_fallback_hosts(job, env, notes)
+        # ModelArts appends nothing to an MPI start file: every extra argument is the script's.
+        cluster = detect(job, env, extra_args, consumes=(), default_port=job.mpi.sshd_port, simulate=simulate)
+        cluster = replace(cluster, notes=[*cluster.notes, *notes])
+        if not cluster.simulated:
+            cluster = replace(cluster, master_port=job.mpi.sshd_port)
+        if is_multi_node(cluster):
+            keys_source(job, cluster.env)  # a missing or broken secret stops here, before anything starts
+        return cluster
+
+    @staticmethod
+    def _with_fallback_hosts(job: Job, env: Mapping[str, str], notes: list[str]) -> Mapping[str, str]:
+        """Hosts from /etc/volcano/<task>.host, then job.yaml, when the platform env names none."""
+        from bootstrap.hosts import VOLCANO_DIR, env_with_hosts, volcano_hosts
+
+        if env.get("VC_WORKER_HOSTS", "").strip() or env.get("MA_VJ_NAME", "").strip():
+            return env
+        on_platform = any(
+            env.get(name, "").strip() for name in ("MA_NUM_HOSTS", "VC_TASK_INDEX", "VK_TASK_INDEX", "MA_TASK_INDEX")
+        )
+        if not on_platform:
+            return env
+        task = env.get("MA_TASK_NAME", "").strip() or "worker"
+        directory = Path(env.get(VOLCANO_DIR_ENV) or VOLCANO_DIR)
+        hosts = volcano_hosts(task, directory)
+        if hosts:
+            notes.append(f"hosts from {directory}/{task}.host (Volcano svc plugin): {', '.join(hosts)}")
+            return env_with_hosts(env, hosts)
+        if job.mpi.hosts:
+            notes.append(f"hosts from job.yaml mpi.hosts: {', '.join(job.mpi.hosts)}")
+            return env_with_hosts(env, job.mpi.hosts)
+        return env
+
+    def restart_cluster(self, cluster: Cluster, attempt: int) -> Cluster:
+        """Same hosts and ports: sshd and the completion port are fixed for the job."""
+        return cluster
+
+    # -- plan ------------------------------------------------------------------------------
+    def plan(self, job: Job, cluster: Cluster, attempt: int = 0) -> LaunchPlan:
+        if not is_multi_node(cluster):
+            node = self._local_node(job, cluster, attempt)
+        elif cluster.node_rank == 0:
+            node = self._head_node(job, cluster, attempt)
+        else:
+            node = self._peer_node(job, cluster, attempt)
+        notes = list(cluster.notes)
+        if cluster.simulated and job.mpi.interfaces:
+            notes.append(f"local simulation: mpi.interfaces ({', '.join(job.mpi.interfaces)}) not used on one machine")
+        if cluster.simulated and cluster.nnodes > 1:
+            notes.append(
+                f"local simulation: {cluster.nnodes} nodes × {cluster.procs_per_node} slots as one mpirun on localhost"
+            )
+        return LaunchPlan(
+            engine=self.name,
+            world_size=cluster.world_size,
+            nodes=[node],
+            policy=policy_of(job),
+            source=cluster.source,
+            simulated=cluster.simulated,
+            nnodes=cluster.nnodes,
+            master_addr=cluster.master_addr,
+            master_port=cluster.master_port,
+            attempt=attempt,
+            notes=notes,
+        )
+
+    def _layout(self, job: Job, cluster: Cluster) -> Layout:
+        return layout_for(job.job_name, str(job.source or job.base_dir), cluster.node_rank, cluster.env)
+
+    def _local_node(self, job: Job, cluster: Cluster, attempt: int) -> NodePlan:
+        layout = self._layout(job, cluster)
+        slots = cluster.world_size
+        mpirun = mpirun_argv(job, cluster, attempt, layout, local=True)
+        head = [
+            *head_prefix(job, attempt, layout, slots),
+            "--local",
+            "--grace",
+            f"{job.checkpoint.grace_period:g}",
+            "--",
+            *mpirun,
+        ]
+        steps = [
+            BootstrapStep("runtime_dir", {"path": str(layout.dir)}),
+            BootstrapStep("hostfile", {"path": str(layout.hostfile), "hosts": ["localhost"], "slots": slots}),
+        ]
+        return NodePlan(0, cluster.host_of(0), [self._head_process(job, attempt, head)], steps)
+
+    def _head_node(self, job: Job, cluster: Cluster, attempt: int) -> NodePlan:
+        opts = job.mpi
+        layout = self._layout(job, cluster)
+        hosts = cluster_hosts(cluster)
+        mpirun = mpirun_argv(job, cluster, attempt, layout, local=False)
+        head = [
+            *head_prefix(job, attempt, layout, cluster.procs_per_node),
+            "--hosts",
+            ",".join(hosts),
+            "--ssh-port",
+            str(opts.sshd_port),
+            "--user",
+            ssh_user(),
+            "--key-file",
+            str(layout.client_key),
+            "--known-hosts",
+            str(layout.known_hosts),
+            "--peer-timeout",
+            f"{opts.peer_timeout:g}",
+            "--completion-port",
+            str(completion_port(job)),
+            "--node0-timeout",
+            f"{opts.node0_timeout:g}",
+            "--grace",
+            f"{job.checkpoint.grace_period:g}",
+            "--",
+            *mpirun,
+        ]
+        steps = [
+            *node_steps(job, cluster, layout),
+            BootstrapStep(
+                "wait_for_peers",
+                {
+                    "hosts": hosts,
+                    "port": opts.sshd_port,
+                    "timeout": opts.peer_timeout,
+                    "check": "concurrent ssh login with the job key, host key pinned",
+                },
+            ),
+            BootstrapStep("hostfile", {"path": str(layout.hostfile), "hosts": hosts, "slots": cluster.procs_per_node}),
+            BootstrapStep("completion", {"role": "notify", "port": completion_port(job), "peers": hosts[1:]}),
+        ]
+        return NodePlan(0, hosts[0], [self._head_process(job, attempt, head)], steps)
+
+    def _peer_node(self, job: Job, cluster: Cluster, attempt: int) -> NodePlan:
+        opts = job.mpi
+        layout = self._layout(job, cluster)
+        hosts = cluster_hosts(cluster)
+        node = cluster.node_rank
+        argv = [
+            sys.executable,
+            "-m",
+            "bootstrap.peer",
+            "--listen",
+            hosts[node],
+            "--port",
+            str(completion_port(job)),
+            "--key-file",
+            str(layout.client_key),
+            "--job",
+            job.job_name,
+            "--attempt",
+            str(attempt),
+            "--node0",
+            hosts[0],
+            "--first-contact",
+            f"{opts.peer_timeout + opts.node0_timeout:g}",
+            "--node0-timeout",
+            f"{opts.node0_timeout:g}",
+            "--runtime-dir",
+            str(layout.dir),
+        ]
+        steps = [
+            *node_steps(job, cluster, layout),
+            BootstrapStep("completion", {"role": "wait", "port": completion_port(job), "node0": hosts[0]}),
+        ]
+        proc = ProcessSpec(
+            rank=-1,
+            local_rank=-1,
+            argv=argv,
+            env=base_env(job, attempt),
+            cwd=str(job.code_path),
+            log=log_file(job, f"node{node}-peer"),
+            role="peer",
+            label=f"node {node} peer",
+        )
+        return NodePlan(node, hosts[node], [proc], steps)
+
+    def _head_process(self, job: Job, attempt: int, argv: list[str]) -> ProcessSpec:
+        return ProcessSpec(
+            rank=-1,
+            local_rank=-1,
+            argv=argv,
+            env=base_env(job, attempt),
+            cwd=str(job.code_path),
+            log=log_file(job, "node0-mpirun"),
+            role="mpirun",
+            label="node 0 mpirun",
+        )
+
+    # -- prepare (node-level side effects, before the attempt's processes start) -------------
+    def prepare(self, job: Job, plan: LaunchPlan) -> Any:
+        from bootstrap import keys, sshd
+
+        node = plan.nodes[0]
+        steps = {step.name: step.params for step in node.bootstrap}
+        if "keys" not in steps:
+            layout_dir = Path(steps.get("runtime_dir", {}).get("path", ""))
+            if layout_dir.parts:
+                keys.make_private_dir(layout_dir)
+            return None
+        layout = Layout(Path(steps["keys"]["to"]))
+        try:
+            keys.install(Path(steps["keys"]["from"]), layout)
+        except OSError as exc:
+            raise UserError(f"cannot install the job's ssh secret into {layout.dir}: {exc}") from None
+        params = steps["sshd"]
+        try:
+            sshd.start(layout, int(params["port"]), sshd.listen_addresses(str(params["listen"])))
+        except (sshd.SshdError, OSError) as exc:
+            keys.remove_secrets(layout)
+            raise UserError(f"cannot start sshd for the job on port {params['port']}: {exc}") from None
+
+        def cleanup() -> None:
+            sshd.stop(layout)
+            keys.remove_secrets(layout)
+
+        return cleanup
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers (pure)
+# ----------------------------------------------------------------------------------------
+
+
+def is_multi_node(cluster: Cluster) -> bool:
+    return not cluster.simulated and cluster.nnodes > 1
+
+
+def cluster_hosts(cluster: Cluster) -> list[str]:
+    hosts = list(cluster.hosts)
+    if len(hosts) != cluster.nnodes:
+        raise UserError(
+            f"the MPI engine needs every node's host name, got {len(hosts)} for {cluster.nnodes} nodes; expected "
+            "VC_WORKER_HOSTS, MA_VJ_NAME, /etc/volcano/<task>.host or job.yaml mpi.hosts"
+        )
+    return hosts
+
+
+def completion_port(job: Job) -> int:
+    port = job.mpi.completion_port or job.mpi.sshd_port + 1
+    if port > 65535 or port == job.mpi.sshd_port:
+        raise UserError(f"mpi.completion_port {port} is not a free TCP port beside sshd_port {job.mpi.sshd_port}")
+    return port
+
+
+def ssh_user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def keys_source(job: Job, env: Mapping[str, str]) -> Path:
+    """The job secret directory: job.yaml ``mpi.keys_dir``, else ``$MLAUNCH_SSH_KEYS``; checked."""
+    from bootstrap.keys import problems
+
+    if job.mpi.keys_dir:
+        path, origin = job.resolve(job.mpi.keys_dir), f"mpi.keys_dir in {job.source or 'job.yaml'}"
+    elif env.get(KEYS_ENV, "").strip():
+        path, origin = Path(env[KEYS_ENV].strip()), f"${KEYS_ENV}"
+    else:
+        raise UserError(
+            "an MPI job across nodes needs the job's ssh secret on every node: create it once with "
+            "`mlaunch keys DIR`, then set `mpi: {keys_dir: DIR}` in job.yaml or mount DIR and set "
+            f"{KEYS_ENV}=DIR"
+        )
+    found = problems(path)
+    if found:
+        raise UserError(
+            f"the job's ssh secret ({origin}) is not usable: {'; '.join(found)}. Create one with `mlaunch keys DIR`"
+        )
+    return path
+
+
+def node_steps(job: Job, cluster: Cluster, layout: Layout) -> list[BootstrapStep]:
+    """Steps every node of a multi-node job takes: install the secret, start sshd."""
+    source = keys_source(job, cluster.env)
+    host = cluster_hosts(cluster)[cluster.node_rank]
+    return [
+        BootstrapStep("keys", {"from": str(source), "to": str(layout.dir), "mode": "0600 files in a 0700 directory"}),
+        BootstrapStep(
+            "sshd",
+            {
+                "port": job.mpi.sshd_port,
+                "listen": host,
+                "config": str(layout.sshd_config),
+                "pid_file": str(layout.sshd_pid),
+                "auth": "publickey only (job key), no password, no PAM",
+            },
+        ),
+    ]
+
+
+def head_prefix(job: Job, attempt: int, layout: Layout, slots: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bootstrap.head",
+        "--job",
+        job.job_name,
+        "--attempt",
+        str(attempt),
+        "--hostfile",
+        str(layout.hostfile),
+        "--slots",
+        str(slots),
+        # variables the runner adds after planning (MLAUNCH_CHECKPOINT_KEEP...) reach the ranks too
+        "--export-prefix",
+        "MLAUNCH_",
+    ]
+
+
+def export_names(job: Job, cluster: Cluster, attempt: int) -> list[str]:
+    """Exactly the variables the ranks get through ``-x``, in a stable order; never a credential."""
+    env = cluster.env
+    names: list[str] = list(base_env(job, attempt))
+    names += ALWAYS_EXPORT
+    names += [name for name in EXPORT_IF_SET if name in env]
+    prefixes = FLAVOUR_PREFIXES[job.mpi.flavour]
+    names += sorted(n for n in env if n.startswith(prefixes) and not is_secret_name(n))
+    for pattern in job.mpi.export:
+        if any(ch in pattern for ch in "*?["):
+            names += sorted(n for n in env if fnmatch.fnmatchcase(n, pattern) and not is_secret_name(n))
+        else:
+            names.append(pattern)
+    return list(dict.fromkeys(names))
+
+
+def mpirun_argv(job: Job, cluster: Cluster, attempt: int, layout: Layout, *, local: bool) -> list[str]:
+    opts = job.mpi
+    argv = [shutil.which("mpirun") or "mpirun"]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    argv += [
+        "-np",
+        str(cluster.world_size),
+        "-hostfile",
+        str(layout.hostfile),
+        "-wdir",
+        str(job.code_path),
+        "-bind-to",
+        "none",
+        "-map-by",
+        "slot",
+    ]
+    if not local:
+        argv += ["-mca", "plm_rsh_args", " ".join(ssh_client_args(layout, opts.sshd_port))]
+        # Only node 0 holds the ssh options' files at these paths: no tree spawn from other nodes.
+        argv += ["-mca", "plm_rsh_no_tree_spawn", "true"]
+        if opts.interfaces:
+            nics = ",".join(opts.interfaces)
+            argv += ["-mca", "btl_tcp_if_include", nics, "-mca", "oob_tcp_if_include", nics]
+    argv += FLAVOUR_MCA[opts.flavour]
+    exports = export_names(job, cluster, attempt)
+    for name in exports:
+        argv += ["-x", name]
+    if opts.interfaces and not local and "NCCL_SOCKET_IFNAME" not in exports:
+        argv += ["-x", f"NCCL_SOCKET_IFNAME={','.join(opts.interfaces)}"]
+    argv += [*opts.extra_args, *entry_argv(job), *script_args(job, cluster)]
+    return argv
+
+
+def findings(job: Job, plan: LaunchPlan) -> list[tuple[str, str]]:
+    """``mlaunch check`` for MPI jobs: (level, message) pairs."""
+    from bootstrap.sshd import sshd_binary
+
+    out: list[tuple[str, str]] = []
+    mpirun = shutil.which("mpirun")
+    if mpirun:
+        out.append(("ok", f"mpirun found at {mpirun}"))
+    else:
+        out.append(("error", "mpirun is not installed (Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev)"))
+    multi = any(step.name == "sshd" for node in plan.nodes for step in node.bootstrap)
+    if multi:
+        from bootstrap.keys import loose_permissions
+
+        binary = sshd_binary()
+        out.append(("ok", f"sshd found at {binary}") if binary else ("error", "sshd is not installed (openssh-server)"))
+        if shutil.which("ssh") is None:
+            out.append(("error", "ssh is not installed (openssh-client); mpirun starts remote ranks with it"))
+        for node in plan.nodes:
+            for step in node.bootstrap:
+                if step.name == "keys":
+                    source = Path(step.params["from"])
+                    out.append(("ok", f"job ssh secret {source} is complete"))
+                    loose = loose_permissions(source)
+                    if loose:
+                        out.append(
+                            (
+                                "warning",
+                                "readable by others: " + ", ".join(map(str, loose)) + " (mlaunch copies them to 0600 "
+                                "files at run time; keep the secret itself private too)",
+                            )
+                        )
+    return out
+
+
+ENGINE = MpiEngine()
