@@ -90,6 +90,20 @@ class ContainerLayout:
             return str(PurePosixPath(local))
         return posixpath.normpath(posixpath.join(self.code_mount, rel.as_posix()))
 
+    def setting(self, key: str, value: str) -> str:
+        """A job.yaml path setting in the container; a relative one must stay inside code_dir."""
+        local = self.job.resolve(value)
+        if not Path(value).expanduser().is_absolute():
+            try:
+                local.relative_to(self.job.code_path)
+            except ValueError:
+                raise UserError(
+                    f"{_where(self.job)}{key}: {value} is outside code_dir ({self.job.code_path}); the pods see only "
+                    f"code_dir (at {self.code_mount}): use a path inside code_dir, or an absolute path that exists in "
+                    "the pods (kubernetes.output can mount a volume there)"
+                ) from None
+        return self.path(local)
+
     @property
     def job_file(self) -> str:
         given = self.job.kubernetes.job_file
@@ -116,7 +130,7 @@ class ContainerLayout:
 
     @property
     def checkpoint_dir(self) -> str:
-        return self.path(self.job.resolve(self.job.checkpoint.dir))
+        return self.setting("checkpoint.dir", self.job.checkpoint.dir)
 
 
 # ----------------------------------------------------------------------------------------
@@ -133,7 +147,7 @@ def command(job: Job, engine: str, layout: ContainerLayout) -> list[str]:
     """The container's command: the generated entrypoint when job.yaml names one, else mlaunch itself."""
     entrypoint = job.kubernetes.entrypoint
     if entrypoint:
-        return ["bash", layout.path(job.resolve(entrypoint))]
+        return ["bash", layout.setting("kubernetes.entrypoint", entrypoint)]
     return ["mlaunch", "--engine", engine, layout.job_file]
 
 
@@ -180,10 +194,11 @@ class Mounts:
         self.mounts.append(mount)
 
 
-def _volume_source(volume: VolumeOptions) -> dict[str, Any]:
+def _volume_source(volume: VolumeOptions, *, create: bool) -> dict[str, Any]:
+    """A PVC, or a hostPath that must exist (code) or is created when missing (output)."""
     if volume.pvc is not None:
         return {"persistentVolumeClaim": {"claimName": volume.pvc}}
-    return {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate"}}
+    return {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate" if create else "Directory"}}
 
 
 def volumes(job: Job, layout: ContainerLayout) -> Mounts:
@@ -193,7 +208,7 @@ def volumes(job: Job, layout: ContainerLayout) -> Mounts:
     if k8s.code.given:
         found.add(
             "code",
-            _volume_source(k8s.code),
+            _volume_source(k8s.code, create=False),
             k8s.code.mount_path or layout.code_mount,
             sub_path=k8s.code.sub_path,
             read_only=k8s.code.read_only,
@@ -201,7 +216,7 @@ def volumes(job: Job, layout: ContainerLayout) -> Mounts:
     if k8s.output.given:
         found.add(
             "output",
-            _volume_source(k8s.output),
+            _volume_source(k8s.output, create=True),
             k8s.output.mount_path or layout.checkpoint_dir,
             sub_path=k8s.output.sub_path,
             read_only=k8s.output.read_only,

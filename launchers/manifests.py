@@ -176,7 +176,7 @@ def mpi_keys(job: Job, name: str) -> tuple[Mounts, list[dict[str, Any]], str]:
     """The job's ssh secret (from ``mlaunch keys DIR``) mounted from a Secret; env naming it when job.yaml does not."""
     mounts, env = Mounts(), []
     if job.mpi.keys_dir:
-        path = ContainerLayout(job, job.kubernetes.code_mount).path(job.resolve(job.mpi.keys_dir))
+        path = ContainerLayout(job, job.kubernetes.code_mount).setting("mpi.keys_dir", job.mpi.keys_dir)
     else:
         path = MPI_KEYS_MOUNT
         env.append({"name": "MLAUNCH_SSH_KEYS", "value": path})

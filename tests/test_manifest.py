@@ -484,6 +484,26 @@ def test_job_file_outside_code_dir_needs_job_file(tmp_path: Path) -> None:
     assert doc["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"][-1] == "/job/job.yaml"
 
 
+def test_relative_paths_outside_code_dir_are_refused(tmp_path: Path) -> None:
+    job_file = write_job(tmp_path, "pytorch", checkpoint={"dir": "../ckpt"}, kubernetes={"output": {"pvc": "c"}})
+    with pytest.raises(UserError, match=r"checkpoint.dir: ../ckpt is outside code_dir"):
+        build(load_job(job_file), "volcano", "pytorch")
+    job_file = write_job(tmp_path, "pytorch", checkpoint={"dir": "/cache/ckpt"}, kubernetes={"output": {"pvc": "c"}})
+    (job, *_) = documents_of(job_file, "volcano")
+    ((_, pod, container),) = containers(job)
+    assert {"name": "output", "mountPath": "/cache/ckpt"} in container["volumeMounts"]
+
+
+def test_code_host_path_must_exist_output_is_created(tmp_path: Path) -> None:
+    job_file = write_job(
+        tmp_path, "pytorch", kubernetes={"code": {"host_path": "/data/code"}, "output": {"host_path": "/data/out"}}
+    )
+    (job, *_) = documents_of(job_file, "pytorchjob")
+    volumes = {v["name"]: v for v in containers(job)[0][1]["volumes"]}
+    assert volumes["code"]["hostPath"] == {"path": "/data/code", "type": "Directory"}
+    assert volumes["output"]["hostPath"] == {"path": "/data/out", "type": "DirectoryOrCreate"}
+
+
 def test_bad_kubernetes_keys_name_the_key(tmp_path: Path) -> None:
     job_file = write_job(tmp_path, "pytorch", kubernetes={"code": {"pvc": "a", "host_path": "/b"}})
     result = run_mlaunch(["manifest", "-t", "volcano", str(job_file)], timeout=60)
