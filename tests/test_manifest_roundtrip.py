@@ -490,6 +490,7 @@ def test_taskd_manager_is_on_exactly_one_pod(tmp_path: Path, target: str, monkey
         ("ascendjob", "pytorch", {}),
         ("ascendjob", "ascend", {"ascend": {"style": "rank_table"}}),
         ("tfjob", "tensorflow", {"tensorflow": {"ps": 1}}),
+        ("mpijob", "mpi", {}),
     ],
 )
 def test_the_real_cli_agrees(tmp_path: Path, target: str, engine: str, extra: dict[str, Any]) -> None:
