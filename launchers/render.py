@@ -15,19 +15,34 @@ from typing import Any
 
 import jinja2
 
+# Characters shellcheck reads as a mistake inside single quotes; they go in double quotes instead.
+_SHELLCHECK_BAIT = re.compile("[$`\\\\\u2018\u2019]+")
+
 
 def sh_quote(value: object) -> str:
-    """Quote one value for POSIX shells (the ``sh`` filter): ``shlex.quote``, with ``$`` and backticks
-    escaped outside the single quotes. Every shell reads the same word; shellcheck no longer takes a
-    literal ``$(...)`` or ``$HOME`` in a value for an expansion that was meant to happen (SC2016), so
+    """Quote one value for POSIX shells (the ``sh`` filter): ``shlex.quote``'s single quotes, except
+    that runs of ``$``, backticks, backslashes and Unicode single quotes go in double quotes (the
+    first three backslash-escaped). Every shell reads the same word; shellcheck no longer takes a
+    literal ``$(...)`` for an expansion meant to happen (SC2016), a backslash for an attempt to escape
+    a quote (SC1003), a ``’`` for a mistyped quote (SC1112) or ``v==x`` for a typo (SC1097), so
     generated scripts pass it without exclusions whatever the values hold.
     """
     text = str(value)
-    if "$" not in text and "`" not in text:
+    if not _SHELLCHECK_BAIT.search(text) and not text.startswith("="):
         return shlex.quote(text)
-    return "".join(
-        "\\" + part if part in ("$", "`") else shlex.quote(part) for part in re.split(r"([$`])", text) if part
-    )
+    quoted, pos = [], 0
+    for match in _SHELLCHECK_BAIT.finditer(text):
+        if match.start() > pos:
+            quoted.append(_single_quoted(text[pos : match.start()]))
+        quoted.append('"' + re.sub(r"([$`\\])", r"\\\1", match.group()) + '"')
+        pos = match.end()
+    if pos < len(text):
+        quoted.append(_single_quoted(text[pos:]))
+    return "".join(quoted)
+
+
+def _single_quoted(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 def sh_join(values: object) -> str:
