@@ -20,6 +20,8 @@ Subcommands (``python - CMD ARGS``, output for the calling script):
   installed for distribution ``DIST`` into this interpreter's own scripts directory (exit 1 if
   there is none: e.g. a venv that sees the distribution through ``--system-site-packages``,
   whose script would start the other interpreter).
+- ``file-url PATH``: PATH as a ``file://`` URL. pip reads a plain path argument as a requirement
+  line, where ``; `` starts an environment marker; a percent-encoded URL keeps any path intact.
 - ``fingerprint FILE``: sha256 of FILE's content, this interpreter and its prefix: the key of
   the "already done in this container" marker.
 """
@@ -136,6 +138,13 @@ def cmd_console_script(dist_name: str, script: str) -> int:
     return 1
 
 
+def cmd_file_url(path: str) -> int:
+    import pathlib
+
+    print(pathlib.Path(os.path.abspath(path)).as_uri())
+    return 0
+
+
 def cmd_fingerprint(path: str) -> int:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -150,6 +159,7 @@ COMMANDS: dict[str, tuple[Callable[..., int], int]] = {
     "glob": (cmd_glob, 2),
     "installed": (cmd_installed, 1),
     "console-script": (cmd_console_script, 2),
+    "file-url": (cmd_file_url, 1),
     "fingerprint": (cmd_fingerprint, 1),
 }
 

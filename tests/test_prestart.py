@@ -325,3 +325,24 @@ def test_helper_keeps_an_editable_install(tmp_path: Path) -> None:
         [sys.executable, str(helper), "installed", str(wheel)], capture_output=True, text=True, env=env
     )
     assert result.returncode == 1
+
+
+def test_sh_filter_round_trips_hostile_values_and_keeps_shellcheck_quiet(tmp_path: Path) -> None:
+    """The ``sh`` filter every template uses: random hostile strings come back byte for byte from
+    bash, and a script holding all of them is shellcheck-clean (no exclusions)."""
+    import random
+
+    from launchers.render import sh_join, sh_quote
+
+    alphabet = list("$`\\'\"\n\t\r ;|&<>(){}[]*?!#~=%^-_aZ09") + ["ü", "名", "“", "’", "$(", "${", "\\'", "'\\"]
+    rng = random.Random(1234)
+    values = ["", "$", "\\", "'", "a\\", "\\'"] + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))) for _ in range(300)
+    ]
+    script = tmp_path / "values.sh"
+    body = "".join(f"v={sh_quote(v)}\nprintf '%s\\0' \"$v\"\n" for v in values)
+    script.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\n{body}printf '%s\\0' {sh_join(values)}\n")
+    shellcheck(script)
+    out = subprocess.run(["bash", str(script)], capture_output=True, check=True).stdout
+    expected = b"".join(v.encode() + b"\0" for v in values)
+    assert out == expected * 2

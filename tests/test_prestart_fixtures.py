@@ -126,7 +126,7 @@ def files_named(root: Path, name: str) -> list[Path]:
 
 # A start file that reports what it was given: argv, selected env, its interpreter and parent.
 DUMP_WORKER = """\
-import json, os, sys
+import importlib.util, json, os, sys
 keys = json.loads(os.environ.get("DUMP_KEYS", "[]"))
 record = {
     "argv": sys.argv[1:],
@@ -135,6 +135,7 @@ record = {
     "ppid": os.getppid(),
     "executable": sys.executable,
     "cwd": os.getcwd(),
+    "modules": {m: importlib.util.find_spec(m) is not None for m in json.loads(os.environ.get("DUMP_MODULES", "[]"))},
 }
 path = os.path.join(os.environ["DUMP_DIR"], "rank%s.json" % os.environ["RANK"])
 with open(path + ".tmp", "w", encoding="utf-8") as fh:
