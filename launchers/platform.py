@@ -188,7 +188,7 @@ def _from_args(args: Mapping[str, str]) -> Sighting | None:
 
 
 def _from_torch_env(env: Mapping[str, str]) -> Sighting | None:
-    has_pet = any(k in env for k in ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE"))
+    has_pet = any(k in env for k in ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_RDZV_ENDPOINT"))
     mindcluster = "MINDX_TASK_ID" in env and "LOCAL_WORLD_SIZE" in env
     plain = "MASTER_ADDR" in env and "RANK" in env and "WORLD_SIZE" in env
     if not (has_pet or mindcluster or plain):
@@ -243,10 +243,15 @@ def _from_torch_env(env: Mapping[str, str]) -> Sighting | None:
         rank = env_int(env, "RANK", meaning="the pod rank")
         s.put("nnodes", world, f"WORLD_SIZE={world}")
         s.put("node_rank", rank, f"RANK={rank}")
-    if env.get("MASTER_ADDR"):
+    endpoint = env.get("PET_RDZV_ENDPOINT", "").strip()
+    if endpoint:  # elastic PyTorchJob: torchrun's rendezvous endpoint (host:port), not a master
+        host, port = parse_tcp_url(f"tcp://{endpoint}", "PET_RDZV_ENDPOINT")
+        s.put("master_addr", host, f"PET_RDZV_ENDPOINT={endpoint}")
+        s.put("master_port", port, f"PET_RDZV_ENDPOINT={endpoint}")
+    if env.get("MASTER_ADDR") and "master_addr" not in s.facts:
         s.put("master_addr", env["MASTER_ADDR"].strip(), f"MASTER_ADDR={env['MASTER_ADDR']}")
     port = env_int(env, "MASTER_PORT", minimum=1, meaning="a TCP port")
-    if port is not None:
+    if port is not None and "master_port" not in s.facts:
         if port > 65535:
             raise PlatformError(f"platform env MASTER_PORT={port} is not a TCP port (1..65535)")
         s.put("master_port", port, f"MASTER_PORT={port}")
@@ -410,7 +415,7 @@ def detect(
     notes: list[str] = []
     nnodes = int(facts.get("nnodes", 1))  # type: ignore[call-overload]
     if "node_rank" not in facts:
-        if nnodes > 1:
+        if nnodes > 1 and not facts.get("nnodes_spec"):  # an elastic range: torchrun's agent assigns ranks
             raise PlatformError(
                 f"the platform ({sources}) says there are {nnodes} nodes but not which one this is; "
                 "expected VC_TASK_INDEX (or VK_TASK_INDEX), RANK/PET_NODE_RANK, or --rank"

@@ -251,6 +251,18 @@ def test_elastic_range_with_torchrun_style(job_file: Path) -> None:
     assert "--shutdown-timeout=30" in argv  # torchrun's kill timer agrees with the grace period
 
 
+def test_elastic_pytorchjob_without_master_uses_the_rendezvous_endpoint(job_file: Path) -> None:
+    env = {
+        "PET_NNODES": "1:4",
+        "PET_RDZV_ENDPOINT": "ej-worker-0:23456",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_NPROC_PER_NODE": "2",
+    }
+    plan = plan_for(job_file, env, pytorch__style="torchrun")
+    argv = plan.processes[0].argv
+    assert "--nnodes=1:4" in argv and "--rdzv-endpoint=ej-worker-0:23456" in argv
+
+
 def test_torchrun_style_simulated(job_file: Path) -> None:
     plan = plan_for(job_file, {}, pytorch__style="torchrun")
     assert [p.role for p in plan.processes] == ["torchrun", "torchrun"]
