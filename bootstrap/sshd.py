@@ -96,11 +96,13 @@ def _read_pid(path: Path) -> int | None:
 
 
 def _is_our_sshd(pid: int, layout: Layout) -> bool:
+    # A daemonised sshd retitles itself ("sshd: /usr/sbin/sshd -f CONFIG ... [listener] ..."),
+    # so look for the binary's name and our config path anywhere in its command line.
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return False
-    return any(part.endswith(b"sshd") for part in cmdline[:1]) and str(layout.sshd_config).encode() in cmdline
+    return b"sshd" in cmdline and str(layout.sshd_config).encode() in cmdline
 
 
 def start(layout: Layout, port: int, listen: list[str], *, timeout: float = 10.0) -> int:

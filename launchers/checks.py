@@ -60,7 +60,16 @@ def _high_availability(job: Job, plan: LaunchPlan) -> list[Finding]:
     return found
 
 
-CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability]
+def _mpi(job: Job, plan: LaunchPlan) -> list[Finding]:
+    """MPI jobs: mpirun (and for several nodes sshd, ssh and the job's ssh secret) are in place."""
+    if plan.engine != "mpi":
+        return []
+    from launchers.engines.mpi import findings
+
+    return [Finding(level, message) for level, message in findings(job, plan)]
+
+
+CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability, _mpi]
 
 
 def run_checks(job_file: Path, engine: str | None, extra_args: Sequence[str], *, simulate: bool = False) -> int:

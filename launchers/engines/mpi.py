@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bootstrap.runtime import Layout, layout_for, ssh_client_args
 from launchers.engines.base import base_env, entry_argv, log_file, policy_of, script_args
@@ -430,11 +430,14 @@ def mpirun_argv(job: Job, cluster: Cluster, attempt: int, layout: Layout, *, loc
     return argv
 
 
-def findings(job: Job, plan: LaunchPlan) -> list[tuple[str, str]]:
+Level = Literal["ok", "note", "warning", "error"]
+
+
+def findings(job: Job, plan: LaunchPlan) -> list[tuple[Level, str]]:
     """``mlaunch check`` for MPI jobs: (level, message) pairs."""
     from bootstrap.sshd import sshd_binary
 
-    out: list[tuple[str, str]] = []
+    out: list[tuple[Level, str]] = []
     mpirun = shutil.which("mpirun")
     if mpirun:
         out.append(("ok", f"mpirun found at {mpirun}"))

@@ -1,0 +1,426 @@
+"""bootstrap/ on its own: the job secret, a real sshd on loopback checked by the real readiness
+code (paramiko), the completion channel's authentication, and the peer process's deadlines."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env
+
+from bootstrap import completion, hosts, keys, readiness, sshd
+from bootstrap.runtime import Layout, runtime_root, ssh_client_args
+from launchers.platform import free_port
+
+needs_sshd = pytest.mark.skipif(sshd.sshd_binary() is None, reason="needs openssh-server (sshd)")
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    directory = tmp_path / "secret"
+    keys.generate(directory)
+    return directory
+
+
+@pytest.fixture
+def layout() -> Iterator[Layout]:
+    """A runtime directory where sshd's StrictModes holds (not under the world-writable /tmp)."""
+    path = runtime_root(os.environ) / f"test-bootstrap-{secrets.token_hex(4)}"
+    yield Layout(path)
+    sshd.stop(Layout(path))
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def running_sshd(secret: Path, layout: Layout) -> Iterator[tuple[Layout, int]]:
+    keys.install(secret, layout)
+    port = free_port()
+    pid = sshd.start(layout, port, ["127.0.0.1"])
+    assert pid > 0
+    yield layout, port
+    assert sshd.stop(layout)
+    assert not layout.sshd_pid.exists()
+
+
+# ----------------------------------------------------------------------------------------
+# The secret and its installation
+# ----------------------------------------------------------------------------------------
+
+
+def test_install_copies_the_secret_private_and_pins_the_host_key(secret: Path, layout: Layout) -> None:
+    for path in secret.iterdir():
+        os.chmod(path, 0o644)  # as a mounted Kubernetes Secret may look
+    installed = keys.install(secret, layout)
+    assert stat.S_IMODE(layout.dir.stat().st_mode) == 0o700
+    for path in (layout.client_key, layout.host_key, layout.authorized_keys, layout.known_hosts):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert layout.known_hosts.read_text().split()[0] == "mlaunch-job"
+    assert installed.host_public.split()[1] == layout.known_hosts.read_text().split()[2]
+    keys.remove_secrets(layout)
+    assert not layout.client_key.exists() and not layout.host_key.exists() and layout.known_hosts.exists()
+
+
+def test_problems_name_what_is_missing(tmp_path: Path, secret: Path) -> None:
+    assert keys.problems(secret) == []
+    assert keys.problems(tmp_path / "none") == [f"{tmp_path / 'none'} is not a directory"]
+    (secret / "authorized_keys").unlink()
+    (secret / "id_ed25519").write_text("not a key")
+    found = " | ".join(keys.problems(secret))
+    assert "lacks authorized_keys" in found and "id_ed25519 is not a private key" in found
+
+
+def test_completion_secret_is_shared_by_nodes_and_differs_per_job(tmp_path: Path, secret: Path) -> None:
+    other = tmp_path / "other"
+    keys.generate(other)
+    copy = tmp_path / "copy"
+    copy.write_bytes((secret / "id_ed25519").read_bytes())
+    assert keys.completion_secret(secret / "id_ed25519") == keys.completion_secret(copy)
+    assert keys.completion_secret(secret / "id_ed25519") != keys.completion_secret(other / "id_ed25519")
+
+
+# ----------------------------------------------------------------------------------------
+# sshd + readiness (real sshd on loopback, real paramiko)
+# ----------------------------------------------------------------------------------------
+
+
+def test_sshd_config_is_key_only() -> None:
+    text = sshd.render_config(Layout(Path("/run/x")), 36666, ["10.0.0.1"], "root")
+    for line in (
+        "Port 36666",
+        "ListenAddress 10.0.0.1",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "StrictModes yes",
+        "PermitRootLogin prohibit-password",
+        "AllowUsers root",
+        "AuthorizedKeysFile /run/x/authorized_keys",
+        "HostKey /run/x/ssh_host_ed25519_key",
+        "AllowTcpForwarding no",
+    ):
+        assert line in text.splitlines(), line
+    assert "PermitRootLogin no" in sshd.render_config(Layout(Path("/run/x")), 1, ["0.0.0.0"], "mpiuser")
+    with pytest.raises(sshd.SshdError):
+        sshd.render_config(Layout(Path("/run/x")), 1, ["0.0.0.0"], "bad\nuser")
+
+
+@needs_sshd
+def test_readiness_logs_in_with_the_job_key(running_sshd: tuple[Layout, int]) -> None:
+    layout, port = running_sshd
+    statuses = readiness.wait_for_peers(
+        ["127.0.0.1", "localhost"],
+        port,
+        sshd.current_user(),
+        readiness.load_client_key(layout.client_key),
+        readiness.load_pinned_host_key(layout.known_hosts),
+        10,
+    )
+    assert all(s.ready for s in statuses.values())
+    assert statuses["localhost"].address in ("127.0.0.1", "::1")
+
+
+@needs_sshd
+def test_readiness_refuses_another_host_key_at_once(running_sshd: tuple[Layout, int], tmp_path: Path) -> None:
+    layout, port = running_sshd
+    rogue = tmp_path / "rogue"
+    keys.generate(rogue)
+    (tmp_path / "kh").write_text(keys.known_hosts_line((rogue / "ssh_host_ed25519_key.pub").read_text()))
+    started = time.monotonic()
+    with pytest.raises(readiness.PeersNotReady, match=r"refused to trust 1 host\(s\): 127.0.0.1: presented host key"):
+        readiness.wait_for_peers(
+            ["127.0.0.1"],
+            port,
+            sshd.current_user(),
+            readiness.load_client_key(layout.client_key),
+            readiness.load_pinned_host_key(tmp_path / "kh"),
+            30,
+        )
+    assert time.monotonic() - started < 10  # a security failure is not retried until the deadline
+
+
+@needs_sshd
+def test_readiness_refuses_a_key_sshd_does_not_know(running_sshd: tuple[Layout, int], tmp_path: Path) -> None:
+    layout, port = running_sshd
+    rogue = tmp_path / "rogue"
+    keys.generate(rogue)
+    with pytest.raises(readiness.PeersNotReady, match=r"refused the job key"):
+        readiness.wait_for_peers(
+            ["127.0.0.1"],
+            port,
+            sshd.current_user(),
+            readiness.load_client_key(rogue / "id_ed25519"),
+            readiness.load_pinned_host_key(layout.known_hosts),
+            30,
+        )
+
+
+def test_readiness_names_the_hosts_that_never_answered() -> None:
+    """A closed port and an unresolvable name: one deadline, both named (no sshd needed)."""
+    started = time.monotonic()
+    closed = free_port()
+    with pytest.raises(readiness.PeersNotReady) as err:
+        readiness.wait_for_peers(
+            ["127.0.0.1", "no-such-host.invalid"],
+            closed,
+            "root",
+            None,  # never used: no host gets as far as a handshake
+            None,
+            1.5,
+        )
+    elapsed = time.monotonic() - started
+    message = str(err.value)
+    assert "2 of 2 host(s) never accepted an ssh login" in message
+    assert "127.0.0.1 (connection refused" in message and "no-such-host.invalid (name does not resolve" in message
+    assert 1.4 < elapsed < 4
+
+
+@needs_sshd
+def test_password_login_is_refused(running_sshd: tuple[Layout, int]) -> None:
+    import paramiko
+
+    _, port = running_sshd
+    transport = paramiko.Transport(socket.create_connection(("127.0.0.1", port), timeout=5))
+    try:
+        transport.start_client(timeout=5)
+        with pytest.raises(paramiko.BadAuthenticationType) as err:
+            transport.auth_password(sshd.current_user(), "password")
+        assert err.value.allowed_types == ["publickey"]
+    finally:
+        transport.close()
+
+
+@needs_sshd
+def test_openssh_client_with_mlaunch_options(running_sshd: tuple[Layout, int], tmp_path: Path) -> None:
+    """The exact options mpirun gets: login works; a changed pinned key makes ssh refuse."""
+    layout, port = running_sshd
+    home = tmp_path / "home"
+    home.mkdir()
+    env = clean_env(HOME=str(home))
+    ok = subprocess.run(
+        ["ssh", *ssh_client_args(layout, port), "127.0.0.1", "echo", "in"], env=env, capture_output=True, text=True
+    )
+    assert ok.returncode == 0 and ok.stdout.strip() == "in", ok.stderr
+    rogue = tmp_path / "rogue"
+    keys.generate(rogue)
+    layout.known_hosts.write_text(keys.known_hosts_line((rogue / "ssh_host_ed25519_key.pub").read_text()))
+    bad = subprocess.run(
+        ["ssh", *ssh_client_args(layout, port), "127.0.0.1", "true"], env=env, capture_output=True, text=True
+    )
+    assert bad.returncode == 255 and "Host key verification failed" in bad.stderr, bad.stderr
+    assert not (home / ".ssh" / "known_hosts").exists()  # nothing learnt or written behind our back
+
+
+@needs_sshd
+def test_stop_ends_sessions_too(running_sshd: tuple[Layout, int]) -> None:
+    layout, port = running_sshd
+    session = subprocess.Popen(
+        ["ssh", *ssh_client_args(layout, port), "127.0.0.1", "sleep", "300"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import psutil
+
+        daemon = psutil.Process(int(layout.sshd_pid.read_text()))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            "sleep" in " ".join(p.cmdline()) for p in daemon.children(recursive=True)
+        ):
+            time.sleep(0.05)
+        sleepers = [p for p in daemon.children(recursive=True) if "sleep" in " ".join(p.cmdline())]
+        assert sleepers
+        assert sshd.stop(layout)
+        psutil.wait_procs(sleepers, timeout=5)
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in sleepers)
+        layout.sshd_pid.write_text(str(daemon.pid))  # the fixture's stop() must find nothing left
+        assert not sshd.stop(layout)
+        sshd.start(layout, port, ["127.0.0.1"])
+    finally:
+        session.kill()
+        session.wait()
+
+
+# ----------------------------------------------------------------------------------------
+# Hosts and hostfile
+# ----------------------------------------------------------------------------------------
+
+
+def test_hostfile_and_volcano_hosts(tmp_path: Path) -> None:
+    text = hosts.render_hostfile("demo", ["10.0.0.1", "10.0.0.2"], 8)
+    assert [line for line in text.splitlines() if not line.startswith("#")] == [
+        "10.0.0.1 slots=8",
+        "10.0.0.2 slots=8",
+    ]
+    (tmp_path / "mpi_worker.host").write_text("a.j\n\n# comment\nb.j\n")
+    assert hosts.volcano_hosts("mpi-worker", tmp_path) == ["a.j", "b.j"]
+    assert hosts.volcano_hosts("absent", tmp_path) == []
+
+
+def test_resolve_all_is_concurrent_and_names_failures() -> None:
+    assert hosts.resolve_all(["localhost", "127.0.0.1"], 2) == {"localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1"}
+    started = time.monotonic()
+    with pytest.raises(OSError, match=r"2 host\(s\) did not resolve within 1s: a.invalid: .*b.invalid"):
+        hosts.resolve_all(["a.invalid", "b.invalid", "localhost"], 1)
+    assert time.monotonic() - started < 3  # one deadline for all, not one per host
+
+
+# ----------------------------------------------------------------------------------------
+# Completion channel
+# ----------------------------------------------------------------------------------------
+
+
+def listener_on_loopback(secret: bytes, job: str = "j", attempt: int = 0) -> tuple[completion.Listener, int]:
+    sock = completion.bind_listener(["127.0.0.1"], 0)
+    listener = completion.Listener(sock, secret, job, attempt)
+    threading.Thread(target=listener.serve, args=(lambda: False,), daemon=True).start()
+    return listener, int(sock.getsockname()[1])
+
+
+def test_notifier_delivers_the_exit_code() -> None:
+    key = os.urandom(32)
+    listener, port = listener_on_loopback(key)
+    notifier = completion.Notifier(["127.0.0.1"], port, key, "j", 0, heartbeat=0.05).start()
+    deadline = time.monotonic() + 5
+    while listener.links == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert listener.links == 1
+    first = listener.last_contact
+    time.sleep(0.2)
+    assert listener.last_contact and first and listener.last_contact > first  # heartbeats arrive
+    links = notifier.finish(7, timeout=5)
+    assert links["127.0.0.1"].delivered and listener.code == 7 and listener.done.is_set()
+
+
+@pytest.mark.parametrize(
+    ("their_job", "their_attempt", "their_key"), [("j", 0, b"x" * 32), ("other", 0, None), ("j", 1, None)]
+)
+def test_wrong_key_job_or_attempt_is_rejected(their_job: str, their_attempt: int, their_key: bytes | None) -> None:
+    key = os.urandom(32)
+    listener, port = listener_on_loopback(key)
+    notifier = completion.Notifier(["127.0.0.1"], port, their_key or key, their_job, their_attempt, 0.05).start()
+    links = notifier.finish(3, timeout=1)
+    assert not links["127.0.0.1"].delivered and links["127.0.0.1"].rejected
+    assert listener.code is None and listener.rejected >= 1 and listener.last_contact is None
+
+
+def test_stray_and_replayed_messages_cannot_end_a_peer() -> None:
+    key = os.urandom(32)
+    listener, port = listener_on_loopback(key)
+
+    def talk(lines: list[str]) -> tuple[str, list[str | None]]:
+        chan = completion.LineSocket(socket.create_connection(("127.0.0.1", port), timeout=5))
+        banner = chan.recv(5) or ""
+        answers = []
+        for line in lines:
+            chan.send(line)
+            try:
+                answers.append(chan.recv(2))
+            except (TimeoutError, OSError):
+                answers.append(None)
+        chan.close()
+        return banner.split(" ")[1], answers
+
+    # garbage, then an unsigned exit
+    assert talk(["hello"])[1] == [None]
+    nonce, answers = talk(["exit 1 0 " + "0" * 64])
+    assert answers == ["bad"]
+    # a correctly signed exit for one connection's nonce, replayed on another connection
+    mac = completion.mac(key, nonce, "j", 0, 1, "exit", "0")
+    assert talk([f"exit 1 0 {mac}"])[1] == ["bad"]
+    # exit before hello is refused even when signed for this connection
+    chan = completion.LineSocket(socket.create_connection(("127.0.0.1", port), timeout=5))
+    nonce = (chan.recv(5) or "").split(" ")[1]
+    chan.send(f"exit 1 0 {completion.mac(key, nonce, 'j', 0, 1, 'exit', '0')}")
+    assert chan.recv(2) is None
+    chan.close()
+    assert listener.code is None and not listener.done.is_set() and listener.last_contact is None
+
+
+def run_peer(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bootstrap.peer", *args],
+        env=clean_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_peer_exits_non_zero_when_node0_never_comes(secret: Path) -> None:
+    started = time.monotonic()
+    result = run_peer(
+        "--listen", "127.0.0.1", "--port", str(free_port()), "--key-file", str(secret / "id_ed25519"),
+        "--job", "j", "--first-contact", "1", "--node0-timeout", "1",
+    )  # fmt: skip
+    assert result.returncode == completion.EXIT_NODE0_LOST, result.stderr
+    assert "never connected within 1s" in result.stderr
+    assert time.monotonic() - started < 10
+
+
+def start_peer(secret: Path, port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "bootstrap.peer", "--listen", "127.0.0.1", "--port", str(port),
+            "--key-file", str(secret / "id_ed25519"), "--job", "j", "--attempt", "2",
+            "--first-contact", "20", "--node0-timeout", "1",
+        ],
+        env=clean_env(),
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def connect_when_listening(port: int) -> socket.socket:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def test_peer_exits_with_node0s_code(secret: Path) -> None:
+    port = free_port()
+    proc = start_peer(secret, port)
+    connect_when_listening(port).close()
+    notifier = completion.Notifier(["127.0.0.1"], port, keys.completion_secret(secret / "id_ed25519"), "j", 2, 0.2)
+    notifier.start()
+    assert notifier.finish(5, timeout=10)["127.0.0.1"].delivered
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 5, err
+    assert "reports the job ended with exit code 5" in err
+
+
+@pytest.mark.parametrize("how", ["silent", "closed"])
+def test_peer_gives_up_when_node0_falls_silent_or_goes_away(secret: Path, how: str) -> None:
+    """node 0 says hello, then freezes (no heartbeat) or its connection drops without a word."""
+    key = keys.completion_secret(secret / "id_ed25519")
+    port = free_port()
+    proc = start_peer(secret, port)
+    chan = completion.LineSocket(connect_when_listening(port))
+    nonce = (chan.recv(5) or "").split(" ")[1]
+    chan.send(f"hello 1 - {completion.mac(key, nonce, 'j', 2, 1, 'hello', '-')}")
+    assert chan.recv(5) == "ok"
+    hello_at = time.monotonic()
+    if how == "closed":
+        chan.close()
+    _, err = proc.communicate(timeout=15)
+    chan.close()
+    assert proc.returncode == completion.EXIT_NODE0_LOST, err
+    expected = "stopped sending heartbeats" if how == "silent" else "no word from it for 1s"
+    assert expected in err
+    assert 1.0 <= time.monotonic() - hello_at < 8
