@@ -69,7 +69,14 @@ def _mpi(job: Job, plan: LaunchPlan) -> list[Finding]:
     return [Finding(level, message) for level, message in findings(job, plan)]
 
 
-CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability, _mpi]
+def _prestart(job: Job, plan: LaunchPlan) -> list[Finding]:
+    """The prestart: section: wheel patterns, secrets, wheels that match nothing yet."""
+    from launchers.prestart import check_prestart
+
+    return [Finding(level, message) for level, message in check_prestart(job, plan)]
+
+
+CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability, _mpi, _prestart]
 
 
 def run_checks(job_file: Path, engine: str | None, extra_args: Sequence[str], *, simulate: bool = False) -> int:

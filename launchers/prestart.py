@@ -14,7 +14,7 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from launchers.errors import UserError
 from launchers.job import Job
@@ -189,3 +189,25 @@ def advise(job: Job, script: Path) -> list[str]:
             "run `mlaunch wheel -o dist` and add dist/mlaunch-*.whl (unless the image already has mlaunch)"
         )
     return notes
+
+
+Level = Literal["ok", "note", "warning", "error"]
+
+
+def check_prestart(job: Job, plan: object) -> list[tuple[Level, str]]:
+    """``mlaunch check``: (level, message) for the prestart: section, when there is one."""
+    opts = job.prestart
+    if not (opts.wheels or opts.requirements or opts.commands or opts.env or opts.passthrough):
+        return []
+    script = job.code_path / PRESTART_NAME
+    try:
+        prestart_context(job, script)
+    except UserError as exc:
+        return [("error", str(exc))]
+    found: list[tuple[Level, str]] = [
+        ("ok", f"prestart: {len(opts.wheels)} wheel pattern(s), {len(opts.env)} env value(s)")
+    ]
+    found += [("warning", message) for message in advise(job, script)]
+    if not script.exists():
+        found.append(("note", f"{script} does not exist yet: mlaunch prestart {job.source or 'job.yaml'}"))
+    return found

@@ -346,3 +346,16 @@ def test_sh_filter_round_trips_hostile_values_and_keeps_shellcheck_quiet(tmp_pat
     out = subprocess.run(["bash", str(script)], capture_output=True, check=True).stdout
     expected = b"".join(v.encode() + b"\0" for v in values)
     assert out == expected * 2
+
+
+def test_mlaunch_check_reports_the_prestart_section(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    job = write_job(code, {"wheels": ["dist/mlaunch-*.whl"], "env": {"GLOG_v": "2"}})
+    (code / "train.py").write_text("")
+    result = run_mlaunch(["check", str(job)])
+    assert result.returncode == 0, result.stderr
+    assert "ok: prestart: 1 wheel pattern(s), 1 env value(s)" in result.stdout
+    assert "warning: prestart.wheels: nothing matches 'dist/mlaunch-*.whl'" in result.stdout
+    bad = write_job(code, {"wheels": ["../x.whl"]})
+    result = run_mlaunch(["check", str(bad)])
+    assert result.returncode == 2 and "must stay inside prestart.dir" in result.stderr

@@ -53,7 +53,7 @@ def make_venv(path: Path) -> Path:
 
 def pip_freeze(python: Path) -> list[str]:
     out = subprocess.run(
-        [str(python), "-m", "pip", "freeze", "--all"], check=True, capture_output=True, text=True, timeout=120
+        [str(python), "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True, text=True, timeout=120
     )
     return sorted(out.stdout.splitlines())
 
