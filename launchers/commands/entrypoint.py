@@ -25,12 +25,10 @@ def entrypoint(
 ) -> None:
     """Generate entrypoint.sh (default: <code_dir>/entrypoint.sh), the container's start command.
 
-    `bash entrypoint.sh [platform args]` runs ma_pre_start.sh when present, loads the environment it
-    left, then execs mlaunch (from the same Python) with the job file and every appended argument,
-    so the platform's SIGTERM reaches mlaunch directly.
+    `bash entrypoint.sh ARGS...` runs ma_pre_start.sh when present, loads the environment it left, then execs mlaunch (on the Python the pre-start installed into) with the job file and every argument the platform appends, so the platform's SIGTERM reaches mlaunch directly.
 
       mlaunch wheel -o dist && mlaunch prestart job.yaml && mlaunch entrypoint job.yaml -o entrypoint.sh
-    """
+    """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
     from launchers.entrypoint import ENTRYPOINT_NAME, advise, engine_of, render_entrypoint
     from launchers.job import load_job
     from launchers.prestart import PRESTART_NAME, note, output_path, write_script

@@ -17,12 +17,10 @@ def prestart(
 ) -> None:
     """Generate ma_pre_start.sh (default: <code_dir>/ma_pre_start.sh) from job.yaml's prestart: section.
 
-    The script enters prestart.dir (default: code_dir), installs prestart.wheels (globs allowed) and
-    prestart.requirements with pip, runs prestart.commands, exports prestart.env and leaves it in
-    ma_pre_start.env for the start file. It is idempotent, shellcheck-clean, and quotes every value.
+    The script enters prestart.dir (default: code_dir), installs prestart.wheels (globs allowed) and prestart.requirements with pip, runs prestart.commands, exports prestart.env and leaves it in ma_pre_start.env for the start file. A second run does nothing; it passes shellcheck and quotes every value.
 
       mlaunch wheel -o dist && mlaunch prestart job.yaml -o ma_pre_start.sh
-    """
+    """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
     from launchers.job import load_job
     from launchers.prestart import PRESTART_NAME, advise, note, output_path, render_prestart, write_script
 
