@@ -245,9 +245,9 @@ def _from_torch_env(env: Mapping[str, str]) -> Sighting | None:
         s.put("node_rank", rank, f"RANK={rank}")
     endpoint = env.get("PET_RDZV_ENDPOINT", "").strip()
     if endpoint:  # elastic PyTorchJob: torchrun's rendezvous endpoint (host:port), not a master
-        host, port = parse_tcp_url(f"tcp://{endpoint}", "PET_RDZV_ENDPOINT")
-        s.put("master_addr", host, f"PET_RDZV_ENDPOINT={endpoint}")
-        s.put("master_port", port, f"PET_RDZV_ENDPOINT={endpoint}")
+        rdzv_host, rdzv_port = parse_tcp_url(f"tcp://{endpoint}", "PET_RDZV_ENDPOINT")
+        s.put("master_addr", rdzv_host, f"PET_RDZV_ENDPOINT={endpoint}")
+        s.put("master_port", rdzv_port, f"PET_RDZV_ENDPOINT={endpoint}")
     if env.get("MASTER_ADDR") and "master_addr" not in s.facts:
         s.put("master_addr", env["MASTER_ADDR"].strip(), f"MASTER_ADDR={env['MASTER_ADDR']}")
     port = env_int(env, "MASTER_PORT", minimum=1, meaning="a TCP port")
