@@ -34,6 +34,7 @@ import contextlib
 import json
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -41,6 +42,7 @@ from typing import Literal
 from launchers.elastic import layout, shardfile, staging
 
 _STALE = 600.0  # candidate files older than this (seconds) belong to an earlier run
+AGREE_WAIT = 5.0  # how long a node waits for the others to report (their workers fail at about the same time)
 
 
 class TornSlot(RuntimeError):
@@ -115,7 +117,7 @@ def persist(
         common = set.intersection(*(set(s) for s in staged.values()))
         nodes_here = sorted(set(rank_nodes.values()))
         if nnodes > len(nodes_here):
-            decision = _agree(root, key, nodes_here, nnodes, common, deadline)
+            decision = _agree(root, key, nodes_here, nnodes, common, min(deadline, time.monotonic() + AGREE_WAIT))
             if decision is None:
                 return FlashResult("nothing", "the nodes have no staged step in common")
         elif not common:
@@ -128,21 +130,21 @@ def persist(
 
         tmp = root / f"{layout.step_name(decision)}.flash-{key}.tmp"
         tmp.mkdir(parents=True, exist_ok=True)
-        sizes: dict[int, int] = {}
-        for rank in ranks:
-            sizes[rank] = _copy_slot(readers[rank], staged[rank][decision], tmp / layout.shard_name(rank), deadline)
-        shardfile.fsync_dir(tmp)
-        for node in nodes_here:
-            mine = {str(r): sizes[r] for r in ranks if rank_nodes[r] == node}
-            layout.write_json_atomic(tmp / f"node_{node}.done", {"node": node, "sizes": mine, "time": time.time()})
+        sizes = _copy_slots(readers, staged, decision, tmp, deadline)
         nbytes = sum(sizes.values())
-        if 0 not in nodes_here:
-            tmp = None  # node 0 commits (or cleans up) this directory
-            return FlashResult("written", f"wrote step {decision}; node 0 commits", decision, nbytes=nbytes)
-        all_sizes = _wait_done(tmp, nnodes, deadline)
-        for node in range(nnodes):
-            with contextlib.suppress(OSError):
-                (tmp / f"node_{node}.done").unlink()
+        if nnodes > len(nodes_here):  # other nodes' mlaunch write their own ranks: meet in done files
+            for node in nodes_here:
+                mine = {str(r): sizes[r] for r in ranks if rank_nodes[r] == node}
+                layout.write_json_atomic(tmp / f"node_{node}.done", {"node": node, "sizes": mine, "time": time.time()})
+            if 0 not in nodes_here:
+                tmp = None  # node 0 commits (or cleans up) this directory
+                return FlashResult("written", f"wrote step {decision}; node 0 commits", decision, nbytes=nbytes)
+            all_sizes = _wait_done(tmp, nnodes, deadline)
+            for node in range(nnodes):
+                with contextlib.suppress(OSError):
+                    (tmp / f"node_{node}.done").unlink()
+        else:
+            all_sizes = sizes
         final = layout.commit(
             tmp, root / layout.step_name(decision), decision, world, all_sizes, source="flash", attempt=attempt
         )
@@ -175,6 +177,28 @@ def persist(
                         (tmp / layout.shard_name(rank)).unlink()
         for reader in readers.values():
             reader.close()
+
+
+def _copy_slots(
+    readers: dict[int, staging.SegmentReader],
+    staged: dict[int, dict[int, staging.Slot]],
+    step: int,
+    tmp: Path,
+    deadline: float,
+) -> dict[int, int]:
+    """Every rank's slot of ``step`` to its shard file, in parallel (each write ends with an fsync)."""
+    ranks = sorted(staged)
+    if len(ranks) == 1:
+        rank = ranks[0]
+        return {rank: _copy_slot(readers[rank], staged[rank][step], tmp / layout.shard_name(rank), deadline)}
+    # Threads only for the length of this call (joined before it returns): the supervisor
+    # never forks while one of them is alive.
+    with ThreadPoolExecutor(max_workers=min(8, len(ranks)), thread_name_prefix="flash-save") as pool:
+        futures = {
+            rank: pool.submit(_copy_slot, readers[rank], staged[rank][step], tmp / layout.shard_name(rank), deadline)
+            for rank in ranks
+        }
+        return {rank: future.result() for rank, future in futures.items()}
 
 
 def _copy_slot(reader: staging.SegmentReader, slot: staging.Slot, path: Path, deadline: float) -> int:

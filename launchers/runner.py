@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launchers.elastic import staging
 from launchers.engines import get_engine
@@ -37,6 +37,9 @@ from launchers.supervisor import (
     become_subreaper,
     signal_name,
 )
+
+if TYPE_CHECKING:
+    from launchers.flash_save import FlashResult
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
 
@@ -170,10 +173,6 @@ def _attempts(
             flash.after_stop(outcome)
         roots = flash.checkpoint_dirs(job)
         staging.unlink_run(run_id)  # this attempt's staged state is persisted or obsolete
-        if standbys is not None and attempt == 0 and standbys.handed_off == 0 and outcome.status != "succeeded":
-            ready = standbys.ready_count()
-            if ready:
-                say(f"{ready} warm standby worker(s) ready (preload: {', '.join(job.preload)})")
         if outcome.status == "succeeded":
             say(f"job finished: all {len(plan.processes)} processes exited 0")
             return 0
@@ -189,7 +188,8 @@ def _attempts(
             return outcome.exit_code
         delay = min(policy.backoff * (2**attempt), policy.max_backoff)
         attempt += 1
-        say(f"restarting the group ({attempt}/{policy.max_restarts}) in {delay:g}s")
+        warm = f" from {standbys.ready_count()} warm standbys" if standbys is not None else ""
+        say(f"restarting the group ({attempt}/{policy.max_restarts}) in {delay:g}s{warm}")
         received = [s for s in signals.wait(delay) if s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)]
         if received:
             say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
@@ -215,9 +215,17 @@ class FlashHook:
         }
         self.done = False
 
-    def __call__(self, failure: Failure) -> None:
-        """A worker failed: persist the newest step every rank staged, while the others wind down."""
-        self.persist(time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed")
+    def __call__(self, failure: Failure) -> str | None:
+        """A worker failed: persist the newest step every rank staged, while the others wind down.
+
+        Once that step is committed the other workers have nothing newer to save (in
+        synchronous training none of them can get past the failed rank's step), so the
+        supervisor need not wait out their grace period: the returned reason says so.
+        """
+        result = self.persist(time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed")
+        if result is not None and result.committed:
+            return f"step {result.step} is committed for every rank"
+        return None
 
     def after_stop(self, outcome: Outcome) -> None:
         """Stopped by a signal: if the workers exited without committing and grace time is left, persist."""
@@ -227,11 +235,11 @@ class FlashHook:
         if time.monotonic() < deadline:
             self.persist(deadline, "after the stop")
 
-    def persist(self, deadline: float, when: str) -> None:
+    def persist(self, deadline: float, when: str) -> FlashResult | None:
         from launchers.flash_save import persist
 
         if not self.rank_nodes or not staging.run_segments(self.run_id):
-            return
+            return None
         self.done = True
         result = persist(
             self.run_id,
@@ -244,6 +252,7 @@ class FlashHook:
         if result.status in ("committed", "written", "failed"):
             where = f" ({result.path})" if result.path else ""
             say(f"flash save {when}: {result.message}{where}")
+        return result
 
     def checkpoint_dirs(self, job: Job) -> set[str]:
         """Where this attempt's ranks checkpoint: job.yaml's dir and whatever their Checkpointers named."""

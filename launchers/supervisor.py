@@ -378,9 +378,11 @@ class _Standby:
 class StandbyPool:
     """Warm standby workers for fast restarts (see ``launchers.standby`` for the other side).
 
-    One standby per worker slot, started ``delay`` seconds after an attempt began (so they
-    do not compete with the workers' own start-up), in its own process group with the same
-    parent-death signal, ``MLAUNCH_RUN_ID`` and watchdog registration as a worker. A
+    One standby per worker slot, in its own process group with the same parent-death
+    signal, ``MLAUNCH_RUN_ID`` and watchdog registration as a worker. Importing torch takes
+    seconds of CPU per process, so standbys start only once the attempt's workers are past
+    their own start-up: ``delay`` seconds after the attempt began *and* after a rank staged a
+    step (``launchers.elastic``), or ``fallback`` seconds for scripts that never stage. A
     restart hands each new worker to a standby when its start command is
     ``<python> -u script.py ...`` with the standby's interpreter; anything else starts cold.
     """
@@ -393,6 +395,23 @@ class StandbyPool:
         self.standbys: list[_Standby] = []
         self.handed_off = 0
         self.cold_starts = 0
+        self.fallback = 30.0
+        self._attempt_wall = time.time()
+
+    def new_attempt(self) -> None:
+        """An attempt starts now: refill only after its workers show progress."""
+        self._attempt_wall = time.time()
+
+    def may_fill(self, elapsed: float) -> bool:
+        if elapsed < self.delay:
+            return False
+        if elapsed >= self.fallback or not self.run_id:
+            return True
+        return any(
+            slot.complete and slot.stamp >= self._attempt_wall
+            for info in staging.read_run(self.run_id)
+            for slot in info.slots
+        )
 
     @staticmethod
     def compatible(spec: ProcessSpec) -> bool:
@@ -561,7 +580,7 @@ class Supervisor:
         announce: Callable[[str], None] | None = None,
         log_mode: str = "ab",
         standbys: StandbyPool | None = None,
-        on_failure: Callable[[Failure], None] | None = None,
+        on_failure: Callable[[Failure], str | None] | None = None,
         tick: Callable[[], None] | None = None,
     ) -> None:
         self.processes = processes
@@ -584,12 +603,15 @@ class Supervisor:
         self._stopping = False
         self._parent_pid = os.getpid()
         self.standbys = standbys
+        if standbys is not None:
+            standbys.new_attempt()
         self.on_failure = on_failure
         self.tick = tick
         self._started = time.monotonic()
         self._next_tick = 0.0
         self.stop_started: float | None = None
         self.grace_expired = False
+        self._standbys_announced = False
 
     # -- public ----------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -705,12 +727,17 @@ class Supervisor:
     def _housekeeping(self) -> None:
         """Standby refill and the periodic hook; neither may break supervision."""
         now = time.monotonic()
-        if self.standbys is not None and not self._stopping and now - self._started >= self.standbys.delay:
+        if self.standbys is not None and not self._stopping and self.standbys.may_fill(now - self._started):
             try:
                 self.standbys.fill(self.processes, self._parent_pid)
             except OSError as exc:
                 self.announce(f"cannot start standby workers: {exc}")
                 self.standbys = None
+            if self.standbys is not None and not self._standbys_announced:
+                wanted = sum(1 for spec in self.processes if self.standbys.compatible(spec))
+                if wanted and self.standbys.ready_count() >= wanted:
+                    self._standbys_announced = True
+                    self.announce(f"{wanted} warm standby workers ready for a restart")
         if self.tick is not None and now >= self._next_tick:
             self._next_tick = now + 0.5
             try:
@@ -794,9 +821,17 @@ class Supervisor:
             self._stop_all(signal.SIGTERM)
             if self.on_failure is not None:
                 try:
-                    self.on_failure(self._failure)
+                    kill_now = self.on_failure(self._failure)
                 except Exception as exc:  # noqa: BLE001 - the teardown goes on whatever the hook did
                     self.announce(f"failure hook error (ignored): {exc!r}")
+                    kill_now = None
+                live = self._live()
+                if kill_now and live:
+                    # The hook saved what these processes could have saved (the agent-side
+                    # flash save committed their newest step): waiting out the grace period
+                    # would only delay the restart.
+                    self.announce(f"{kill_now}; SIGKILL to " + ", ".join(w.label for w in live))
+                    self._kill_groups(signal.SIGKILL)
             return
         if all(w.returncode == 0 for w in self.workers if w.spec.required):
             services = [w for w in self._live() if not w.spec.required]

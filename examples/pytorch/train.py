@@ -162,6 +162,7 @@ def main() -> None:
         print(f"final-checksum {mine}", flush=True)
     if not args.keep_checkpoints:
         ckpt.clear()  # finished: the resume points are no longer needed
+    dist.barrier()  # nobody tears the group down while a peer is still in a collective
     dist.destroy_process_group()
 
 

@@ -275,8 +275,13 @@ class Checkpointer:
         raise TimeoutError(f"not every rank finished its shard in {tmp}")
 
     def clear(self) -> None:
-        """Remove every checkpoint of this directory (rank 0; the others wait for it)."""
+        """Remove every checkpoint of this directory and drop what was staged (collective).
+
+        For a run that finished: nothing is left to resume, and mlaunch's agent must not
+        persist the last staged step if a process dies while shutting down.
+        """
         coll = self._coll()
+        staging.forget(coll.rank(), coll.world_size())
         if coll.rank() == 0:
             for item in self.committed():
                 layout.remove_tree(item.path)

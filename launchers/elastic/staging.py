@@ -217,6 +217,18 @@ class Segment:
         struct.pack_into("<Q", self._mm, at, seq + 1)
 
 
+    def forget(self) -> None:
+        """Invalidate every slot (nothing staged any more: the agent must not persist an old step)."""
+        if self._mm is None:
+            return
+        for index in range(NSLOTS):
+            at = _SLOTS_AT + index * _SLOT_STRIDE
+            (seq,) = struct.unpack_from("<Q", self._mm, at)
+            struct.pack_into("<Q", self._mm, at, seq | 1)  # odd: "being written" to any reader
+            _SLOT.pack_into(self._mm, at, seq | 1, -1, 0, time.time(), self.attempt)
+            struct.pack_into("<Q", self._mm, at, 0)
+
+
 # ----------------------------------------------------------------------------------------
 # Agent side (mlaunch): read-only views of a run's segments
 # ----------------------------------------------------------------------------------------
@@ -328,6 +340,14 @@ def disable(reason: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(_segment.path)
         _segment = None
+
+
+def forget(rank: int, world: int) -> None:
+    """Drop what this process staged (after ``Checkpointer.clear()``: training is over)."""
+    seg = process_segment(rank, world)
+    if seg is not None:
+        with contextlib.suppress(OSError, ValueError):
+            seg.forget()
 
 
 def update_status(rank: int, world: int, **fields: Any) -> None:

@@ -1,0 +1,293 @@
+"""Fault recovery: kill -9 of one rank → first training step of the restarted group.
+
+Four DDP processes (gloo, CPU) train; at a random step the benchmark SIGKILLs one random
+rank and measures the time until the restarted group's rank 0 prints its first step. The
+same worker runs under
+
+- **mlaunch** with ``restart.max_restarts`` and ``preload: [torch, ...]``: the group restarts
+  from warm standby processes that already imported torch; the agent-side flash save
+  persists the staged step first, and the new group resumes from it;
+- **torchrun** ``--max-restarts`` (its defaults: c10d rendezvous, agent store sharing), as
+  the baseline measured in the same run.
+
+A restart *succeeds* when the new group reaches its first step within ``--timeout``; a run
+that dies (restarts exhausted, rendezvous errors) counts every remaining kill as failed.
+Kills are spaced: the benchmark waits until the group has run a random number of steps and
+— for mlaunch — until mlaunch reported its standbys ready (failures minutes apart are the
+common case; back-to-back failures fall back to cold starts, which ``--no-wait-standby``
+measures).
+
+    python benchmarks/fault_recovery.py                       # 50 mlaunch restarts, 16 torchrun restarts
+    python benchmarks/fault_recovery.py --restarts 10 --torchrun-restarts 5
+    python benchmarks/fault_recovery.py --worker              # (what the launchers run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+
+
+# ----------------------------------------------------------------------------------------
+# The worker (run by mlaunch or torchrun)
+# ----------------------------------------------------------------------------------------
+
+
+def worker(step_time: float) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from launchers import elastic
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print(f"pid {rank} {os.getpid()}", flush=True)
+    guard = elastic.install(quiet=True)
+    ckpt = elastic.Checkpointer(os.environ.get("BENCH_CKPT_DIR"), keep=1)
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = ckpt.load_latest()
+    start = 0
+    if state is not None:
+        model.module.load_state_dict(state["model"])
+        start = int(state["step"]) + 1
+    step = start
+    while True:
+        x = torch.randn(32, 64)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        if rank == 0:
+            print(f"step {step}", flush=True)
+        ckpt.stage(step, {"step": step, "model": model.module.state_dict()})
+        if guard.should_stop(step):
+            guard.exit()
+        time.sleep(step_time)
+        step += 1
+
+
+# ----------------------------------------------------------------------------------------
+# Driving a launcher
+# ----------------------------------------------------------------------------------------
+
+
+class Launch:
+    """A launcher process whose combined output is read line by line with arrival times."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            now = time.monotonic()
+            self.log.append(line.rstrip("\n"))
+            self.lines.put((now, line))
+        self.lines.put((time.monotonic(), ""))
+
+    def next_line(self, deadline: float) -> tuple[float, str] | None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            got = self.lines.get(timeout=left)
+        except queue.Empty:
+            return None
+        return None if got[1] == "" else got
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+PID = re.compile(r"^(?:\[rank \d+\] )?pid (\d+) (\d+)$")  # mlaunch prefixes worker lines, torchrun does not
+STEP = re.compile(r"^(?:\[rank \d+\] )?step (\d+)$")
+READY = "warm standby workers ready"
+
+
+def measure(launch: Launch, kills: int, nproc: int, timeout: float, wait_ready: bool, rng: random.Random) -> list:
+    """Kill a random rank ``kills`` times; return a list of recovery seconds (None = failed)."""
+    results: list[float | None] = []
+    pids: dict[int, int] = {}
+    ready = False
+    steps_seen = 0
+    target = rng.randint(5, 25)
+    deadline = time.monotonic() + timeout * 3  # the first start is cold everywhere
+    while len(results) < kills:
+        got = launch.next_line(deadline)
+        if got is None:  # the launcher died or stalled: every remaining kill failed
+            results += [None] * (kills - len(results))
+            break
+        _, line = got
+        line = line.rstrip()
+        if m := PID.search(line):
+            pids[int(m.group(1))] = int(m.group(2))
+        if READY in line:
+            ready = True
+        if STEP.search(line):
+            steps_seen += 1
+        if steps_seen >= target and len(pids) == nproc and (ready or not wait_ready):
+            victim = rng.randrange(nproc)
+            killed_at = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[victim], signal.SIGKILL)
+            pids, ready, steps_seen = {}, False, 0
+            target = rng.randint(5, 25)
+            # the first step line of the new group (a new pid line comes first)
+            new_pids = 0
+            end = killed_at + timeout
+            recovered = None
+            while recovered is None:
+                got = launch.next_line(end)
+                if got is None:
+                    break
+                when, line = got
+                line = line.rstrip()
+                if m := PID.search(line):
+                    pids[int(m.group(1))] = int(m.group(2))
+                    new_pids += 1
+                if READY in line:
+                    ready = True
+                if new_pids and STEP.search(line):
+                    recovered = when - killed_at
+                    steps_seen = 1
+            results.append(recovered)
+            status = f"{recovered:.3f}s" if recovered is not None else "FAILED"
+            print(f"  kill {len(results):2d}/{kills}: rank {victim} → first step after {status}", flush=True)
+            if recovered is None:
+                results += [None] * (kills - len(results))
+                break
+            deadline = time.monotonic() + timeout * 3
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_env(ckpt: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MA_", "VC_", "PET_", "MLAUNCH_"))}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", BENCH_CKPT_DIR=str(ckpt), PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_mlaunch(args: argparse.Namespace, work: Path, rng: random.Random) -> list:
+    job = work / "mlaunch-job.yaml"
+    job.write_text(
+        f"name: fault-recovery\nentry: {HERE}\nargs: ['--worker', '--step-time', '{args.step_time}']\n"
+        f"nodes: 1\nprocs_per_node: {args.nproc}\nlog_dir: {work / 'logs'}\n"
+        # what the worker imports, and what DDP's constructor imports lazily (torch._dynamo)
+        f"preload: [torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]\n"
+        f"checkpoint: {{dir: {work / 'ckpt-mlaunch'}, grace_period: 10s}}\n"
+        f"restart: {{max_restarts: {args.restarts + 5}, backoff: 0s}}\n"
+    )
+    launch = Launch([sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)], base_env(work / "ckpt-ml"))
+    try:
+        return measure(launch, args.restarts, args.nproc, args.timeout, not args.no_wait_standby, rng)
+    finally:
+        launch.stop()
+
+
+def run_torchrun(args: argparse.Namespace, work: Path, rng: random.Random) -> list:
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={args.nproc}",
+        f"--max-restarts={args.torchrun_restarts + 5}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        str(HERE),
+        "--worker",
+        "--step-time",
+        str(args.step_time),
+    ]
+    launch = Launch(argv, base_env(work / "ckpt-torchrun"))
+    try:
+        return measure(launch, args.torchrun_restarts, args.nproc, args.timeout, False, rng)
+    finally:
+        launch.stop()
+
+
+def summary(name: str, results: list) -> tuple[int, float | None]:
+    ok = [r for r in results if r is not None]
+    if not ok:
+        print(f"{name}: 0/{len(results)} restarts succeeded")
+        return 0, None
+    med = statistics.median(ok)
+    print(
+        f"{name}: {len(ok)}/{len(results)} restarts succeeded; kill -9 → first step: median {med:.3f}s, "
+        f"min {min(ok):.3f}s, max {max(ok):.3f}s"
+    )
+    return len(ok), med
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--step-time", type=float, default=0.02)
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--restarts", type=int, default=50, help="kills under mlaunch")
+    parser.add_argument("--torchrun-restarts", type=int, default=16, help="kills under torchrun (0: skip)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="a restart slower than this failed")
+    parser.add_argument("--no-wait-standby", action="store_true", help="kill without waiting for standbys")
+    parser.add_argument("--seed", type=int, default=4)
+    args, _ = parser.parse_known_args()
+    if args.worker:
+        worker(args.step_time)
+        return 0
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="fault-recovery-") as tmp:
+        work = Path(tmp)
+        print(f"mlaunch: {args.restarts} kills of 1 of {args.nproc} ranks", flush=True)
+        ml = run_mlaunch(args, work, rng)
+        tr: list = []
+        if args.torchrun_restarts:
+            print(f"torchrun --max-restarts: {args.torchrun_restarts} kills", flush=True)
+            tr = run_torchrun(args, work, rng)
+    print()
+    ml_ok, ml_med = summary("mlaunch (warm standbys)", ml)
+    if tr:
+        tr_ok, tr_med = summary("torchrun --max-restarts", tr)
+        if ml_med and tr_med:
+            print(f"ratio mlaunch/torchrun (median): {ml_med / tr_med:.2f}")
+    target = ml_ok == len(ml) and ml_med is not None and ml_med <= 0.5
+    print(f"targets (median ≤ 0.5 s, {len(ml)}/{len(ml)} succeed): {'met' if target else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
