@@ -216,7 +216,6 @@ class Segment:
         _SLOT.pack_into(self._mm, at, seq, step, enc.size, time.time(), self.attempt)
         struct.pack_into("<Q", self._mm, at, seq + 1)
 
-
     def forget(self) -> None:
         """Invalidate every slot (nothing staged any more: the agent must not persist an old step)."""
         if self._mm is None:
