@@ -76,7 +76,14 @@ def _prestart(job: Job, plan: LaunchPlan) -> list[Finding]:
     return [Finding(level, message) for level, message in check_prestart(job, plan)]
 
 
-CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability, _mpi, _prestart]
+def _grace_budget(job: Job, plan: LaunchPlan) -> list[Finding]:
+    """Step + save time against the grace period; the kill timers of the chain agree; preload imports."""
+    from launchers.grace_budget import check
+
+    return check(job, plan)
+
+
+CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability, _mpi, _prestart, _grace_budget]
 
 
 def run_checks(job_file: Path, engine: str | None, extra_args: Sequence[str], *, simulate: bool = False) -> int:

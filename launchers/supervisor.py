@@ -381,8 +381,8 @@ class StandbyPool:
     One standby per worker slot, in its own process group with the same parent-death
     signal, ``MLAUNCH_RUN_ID`` and watchdog registration as a worker. Importing torch takes
     seconds of CPU per process, so standbys start only once the attempt's workers are past
-    their own start-up: ``delay`` seconds after the attempt began *and* after a rank staged a
-    step (``launchers.elastic``), or ``fallback`` seconds for scripts that never stage. A
+    their own start-up: ``delay`` seconds after the attempt began *and* once a rank staged a
+    step (``launchers.elastic``) or every worker wrote output — or after ``fallback`` seconds. A
     restart hands each new worker to a standby when its start command is
     ``<python> -u script.py ...`` with the standby's interpreter; anything else starts cold.
     """
@@ -402,10 +402,11 @@ class StandbyPool:
         """An attempt starts now: refill only after its workers show progress."""
         self._attempt_wall = time.time()
 
-    def may_fill(self, elapsed: float) -> bool:
+    def may_fill(self, elapsed: float, all_spoke: bool = False) -> bool:
+        """Whether the attempt's workers are past their start-up (see the class docstring)."""
         if elapsed < self.delay:
             return False
-        if elapsed >= self.fallback or not self.run_id:
+        if elapsed >= self.fallback or all_spoke or not self.run_id:
             return True
         return any(
             slot.complete and slot.stamp >= self._attempt_wall
@@ -727,7 +728,8 @@ class Supervisor:
     def _housekeeping(self) -> None:
         """Standby refill and the periodic hook; neither may break supervision."""
         now = time.monotonic()
-        if self.standbys is not None and not self._stopping and self.standbys.may_fill(now - self._started):
+        spoke = all(w.tail for w in self.workers) and len(self.workers) == len(self.processes)
+        if self.standbys is not None and not self._stopping and self.standbys.may_fill(now - self._started, spoke):
             try:
                 self.standbys.fill(self.processes, self._parent_pid)
             except OSError as exc:

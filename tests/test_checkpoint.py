@@ -1,0 +1,272 @@
+"""Atomic checkpoints: the shard format, the commit protocol, resume, keep-last-k, disk full.
+
+Single-process tests call the library directly; the multi-rank ones start real gloo processes
+(tests/scripts/elastic_ranks.py). Disk full is a real, small tmpfs (skipped when mounting is
+refused, i.e. not root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, needs_torch
+
+from launchers.elastic import Checkpointer, CheckpointError, layout, shardfile
+from launchers.platform import free_port
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from elastic_testlib import fill, tmpfs  # noqa: E402
+
+RANKS = ROOT / "tests" / "scripts" / "elastic_ranks.py"
+np = pytest.importorskip("numpy")
+
+
+# ----------------------------------------------------------------------------------------
+# The shard format
+# ----------------------------------------------------------------------------------------
+
+
+def test_numpy_and_plain_state_round_trips(tmp_path: Path) -> None:
+    state = OrderedDict(
+        a=np.arange(12, dtype=np.float32).reshape(3, 4),
+        b=[np.zeros(0, dtype=np.int64), (1, "two", 3.0)],
+        c={"nested": {"x": np.array(7, dtype=np.int16)}, "none": None},
+        strided=np.arange(20, dtype=np.float64)[::3],
+        objects=np.array(["x", 1], dtype=object),  # pickled as is
+    )
+    shardfile.write_file(tmp_path / "s", shardfile.encode(state, {"step": 5}))
+    back, meta = shardfile.read_file(tmp_path / "s")
+    assert meta == {"step": 5}
+    assert type(back) is OrderedDict and list(back) == list(state)
+    assert back["a"].dtype == np.float32 and (back["a"] == state["a"]).all()
+    assert back["b"][1] == (1, "two", 3.0) and back["b"][0].shape == (0,)
+    assert back["c"]["nested"]["x"] == 7 and back["c"]["none"] is None
+    assert (back["strided"] == state["strided"]).all()
+    assert list(back["objects"]) == ["x", 1]
+    assert back["a"].flags.writeable  # its own memory, not a view of the file
+
+
+@needs_torch
+def test_torch_tensors_round_trip_bit_exactly(tmp_path: Path) -> None:
+    import torch
+
+    from launchers.elastic import pytorch as ept
+
+    torch.manual_seed(0)
+    state = {
+        "f32": torch.randn(5, 7),
+        "bf16": torch.randn(33).to(torch.bfloat16),
+        "i64": torch.arange(10),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 4),
+        "transposed": torch.randn(4, 6).t(),
+        "complex": torch.randn(3, dtype=torch.complex64),
+        "rng": ept.rng_state(),
+        "param": torch.nn.Parameter(torch.ones(2)),
+    }
+    shardfile.write_file(tmp_path / "s", shardfile.encode(state))
+    back, _ = shardfile.read_file(tmp_path / "s")
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert back[key].dtype == value.dtype and back[key].shape == value.shape, key
+            assert torch.equal(back[key], value.detach()), key
+    assert torch.equal(back["rng"]["torch"], state["rng"]["torch"])
+    assert back["rng"]["python"] == state["rng"]["python"]
+
+
+def test_truncated_or_foreign_files_are_rejected(tmp_path: Path) -> None:
+    shardfile.write_file(tmp_path / "s", shardfile.encode({"a": np.ones(1000)}))
+    data = (tmp_path / "s").read_bytes()
+    (tmp_path / "t").write_bytes(data[:-100])
+    with pytest.raises(shardfile.ShardFormatError):
+        shardfile.read_file(tmp_path / "t")
+    (tmp_path / "u").write_bytes(b"not a shard at all, really")
+    with pytest.raises(shardfile.ShardFormatError):
+        shardfile.read_file(tmp_path / "u")
+
+
+# ----------------------------------------------------------------------------------------
+# One process: commit, resume, keep-last-k
+# ----------------------------------------------------------------------------------------
+
+
+def test_fresh_start_without_a_directory(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path / "does" / "not" / "exist")
+    assert ckpt.load_latest() is None and ckpt.loaded_step is None
+
+
+def test_save_commits_with_a_marker_and_load_returns_the_newest(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, keep=10)
+    for step in (2, 5, 9):
+        ckpt.save(step, {"step": step, "w": np.full(4, step)})
+    assert [c.step for c in ckpt.committed()] == [9, 5, 2]
+    manifest = json.loads((tmp_path / "step_00000009" / layout.MARKER).read_text())
+    assert manifest["step"] == 9 and manifest["world_size"] == 1 and manifest["source"] == "save"
+    assert manifest["shards"]["0"]["bytes"] == (tmp_path / "step_00000009" / "rank_0.mlck").stat().st_size
+    state = Checkpointer(tmp_path).load_latest()
+    assert state is not None and state["step"] == 9 and (state["w"] == 9).all()
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_uncommitted_directories_are_ignored_and_cleaned(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(3, {"step": 3})
+    # a save that died before its marker: complete-looking shards, higher step numbers
+    for name in ("step_00000007.tmp", "step_00000008", "step_00000009.flash-a0p1.tmp"):
+        (tmp_path / name).mkdir()
+        shardfile.write_file(tmp_path / name / "rank_0.mlck", shardfile.encode({"step": 99}))
+    fresh = Checkpointer(tmp_path)
+    state = fresh.load_latest()
+    assert state == {"step": 3} and fresh.loaded_step == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003"]  # rank 0 removed the partials
+
+
+def test_a_marker_whose_shard_is_truncated_does_not_count(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, keep=5)
+    ckpt.save(1, {"w": np.ones(100)})
+    ckpt.save(2, {"w": np.ones(100) * 2})
+    shard = tmp_path / "step_00000002" / "rank_0.mlck"
+    shard.write_bytes(shard.read_bytes()[:50])
+    state = Checkpointer(tmp_path).load_latest()
+    assert state is not None and (state["w"] == 1).all()
+
+
+def test_committed_but_not_yet_renamed_counts(tmp_path: Path) -> None:
+    """A crash between writing the marker and renaming step_N.tmp loses nothing."""
+    tmp = tmp_path / "step_00000004.tmp"
+    tmp.mkdir()
+    size = shardfile.write_file(tmp / "rank_0.mlck", shardfile.encode({"step": 4}))
+    layout.write_json_atomic(
+        tmp / layout.MARKER,
+        {"step": 4, "world_size": 1, "shards": {"0": {"file": "rank_0.mlck", "bytes": size}}},
+    )
+    assert [c.step for c in layout.committed(tmp_path)] == [4]
+    assert Checkpointer(tmp_path).load_latest() == {"step": 4}
+
+
+def test_commit_refuses_a_missing_rank(tmp_path: Path) -> None:
+    tmp = tmp_path / "step_00000001.tmp"
+    tmp.mkdir()
+    size = shardfile.write_file(tmp / "rank_0.mlck", shardfile.encode({}))
+    with pytest.raises(OSError, match=r"no shard from rank\(s\) \[1\]"):
+        layout.commit(tmp, tmp_path / "step_00000001", 1, 2, {0: size})
+    assert not (tmp / layout.MARKER).exists()
+
+
+def test_keep_last_k(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, keep=2)
+    for step in range(6):
+        ckpt.save(step, {"step": step})
+    assert [c.step for c in ckpt.committed()] == [5, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004", "step_00000005"]
+
+
+def test_saving_a_step_again_replaces_a_stale_partial_directory(tmp_path: Path) -> None:
+    stale = tmp_path / "step_00000006.tmp"
+    stale.mkdir(parents=True)
+    (stale / "rank_0.mlck").write_bytes(b"half a shard")
+    (stale / "junk").write_bytes(b"x")
+    Checkpointer(tmp_path).save(6, {"step": 6})
+    assert sorted(p.name for p in (tmp_path / "step_00000006").iterdir()) == [layout.MARKER, "rank_0.mlck"]
+
+
+def test_replicas_stand_in_for_a_missing_shard(tmp_path: Path) -> None:
+    """A dying checkpoint written by one member per replica group still resumes the others."""
+    tmp = tmp_path / "step_00000002.tmp"
+    tmp.mkdir()
+    size = shardfile.write_file(tmp / "rank_0.mlck", shardfile.encode({"from": 0}))
+    layout.commit(tmp, tmp_path / "step_00000002", 2, 1, {0: size})
+    os.rename(tmp_path / "step_00000002" / "rank_0.mlck", tmp_path / "step_00000002" / "rank_4.mlck")
+    manifest = json.loads((tmp_path / "step_00000002" / layout.MARKER).read_text())
+    manifest["shards"] = {"4": {"file": "rank_4.mlck", "bytes": size}}
+    layout.write_json_atomic(tmp_path / "step_00000002" / layout.MARKER, manifest)
+    assert Checkpointer(tmp_path).load_latest() is None  # rank 0's own shard is missing
+    assert Checkpointer(tmp_path, replicas=[0, 4]).load_latest() == {"from": 0}
+
+
+def test_disk_full_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", "256k") as mount:
+        if mount is None:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        ckpt = Checkpointer(mount, keep=1)
+        ckpt.save(1, {"w": np.ones(1000)})
+        with pytest.raises(CheckpointError, match="No space left"):
+            ckpt.save(2, {"w": np.ones(100_000)})  # 800 kB into 256 kB
+        assert [c.step for c in ckpt.committed()] == [1]
+        assert sorted(p.name for p in mount.iterdir()) == ["step_00000001"]
+        state = Checkpointer(mount).load_latest()
+        assert state is not None and (state["w"] == 1).all()
+
+
+# ----------------------------------------------------------------------------------------
+# Several ranks (real processes, gloo)
+# ----------------------------------------------------------------------------------------
+
+
+def run_ranks(mode: str, ckpt: Path, world: int, **env: str) -> list[subprocess.CompletedProcess[str]]:
+    port = str(free_port())
+    procs = []
+    for rank in range(world):
+        e = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world), **env)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(RANKS), mode, str(ckpt)], env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        )
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=120)
+        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return out
+
+
+@needs_torch
+def test_every_rank_writes_and_rank_0_commits(tmp_path: Path) -> None:
+    results = run_ranks("save", tmp_path, 3, STEP="7")
+    assert [r.returncode for r in results] == [0, 0, 0], [r.stderr for r in results]
+    assert all("saved" in r.stdout for r in results)
+    manifest = json.loads((tmp_path / "step_00000007" / layout.MARKER).read_text())
+    assert sorted(manifest["shards"]) == ["0", "1", "2"] and manifest["world_size"] == 3
+    loaded = run_ranks("load", tmp_path, 3, STEP="7")
+    lines = [r.stdout.strip() for r in loaded]
+    assert all(line.startswith("loaded 7 ") for line in lines) and len(set(lines)) == 3  # each rank its own shard
+
+
+@needs_torch
+def test_one_rank_out_of_space_fails_the_save_on_every_rank(tmp_path: Path) -> None:
+    """Rank 1's shard does not fit (a real tmpfs): nobody commits, nobody hangs, the old step stays."""
+    with tmpfs(tmp_path / "small", "2m") as mount:
+        if mount is None:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        first = run_ranks("save", mount, 2, STEP="1")
+        assert [r.returncode for r in first] == [0, 0]
+        results = run_ranks("save", mount, 2, STEP="2", BYTES_1=str(4 << 20))
+        assert [r.returncode for r in results] == [3, 3], [r.stdout + r.stderr for r in results]
+        assert all("not committed" in r.stdout for r in results)
+        assert [c.step for c in layout.committed(mount)] == [1]
+        assert not (mount / "step_00000002").exists() and not (mount / "step_00000002.tmp").exists()
+
+
+@needs_torch
+def test_without_a_process_group_rank_0_commits_after_every_done_file(tmp_path: Path) -> None:
+    results = run_ranks("save", tmp_path, 2, STEP="3", NO_DIST="1")
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+    assert [c.step for c in layout.committed(tmp_path)] == [3]
+    assert sorted(p.name for p in (tmp_path / "step_00000003").iterdir()) == [
+        layout.MARKER,
+        "rank_0.mlck",
+        "rank_1.mlck",
+    ]
+
+
+@needs_torch
+def test_a_checkpoint_of_another_world_size_is_not_loaded(tmp_path: Path) -> None:
+    assert [r.returncode for r in run_ranks("save", tmp_path, 2, STEP="1")] == [0, 0]
+    assert [r.stdout.strip() for r in run_ranks("load", tmp_path, 3)] == ["loaded none"] * 3

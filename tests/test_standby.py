@@ -1,0 +1,163 @@
+"""Warm standby workers: processes that preloaded modules and become a worker on restart.
+
+Real processes throughout: the pool starts standbys, the supervisor hands them a worker's
+argv/env/cwd, and the tests look at what the running script sees (its pid, its argv, its env,
+which modules were already imported) and at what is left when mlaunch is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
+
+from launchers.plan import ProcessSpec
+from launchers.supervisor import SignalRouter, StandbyPool, Supervisor
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from elastic_testlib import alive, children, wait_for  # noqa: E402
+
+REPORT = """\
+import json, os, sys
+print(json.dumps({
+    "pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "answer": os.environ.get("ANSWER"),
+    "preloaded": "decimal" in sys.modules, "name": __name__, "path0": sys.path[0],
+    "stdin": sys.stdin.read(), "pgid": os.getpgid(0),
+}), flush=True)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "report.py"
+    path.write_text(REPORT)
+    return path
+
+
+def spec(tmp_path: Path, rank: int = 0, **env: str) -> ProcessSpec:
+    return ProcessSpec(
+        rank, rank, [sys.executable, "-u", str(script(tmp_path)), "--flag", f"r{rank}"], dict(env), str(tmp_path)
+    )
+
+
+class Capture:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, chunk: bytes) -> int:
+        self.data += chunk
+        return len(chunk)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_standby_becomes_the_worker_it_is_handed(tmp_path: Path) -> None:
+    import json
+
+    pool = StandbyPool(["decimal"], run_id="standbytest", delay=0)
+    try:
+        specs = [spec(tmp_path, 0, ANSWER="42", EXIT="3")]
+        assert pool.fill(specs, os.getpid()) == 1
+        standby_pid = pool.standbys[0].pid
+        assert wait_for(lambda: pool.ready_count() == 1, timeout=60)
+        out = Capture()
+        with SignalRouter() as signals:
+            outcome = Supervisor(specs, grace_period=5, signals=signals, out=out, err=Capture(), standbys=pool).run()
+        assert outcome.status == "failed" and outcome.exit_code == 3  # the script's own exit code
+        seen = json.loads(out.data.decode().split("] ", 1)[1])
+        assert seen["pid"] == standby_pid and seen["pgid"] == standby_pid  # its own process group
+        assert seen["argv"] == [str(tmp_path / "report.py"), "--flag", "r0"]
+        assert seen["cwd"] == str(tmp_path) and seen["answer"] == "42" and seen["name"] == "__main__"
+        assert seen["preloaded"] is True and seen["path0"] == str(tmp_path) and seen["stdin"] == ""
+        assert pool.handed_off == 1
+    finally:
+        pool.close()
+
+
+def test_a_standby_whose_preload_fails_is_not_used(tmp_path: Path) -> None:
+    import json
+
+    pool = StandbyPool(["no_such_module_anywhere"], delay=0)
+    try:
+        specs = [spec(tmp_path)]
+        pool.fill(specs, os.getpid())
+        assert wait_for(lambda: not pool._alive(), timeout=60)
+        out = Capture()
+        with SignalRouter() as signals:
+            outcome = Supervisor(specs, grace_period=5, signals=signals, out=out, err=Capture(), standbys=pool).run()
+        assert outcome.status == "succeeded"
+        seen = json.loads(out.data.decode().split("] ", 1)[1])
+        assert seen["preloaded"] is False and pool.cold_starts == 1
+    finally:
+        pool.close()
+
+
+def test_only_python_workers_are_handed_to_standbys(tmp_path: Path) -> None:
+    shell = ProcessSpec(0, 0, ["bash", "-c", "exit 0"], {}, str(tmp_path))
+    assert not StandbyPool.compatible(shell)
+    assert not StandbyPool.compatible(ProcessSpec(0, 0, [sys.executable, str(script(tmp_path))], {}, str(tmp_path)))
+    assert StandbyPool.compatible(spec(tmp_path))
+
+
+def job_with_preload(tmp_path: Path, entry: Path, extra: str = "") -> Path:
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"entry: {entry}\nprocs_per_node: 2\nlog_dir: {tmp_path}/logs\npreload: [decimal]\n"
+        f"restart: {{max_restarts: 1, backoff: 0s}}\ncheckpoint: {{grace_period: 5s, dir: {tmp_path}/ckpt}}\n{extra}"
+    )
+    return job
+
+
+def test_mlaunch_restarts_from_warm_standbys(tmp_path: Path) -> None:
+    entry = tmp_path / "flaky.py"
+    entry.write_text(
+        "import os, sys, time\n"
+        "attempt = os.environ['MLAUNCH_RESTART_COUNT']\n"
+        "print('attempt', attempt, 'preloaded', 'decimal' in sys.modules, flush=True)\n"
+        "if attempt == '0':\n"
+        "    time.sleep(4)  # long enough for the standbys to get ready\n"
+        "    sys.exit(7 if os.environ['RANK'] == '1' else 0)\n"
+    )
+    result = run_mlaunch(["--engine", "pytorch", str(job_with_preload(tmp_path, entry))], timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "2 warm standby workers ready for a restart" in result.stderr
+    assert "restarting the group (1/1) in 0s from 2 warm standbys" in result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if "attempt" in line)
+    assert lines == [
+        "[rank 0] attempt 0 preloaded False",
+        "[rank 0] attempt 1 preloaded True",
+        "[rank 1] attempt 0 preloaded False",
+        "[rank 1] attempt 1 preloaded True",
+    ]
+
+
+def test_sigkill_of_mlaunch_takes_the_standbys_with_it(tmp_path: Path) -> None:
+    entry = tmp_path / "forever.py"
+    entry.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    proc = subprocess.Popen(
+        [*mlaunch_cmd(), "--engine", "pytorch", str(job_with_preload(tmp_path, entry))],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        end = time.monotonic() + 90
+        while time.monotonic() < end:
+            line = proc.stderr.readline()
+            if "warm standby workers ready" in line or not line:
+                break
+        kids = [p for p in children(proc.pid)]
+        standbys = [p for p in kids if b"launchers.standby" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(standbys) == 2 and len(kids) >= 5  # 2 workers, 2 standbys, the watchdog
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert wait_for(lambda: not any(alive(p) for p in kids), timeout=20), [p for p in kids if alive(p)]
