@@ -21,7 +21,7 @@ from launchers.elastic import Checkpointer, CheckpointError, layout, shardfile
 from launchers.platform import free_port
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
-from elastic_testlib import fill, tmpfs  # noqa: E402
+from elastic_testlib import tmpfs  # noqa: E402
 
 RANKS = ROOT / "tests" / "scripts" / "elastic_ranks.py"
 np = pytest.importorskip("numpy")
@@ -217,7 +217,11 @@ def run_ranks(mode: str, ckpt: Path, world: int, **env: str) -> list[subprocess.
         e = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world), **env)
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(RANKS), mode, str(ckpt)], env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                [sys.executable, str(RANKS), mode, str(ckpt)],
+                env=e,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
             )
         )
     out = []

@@ -81,7 +81,8 @@ def test_exit_is_a_system_exit_so_finally_blocks_run() -> None:
 
 def test_importing_the_package_does_not_import_a_framework() -> None:
     result = run_python(
-        "import sys; from launchers import elastic; print(sorted(m for m in ('torch','numpy','mindspore') if m in sys.modules))"
+        "import sys; from launchers import elastic; "
+        "print(sorted(m for m in ('torch', 'numpy', 'mindspore') if m in sys.modules))"
     )
     assert result.stdout.strip() == "[]", result.stderr
 

@@ -190,7 +190,7 @@ def test_sigkill_at_random_moments_never_persists_a_half_copied_buffer(shm: Path
                     out.append(line)
 
             threading.Thread(target=pump, daemon=True).start()
-        assert wait_for(lambda: all(len(out) >= 3 for out in lines), timeout=60)
+        assert wait_for(lambda lines=lines: all(len(out) >= 3 for out in lines), timeout=60)
         time.sleep(rng.uniform(0.0, 0.3))
         for proc in procs:
             proc.kill()
@@ -210,7 +210,12 @@ def test_a_live_writer_racing_the_copy_is_detected(shm: Path, tmp_path: Path) ->
     """A writer that keeps staging while the agent copies: either a consistent commit or none."""
     ckpt = tmp_path / "ckpt"
     env = clean_env(
-        MLAUNCH_RUN_ID=RUN, MLAUNCH_SHM_DIR=str(shm), RANK="0", WORLD_SIZE="1", CKPT_DIR=str(ckpt), ELEMENTS=str(1 << 21)
+        MLAUNCH_RUN_ID=RUN,
+        MLAUNCH_SHM_DIR=str(shm),
+        RANK="0",
+        WORLD_SIZE="1",
+        CKPT_DIR=str(ckpt),
+        ELEMENTS=str(1 << 21),
     )
     proc = subprocess.Popen([sys.executable, str(WRITER)], env=env, text=True, stdout=subprocess.PIPE)
     try:
