@@ -12,6 +12,7 @@ Env:
   CHAOS_STEP_SLEEP   seconds to sleep inside each forward pass (an outside signal lands mid-step)
   CHAOS_SLOW_DYING_SAVE  seconds the dying save's writer sleeps first (slow storage, through
                      the library's own MLAUNCH_TEST_SLOW_WRITE stub)
+  CHAOS_SLOW_SAVE    ``step:seconds``: the same for the (periodic) save of that step
 
 Actions: ``term`` (SIGTERM to itself, mid-step), ``term2`` (two SIGTERMs), ``kill9`` (SIGKILL
 itself, mid-step), ``term_launcher`` (SIGTERM to mlaunch, its parent), ``kill9_in_save``
@@ -41,6 +42,7 @@ PLAN = [entry.split(":") for entry in os.environ.get("CHAOS_PLAN", "").split(";"
 STATE = Path(os.environ["CHAOS_STATE"]) if os.environ.get("CHAOS_STATE") else None
 STEP_SLEEP = float(os.environ.get("CHAOS_STEP_SLEEP", "0") or 0)
 SLOW_DYING = os.environ.get("CHAOS_SLOW_DYING_SAVE")
+SLOW_SAVE = os.environ.get("CHAOS_SLOW_SAVE", "").partition(":")
 
 current = {"step": 0}
 armed_in_save: dict[str, Any] = {}
@@ -140,8 +142,11 @@ def save(self: Any, step: int, state: Any, **kwargs: Any) -> Any:
     from launchers.elastic import guard as guard_module
 
     g = guard_module._guard
+    os.environ.pop(shardfile.SLOW_WRITE_ENV, None)
     if SLOW_DYING and g is not None and g.requested:
         os.environ[shardfile.SLOW_WRITE_ENV] = SLOW_DYING  # slow storage for the dying save only
+    if SLOW_SAVE[2] and int(SLOW_SAVE[0]) == step:
+        os.environ[shardfile.SLOW_WRITE_ENV] = SLOW_SAVE[2]
     return _save(self, step, state, **kwargs)
 
 
