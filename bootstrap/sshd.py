@@ -24,6 +24,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from bootstrap.keys import make_private_dir, write_private
 from bootstrap.runtime import Layout
@@ -152,6 +153,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _wait_gone(procs: list[Any], timeout: float) -> list[Any]:
+    """Wait until every process has exited; a zombie counts as gone (its reaper may be slow
+    — the daemon's parent is init or mlaunch, not us); return the ones still running."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.01)
+
+
 def stop(layout: Layout, *, grace: float = 2.0) -> bool:
     """Stop the daemon named by the PidFile and every session it serves; True if one was running."""
     pid = _read_pid(layout.sshd_pid)
@@ -169,11 +187,11 @@ def stop(layout: Layout, *, grace: float = 2.0) -> bool:
     for proc in family:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(family, timeout=grace)
+    alive = _wait_gone(family, grace)
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(alive, timeout=grace)
+    _wait_gone(alive, grace)
     with contextlib.suppress(FileNotFoundError):
         layout.sshd_pid.unlink()
     return True

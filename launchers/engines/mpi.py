@@ -264,11 +264,10 @@ class MpiEngine:
 
         node = plan.nodes[0]
         steps = {step.name: step.params for step in node.bootstrap}
-        if "keys" not in steps:
-            layout_dir = Path(steps.get("runtime_dir", {}).get("path", ""))
-            if layout_dir.parts:
-                keys.make_private_dir(layout_dir)
-            return None
+        if "keys" not in steps:  # one machine: only the hostfile's directory is needed
+            layout_dir = Path(steps["runtime_dir"]["path"])
+            keys.make_private_dir(layout_dir)
+            return lambda: shutil.rmtree(layout_dir, ignore_errors=True)
         layout = Layout(Path(steps["keys"]["to"]))
         try:
             keys.install(Path(steps["keys"]["from"]), layout)
@@ -284,6 +283,7 @@ class MpiEngine:
         def cleanup() -> None:
             sshd.stop(layout)
             keys.remove_secrets(layout)
+            shutil.rmtree(layout.dir, ignore_errors=True)
 
         return cleanup
 
