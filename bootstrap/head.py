@@ -118,6 +118,22 @@ def with_prefixed_exports(command: list[str], environ: dict[str, str], prefixes:
     return [*command[:at], *options, *command[at:]]
 
 
+def drop_unset_exports(command: list[str], environ: dict[str, str]) -> list[str]:
+    """Remove ``-x NAME`` for names this environment lacks (mpirun would only warn about them)."""
+    out: list[str] = []
+    skip = False
+    for index, token in enumerate(command):
+        if skip:
+            skip = False
+            continue
+        following = command[index + 1] if index + 1 < len(command) else ""
+        if token == "-x" and "=" not in following and following and following not in environ:
+            skip = True
+            continue
+        out.append(token)
+    return out
+
+
 def mpirun_env(environ: dict[str, str], command: list[str], keep: list[str]) -> dict[str, str]:
     """The environment mpirun starts with: exported names, kept names and the basics — nothing else."""
     wanted = {*BASE_ENV, *exported_names(command), *keep}
@@ -244,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     if stopper.signal is not None:
         code = 128 + stopper.signal
     else:
-        command = with_prefixed_exports(command, dict(os.environ), args.export_prefix)
-        env = mpirun_env(dict(os.environ), command, args.keep_env)
+        environ = dict(os.environ)
+        command = drop_unset_exports(with_prefixed_exports(command, environ, args.export_prefix), environ)
+        env = mpirun_env(environ, command, args.keep_env)
         code = run_mpirun(command, env, stopper, args.grace)
         if stopper.signal is not None:
             code = 128 + stopper.signal

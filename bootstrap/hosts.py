@@ -5,16 +5,15 @@ naming ``<MA_VJ_NAME>-<MA_TASK_NAME>-<i>.<MA_VJ_NAME>`` (both read by
 ``launchers.platform``), the Volcano svc plugin's ``/etc/volcano/<task>.host`` file, then
 job.yaml's ``mpi.hosts``.
 
-Names are resolved concurrently with one deadline (the seed's script resolved them one by
-one with ``ping`` in a ``sleep 1`` loop): a peer's DNS record appears only once its pod
-runs, so each name is retried until it resolves or the deadline passes.
+Names are resolved concurrently under one deadline, each by its own readiness check
+(``bootstrap.readiness``; the seed's script resolved them one by one with ``ping`` in a
+``sleep 1`` loop): a peer's DNS record appears only once its pod runs, so each name is
+retried until it resolves or the deadline passes.
 """
 
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -38,40 +37,6 @@ def resolve(host: str) -> str:
     infos = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
     infos.sort(key=lambda info: info[0] != socket.AF_INET)
     return str(infos[0][4][0])
-
-
-def resolve_all(hosts: Sequence[str], timeout: float, *, retry: float = 0.2) -> dict[str, str]:
-    """Resolve every name concurrently, retrying each until ``timeout``; raise naming the ones that never did."""
-    found: dict[str, str] = {}
-    errors: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    lock = threading.Lock()
-
-    def one(host: str) -> None:
-        while True:
-            try:
-                address = resolve(host)
-            except OSError as exc:
-                with lock:
-                    errors[host] = str(exc)
-                if time.monotonic() + retry > deadline:
-                    return
-                time.sleep(retry)
-                continue
-            with lock:
-                found[host] = address
-            return
-
-    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in dict.fromkeys(hosts)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()) + 1)
-    missing = [h for h in dict.fromkeys(hosts) if h not in found]
-    if missing:
-        detail = "; ".join(f"{h}: {errors.get(h, 'no answer')}" for h in missing)
-        raise OSError(f"{len(missing)} host(s) did not resolve within {timeout:g}s: {detail}")
-    return found
 
 
 def render_hostfile(job: str, hosts: Sequence[str], slots: int) -> str:

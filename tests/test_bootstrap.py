@@ -266,14 +266,6 @@ def test_hostfile_and_volcano_hosts(tmp_path: Path) -> None:
     assert hosts.volcano_hosts("absent", tmp_path) == []
 
 
-def test_resolve_all_is_concurrent_and_names_failures() -> None:
-    assert hosts.resolve_all(["localhost", "127.0.0.1"], 2) == {"localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1"}
-    started = time.monotonic()
-    with pytest.raises(OSError, match=r"2 host\(s\) did not resolve within 1s: a.invalid: .*b.invalid"):
-        hosts.resolve_all(["a.invalid", "b.invalid", "localhost"], 1)
-    assert time.monotonic() - started < 3  # one deadline for all, not one per host
-
-
 # ----------------------------------------------------------------------------------------
 # Completion channel
 # ----------------------------------------------------------------------------------------
@@ -424,3 +416,42 @@ def test_peer_gives_up_when_node0_falls_silent_or_goes_away(secret: Path, how: s
     expected = "stopped sending heartbeats" if how == "silent" else "no word from it for 1s"
     assert expected in err
     assert 1.0 <= time.monotonic() - hello_at < 8
+
+
+# ----------------------------------------------------------------------------------------
+# Node 0's wrapper: what mpirun is started with
+# ----------------------------------------------------------------------------------------
+
+
+def test_mpirun_env_keeps_exports_and_basics_only() -> None:
+    from bootstrap import head
+
+    command = ["mpirun", "-np", "2", "-x", "PATH", "-x", "NCCL_DEBUG", "-x", "FOO=1", "-x", "GONE", "python", "a.py"]
+    environ = {
+        "PATH": "/bin",
+        "NCCL_DEBUG": "INFO",
+        "HOME": "/root",
+        "LC_ALL": "C",
+        "OMPI_MCA_btl": "tcp,self",
+        "MLAUNCH_RUN_ID": "r",
+        "MLAUNCH_RESTART_COUNT": "1",
+        "MLAUNCH_SSH_KEYS": "/keys",
+        "MLAUNCH_API_TOKEN": "t",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "SOMETHING_ELSE": "x",
+    }
+    assert head.exported_names(command) == ["PATH", "NCCL_DEBUG", "FOO", "GONE"]
+    command = head.with_prefixed_exports(command, environ, ["MLAUNCH_"])
+    assert command[3:7] == ["-x", "MLAUNCH_RESTART_COUNT", "-x", "PATH"]  # runner-added, before the program
+    command = head.drop_unset_exports(command, environ)
+    assert "GONE" not in command and "FOO=1" in command and command[-2:] == ["python", "a.py"]
+    env = head.mpirun_env(environ, command, [])
+    assert set(env) == {
+        "PATH",
+        "NCCL_DEBUG",
+        "HOME",
+        "LC_ALL",
+        "OMPI_MCA_btl",
+        "MLAUNCH_RUN_ID",
+        "MLAUNCH_RESTART_COUNT",
+    }

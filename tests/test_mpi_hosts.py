@@ -47,6 +47,8 @@ total = comm.allreduce(rank + 1)
 print(f"rank {rank} of {world} on {socket.gethostname()} sum {total}", flush=True)
 if mode == "exit7" and rank == 3:
     os._exit(7)
+if mode == "exit7-once" and rank == 3 and os.environ["MLAUNCH_RESTART_COUNT"] == "0":
+    os._exit(7)
 if mode == "sleep":
     print(f"ready {rank}", flush=True)
     time.sleep(120)
@@ -109,6 +111,7 @@ class MpiJob:
     args: tuple[str, ...] = ()
     options: str = ""
     peer_timeout: float = 30
+    extra: str = ""  # more top-level job.yaml
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -122,7 +125,7 @@ class MpiJob:
             f"name: mpi-hosts-{secrets.token_hex(3)}\nentry: ranks.py\nargs: {json.dumps(list(self.args))}\n"
             f"log_dir: {self.tmp / 'logs'}\ncheckpoint: {{dir: {self.ckpt}, grace_period: 10s}}\n"
             f"mpi: {{keys_dir: ssh, interfaces: [eth0], peer_timeout: {self.peer_timeout}, node0_timeout: 4"
-            f"{self.options}}}\n"
+            f"{self.options}}}\n{self.extra}"
         )
 
     def env(self, host: Host, **extra: str) -> dict[str, str]:
@@ -221,6 +224,20 @@ def test_rank_exit_7_ends_every_host_non_zero_and_node0_with_7(tmp_path: Path, h
     assert nodes[0].code == 7, job.dump()
     assert all(n.code != 0 for n in nodes), job.dump()
     assert [n.code for n in nodes[1:]] == [7, 7], job.dump()
+    assert_hosts_empty(hosts)
+
+
+def test_every_host_restarts_together_after_a_failure(tmp_path: Path, hosts: list[Host]) -> None:
+    """restart.max_restarts on each node: attempt 0 fails (exit 7), attempt 1 runs on every host."""
+    job = MpiJob(tmp_path, hosts, args=("exit7-once",), extra="restart: {max_restarts: 1, backoff: 0.5s}\n")
+    job.start()
+    nodes = job.wait()
+    assert [n.code for n in nodes] == [0, 0, 0], job.dump()
+    assert nodes[0].out.count("allreduce-sum 21 world 6") == 1, job.dump()
+    assert "restarting the group (1/1)" in nodes[0].out
+    for node in nodes[1:]:
+        codes = re.findall(r"\] mlaunch peer: \S+ reports the job ended with exit code (\d+)", node.out)
+        assert codes == ["7", "0"], job.dump()
     assert_hosts_empty(hosts)
 
 
