@@ -17,6 +17,7 @@ Protocol (supervisor side in ``launchers.supervisor.StandbyPool``):
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -36,7 +37,10 @@ def _preload(modules: list[str], ready_fd: int) -> bool:
             sys.stderr.flush()
             return False
     if ready_fd >= 0:
-        os.write(ready_fd, b"R")
+        # The supervisor may have handed this standby a worker before it got here (and
+        # closed its end): then nobody waits for "ready" any more.
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, b"R")
         os.close(ready_fd)
     return True
 

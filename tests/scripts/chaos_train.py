@@ -12,7 +12,7 @@ Env:
   CHAOS_STEP_SLEEP   seconds to sleep inside each forward pass (an outside signal lands mid-step)
   CHAOS_SLOW_DYING_SAVE  seconds the dying save's writer sleeps first (slow storage, through
                      the library's own MLAUNCH_TEST_SLOW_WRITE stub)
-  CHAOS_SLOW_SAVE    ``step:seconds``: the same for the (periodic) save of that step
+  CHAOS_SLOW_SAVE    ``step:seconds``: the same for the (periodic) save of that step, first attempt only
 
 Actions: ``term`` (SIGTERM to itself, mid-step), ``term2`` (two SIGTERMs), ``kill9`` (SIGKILL
 itself, mid-step), ``term_launcher`` (SIGTERM to mlaunch, its parent), ``kill9_in_save``
@@ -145,7 +145,7 @@ def save(self: Any, step: int, state: Any, **kwargs: Any) -> Any:
     os.environ.pop(shardfile.SLOW_WRITE_ENV, None)
     if SLOW_DYING and g is not None and g.requested:
         os.environ[shardfile.SLOW_WRITE_ENV] = SLOW_DYING  # slow storage for the dying save only
-    if SLOW_SAVE[2] and int(SLOW_SAVE[0]) == step:
+    if SLOW_SAVE[2] and int(SLOW_SAVE[0]) == step and os.environ.get("MLAUNCH_RESTART_COUNT", "0") == "0":
         os.environ[shardfile.SLOW_WRITE_ENV] = SLOW_SAVE[2]
     return _save(self, step, state, **kwargs)
 
