@@ -234,17 +234,16 @@ def main(argv: list[str] | None = None) -> int:
                 args.attempt,
                 heartbeat_interval(args.node0_timeout),
             ).start()
+        try:
+            pkey, host_key = load_client_key(args.key_file), load_pinned_host_key(args.known_hosts)
+        except Exception as exc:  # noqa: BLE001 - any unreadable/malformed key is the same user problem
+            say(f"cannot load the job's keys ({args.key_file}, {args.known_hosts}): {exc}")
+            return finish(notifier, EXIT_PEERS_NOT_READY, args)
         say(f"waiting for sshd on {len(hosts)} host(s), port {args.ssh_port} (deadline {args.peer_timeout:g}s)")
         started = time.monotonic()
         try:
             statuses = wait_for_peers(
-                hosts,
-                args.ssh_port,
-                args.user,
-                load_client_key(args.key_file),
-                load_pinned_host_key(args.known_hosts),
-                args.peer_timeout,
-                stop=stopper.event,
+                hosts, args.ssh_port, args.user, pkey, host_key, args.peer_timeout, stop=stopper.event
             )
         except PeersNotReady as exc:
             code = 128 + stopper.signal if stopper.signal else EXIT_PEERS_NOT_READY

@@ -16,16 +16,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create the job's ssh secret: a client key and one job-wide host key (ed25519).
 
-        Every node of an MPI job uses it: sshd accepts only this client key and presents this
-        host key, which ssh checks strictly against a pinned known_hosts entry. Files are
-        0600 in a 0700 directory. Keep it out of version control; share it as a secret:
+        Every node of an MPI job uses it: sshd accepts only this client key and presents this host key, which ssh checks strictly against a pinned known_hosts entry. Files are 0600 in a 0700 directory; an existing secret is kept unless --force. Keep it out of version control and share it as a secret:
 
           mlaunch keys ./job-ssh
 
           # job.yaml:  mpi: {keys_dir: ./job-ssh}
-          # or mount it on every node and set MLAUNCH_SSH_KEYS=/path/to/job-ssh, e.g.
+
+          # or mount it on every node and set MLAUNCH_SSH_KEYS to its path, e.g.
+
           kubectl create secret generic myjob-ssh --from-file=./job-ssh
-        """
+        """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
         from bootstrap.keys import generate
         from launchers.errors import UserError
 

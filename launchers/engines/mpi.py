@@ -86,7 +86,10 @@ class MpiEngine:
         """Hosts from /etc/volcano/<task>.host, then job.yaml, when the platform env names none."""
         from bootstrap.hosts import VOLCANO_DIR, env_with_hosts, volcano_hosts
 
-        if env.get("VC_WORKER_HOSTS", "").strip() or env.get("MA_VJ_NAME", "").strip():
+        named = env.get("VC_WORKER_HOSTS", "").strip() or (
+            env.get("MA_VJ_NAME", "").strip() and env.get("MA_NUM_HOSTS", "").strip()
+        )
+        if named:  # the platform names the hosts itself (launchers.platform reads them)
             return env
         on_platform = any(
             env.get(name, "").strip() for name in ("MA_NUM_HOSTS", "VC_TASK_INDEX", "VK_TASK_INDEX", "MA_TASK_INDEX")
