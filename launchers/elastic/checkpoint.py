@@ -109,7 +109,7 @@ class Checkpointer:
             return None, f"it was written by {item.world_size} ranks, this job has {self._coll().world_size()}"
         for source in [rank, *[r for r in self.replicas if r != rank]]:
             path = item.shard(source)
-            if not path.exists():
+            if str(source) not in item.manifest["shards"] or not path.exists():
                 continue
             try:
                 state, _meta = shardfile.read_file(path)
@@ -117,6 +117,24 @@ class Checkpointer:
                 return None, f"{path}: {exc}"
             return state, None
         return None, f"no shard for rank {rank} in {item.path}"
+
+    def latest_shard(self) -> Path | None:
+        """This rank's file in the newest committed checkpoint (for frameworks that load it themselves).
+
+        Falls back to a replica's file (``replicas``), then to older checkpoints; None when
+        there is nothing to resume from. Not collective.
+        """
+        rank, world = self._coll().rank(), self._coll().world_size()
+        if rank == 0:
+            layout.clean_partial(self.dir)
+        for item in self.committed():
+            if item.world_size != world:
+                continue
+            for source in [rank, *[r for r in self.replicas if r != rank]]:
+                if str(source) in item.manifest["shards"] and item.shard(source).exists():
+                    self.loaded = item
+                    return item.shard(source)
+        return None
 
     @property
     def loaded_step(self) -> int | None:
@@ -148,11 +166,12 @@ class Checkpointer:
         return True
 
     # -- save --------------------------------------------------------------------------
-    def save(self, step: int, state: Any, *, writer: Writer | None = None) -> Path:
+    def save(self, step: int, state: Any, *, writer: Writer | None = None, ext: str = ".mlck") -> Path:
         """Write this rank's shard of ``step`` and commit once every rank has; returns the directory.
 
-        Collective: every rank calls it with the same step. ``writer`` (tests, or other
-        frameworks' own serialisers) writes the shard file itself and returns its size.
+        Collective: every rank calls it with the same step. ``writer`` (another framework's
+        own serialiser, e.g. ``mindspore.save_checkpoint``) writes the shard file itself, named
+        ``rank_<R><ext>``, and returns its size; ``latest_shard()`` finds it again.
         Raises ``CheckpointError`` on every rank when any rank failed; nothing is committed then.
         """
         coll = self._coll()
@@ -178,7 +197,7 @@ class Checkpointer:
         # 2. every rank writes its shard
         error: BaseException | None = None
         size = 0
-        shard = tmp / layout.shard_name(rank)
+        shard = tmp / layout.shard_name(rank, ext)
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             if writer is not None:
@@ -205,7 +224,7 @@ class Checkpointer:
                 else:
                     self._write_done(tmp, rank, size)
                     sizes = self._wait_done(tmp, world)
-                committed_path = layout.commit(tmp, final, step, world, sizes, source="save")
+                committed_path = layout.commit(tmp, final, step, world, sizes, ext=ext, source="save")
             except (OSError, TimeoutError) as exc:
                 commit_error = exc
         elif not grouped and not error and world > 1:
@@ -302,6 +321,6 @@ class Checkpointer:
 
     @staticmethod
     def _say(message: str) -> None:
-        rank = os.environ.get("RANK", "?")
+        rank = os.environ.get("RANK") or os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID") or "?"
         sys.stderr.write(f"mlaunch.elastic[rank {rank}]: {message}\n")
         sys.stderr.flush()

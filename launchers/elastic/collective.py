@@ -89,7 +89,12 @@ class Torch:
 
 
 class MindSpore:
-    """MindSpore's communication (HCCL/MCCL) after ``mindspore.communication.init()``."""
+    """MindSpore's communication (HCCL/MCCL) after ``mindspore.communication.init()``.
+
+    MindSpore's CPU collectives take float32/float16 only and its CPU AllReduce only sums, so
+    every reduction is an AllGather of float32 values (each integer split into 20-bit halves,
+    exact for any practical size) reduced locally.
+    """
 
     name = "mindspore"
 
@@ -104,17 +109,20 @@ class MindSpore:
         return int(self._comm.get_group_size())
 
     def all_reduce(self, values: list[int], op: str) -> list[int]:
-        ms = self._ms
-        ops = ms.ops
-        reduce_op = {"max": ops.ReduceOp.MAX, "min": ops.ReduceOp.MIN, "sum": ops.ReduceOp.SUM}[op]
-        tensor = ms.Tensor(values, ms.int32)
-        out = ops.AllReduce(reduce_op)(tensor)
-        return [int(v) for v in out.asnumpy().tolist()]
+        # the CPU AllReduce only sums: gather every rank's values and reduce here
+        rows = self.all_gather(values)
+        columns = [[row[i] for row in rows] for i in range(len(values))]
+        if op == "max":
+            return [max(c) for c in columns]
+        if op == "min":
+            return [min(c) for c in columns]
+        return [sum(c) for c in columns]
 
     def all_gather(self, values: list[int]) -> list[list[int]]:
         ms = self._ms
-        out = ms.ops.AllGather()(ms.Tensor([values], ms.int32)).asnumpy().tolist()
-        return [[int(v) for v in row] for row in out]
+        split = [float(part) for v in values for part in divmod(int(v), 1 << 20)]
+        rows = ms.ops.AllGather()(ms.Tensor([split], ms.float32)).asnumpy().tolist()
+        return [[round(row[i]) * (1 << 20) + round(row[i + 1]) for i in range(0, len(row), 2)] for row in rows]
 
 
 def _torch_ready() -> bool:

@@ -45,8 +45,9 @@ def step_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def shard_name(rank: int) -> str:
-    return f"rank_{rank}.mlck"
+def shard_name(rank: int, ext: str = ".mlck") -> str:
+    """``rank_R.mlck`` (the shard format); other frameworks' own files keep their extension."""
+    return f"rank_{rank}{ext}"
 
 
 @dataclass
@@ -66,7 +67,8 @@ class Committed:
         return str(self.manifest.get("id", ""))
 
     def shard(self, rank: int) -> Path:
-        return self.path / shard_name(rank)
+        entry = self.manifest.get("shards", {}).get(str(rank))
+        return self.path / (entry["file"] if isinstance(entry, dict) and "file" in entry else shard_name(rank))
 
 
 def parse_step(name: str) -> tuple[int, bool] | None:
@@ -172,7 +174,9 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     fsync_dir(path.parent)
 
 
-def commit(tmp: Path, final: Path, step: int, world_size: int, sizes: dict[int, int], **extra: Any) -> Path:
+def commit(
+    tmp: Path, final: Path, step: int, world_size: int, sizes: dict[int, int], *, ext: str = ".mlck", **extra: Any
+) -> Path:
     """Write the marker into ``tmp`` (the commit point), then rename it to ``final``.
 
     ``sizes`` maps every rank to its shard size; a missing rank is an error, as is a shard
@@ -184,14 +188,14 @@ def commit(tmp: Path, final: Path, step: int, world_size: int, sizes: dict[int, 
         raise OSError(f"cannot commit step {step}: no shard from rank(s) {missing}")
     for rank, size in sizes.items():
         with contextlib.suppress(FileNotFoundError):
-            on_disk = (tmp / shard_name(rank)).stat().st_size
+            on_disk = (tmp / shard_name(rank, ext)).stat().st_size
             if on_disk != size:
                 raise OSError(f"cannot commit step {step}: rank {rank}'s shard has {on_disk} bytes, expected {size}")
     fsync_dir(tmp)
     manifest = {
         "step": step,
         "world_size": world_size,
-        "shards": {str(r): {"file": shard_name(r), "bytes": sizes[r]} for r in sorted(sizes)},
+        "shards": {str(r): {"file": shard_name(r, ext), "bytes": sizes[r]} for r in sorted(sizes)},
         "id": uuid.uuid4().hex,
         "time": time.time(),
         "host": socket.gethostname(),

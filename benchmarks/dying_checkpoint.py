@@ -1,0 +1,208 @@
+"""Dying checkpoint: time from SIGTERM, and from kill -9 of a worker, to a committed checkpoint.
+
+Two ranks (one node, gloo, CPU) hold a state of the given total size as torch tensors and
+stage it to shared memory every step (``Checkpointer.stage``). Then, in separate runs:
+
+- **SIGTERM** to mlaunch: the ranks agree at the next step boundary, write their shards
+  from process memory, rank 0 commits (``guard.should_stop`` → ``Checkpointer.save``);
+- **kill -9** of one worker: mlaunch's agent-side flash save persists the newest staged step
+  from shared memory and commits it.
+
+The clock stops when the commit marker appears (polled every millisecond). For the large
+state the same bytes are also copied with ``cp`` (and ``cp`` + ``sync FILE``, which is as
+durable as the fsynced checkpoint) from page-cache-resident files to the same file system,
+in the same run, as the baseline.
+
+    python benchmarks/dying_checkpoint.py                      # 10 MB and 1 GiB
+    python benchmarks/dying_checkpoint.py --sizes 10MB --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+NPROC = 2
+
+
+def worker(total_bytes: int, step_time: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from launchers import elastic
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    guard = elastic.install(quiet=True)
+    ckpt = elastic.Checkpointer(keep=1)
+    per_rank = total_bytes // world
+    state = {"step": 0, "weights": torch.full((per_rank // 4,), float(rank), dtype=torch.float32)}
+    step = 0
+    while True:
+        state["weights"].add_(1.0)  # the "training step"
+        state["step"] = step
+        ckpt.stage(step, state)
+        if step == 1:
+            print(f"ready {rank} {os.getpid()}", flush=True)
+        if guard.should_stop(step):
+            ckpt.save(step, state)
+            guard.exit()
+        time.sleep(step_time)
+        step += 1
+
+
+def parse_size(text: str) -> int:
+    units = {"kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024, "mib": 1 << 20, "gib": 1 << 30}
+    lower = text.lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if lower.endswith(unit):
+            return int(float(lower[: -len(unit)]) * units[unit])
+    return int(lower)
+
+
+def committed(ckpt: Path) -> bool:
+    try:
+        for entry in os.scandir(ckpt):
+            if entry.name.startswith("step_") and os.path.exists(os.path.join(entry.path, "COMMITTED")):
+                return True
+    except OSError:
+        pass
+    return False
+
+
+class Job:
+    def __init__(self, work: Path, total: int, step_time: float) -> None:
+        self.ckpt = work / "ckpt"
+        shutil.rmtree(self.ckpt, ignore_errors=True)
+        job = work / "job.yaml"
+        job.write_text(
+            f"name: dying-checkpoint\nentry: {HERE}\nargs: ['--worker', '--bytes', '{total}', "
+            f"'--step-time', '{step_time}']\nnodes: 1\nprocs_per_node: {NPROC}\nlog_dir: {work / 'logs'}\n"
+            f"env: {{GLOO_SOCKET_IFNAME: lo}}\ncheckpoint: {{dir: {self.ckpt}, grace_period: 120s, keep: 1}}\n"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MA_", "VC_", "PET_", "MLAUNCH_"))}
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(name, None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append(line.rstrip())
+            self.lines.put(line)
+
+    def wait_ready(self, timeout: float = 300) -> dict[int, int]:
+        pids: dict[int, int] = {}
+        end = time.monotonic() + timeout
+        while len(pids) < NPROC:
+            try:
+                line = self.lines.get(timeout=max(0.1, end - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError("workers did not get ready:\n" + "\n".join(self.log[-30:])) from None
+            parts = line.split()
+            if "ready" in parts:
+                i = parts.index("ready")
+                pids[int(parts[i + 1])] = int(parts[i + 2])
+        return pids
+
+    def time_to_commit(self, trigger: str, pids: dict[int, int], timeout: float = 300) -> float:
+        start = time.monotonic()
+        if trigger == "sigterm":
+            self.proc.send_signal(signal.SIGTERM)
+        else:
+            os.kill(pids[1], signal.SIGKILL)
+        while not committed(self.ckpt):
+            if time.monotonic() - start > timeout:
+                raise RuntimeError("no commit:\n" + "\n".join(self.log[-30:]))
+            time.sleep(0.001)
+        took = time.monotonic() - start
+        self.proc.wait(timeout=timeout)
+        return took
+
+
+def cp_baseline(src_dir: Path, work: Path) -> tuple[float, float]:
+    """(cp, cp + sync) seconds for the shard files of ``src_dir`` (already in the page cache)."""
+    files = sorted(src_dir.glob("rank_*.mlck"))
+    for f in files:
+        f.read_bytes()  # make sure the source is cached, as shared memory is for the agent
+    results = []
+    for durable in (False, True):
+        dst = work / f"cp-{int(durable)}"
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir()
+        start = time.monotonic()
+        subprocess.run(["cp", *map(str, files), str(dst)], check=True)
+        if durable:
+            subprocess.run(["sync", *[str(dst / f.name) for f in files]], check=True)
+        results.append(time.monotonic() - start)
+        shutil.rmtree(dst)
+    return results[0], results[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--step-time", type=float, default=0.01)
+    parser.add_argument("--sizes", default="10MB,1GiB", help="total staged state, comma-separated")
+    parser.add_argument("--runs", type=int, default=3, help="runs per size and trigger")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one under /tmp)")
+    args, _ = parser.parse_known_args()
+    if args.worker:
+        worker(args.bytes, args.step_time)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dying-ckpt-", dir=args.dir) as tmp:
+        work = Path(tmp)
+        for size_text in args.sizes.split(","):
+            total = parse_size(size_text.strip())
+            runs = args.runs if total < (256 << 20) else max(1, min(args.runs, 2))
+            for trigger in ("sigterm", "kill9"):
+                times = []
+                for _ in range(runs):
+                    job = Job(work, total, args.step_time)
+                    pids = job.wait_ready()
+                    times.append(job.time_to_commit(trigger, pids))
+                    print(f"  {size_text} {trigger}: {times[-1] * 1000:.1f} ms", flush=True)
+                rows.append((size_text, trigger, times))
+                if total >= (256 << 20) and trigger == "kill9":
+                    newest = sorted(p for p in (work / "ckpt").glob("step_*") if (p / "COMMITTED").exists())[-1]
+                    cp, cp_sync = cp_baseline(newest, work)
+                    rows.append((size_text, "cp", [cp]))
+                    rows.append((size_text, "cp+sync", [cp_sync]))
+    print()
+    print(f"{'state':>8} {'trigger':>9} {'median':>10} {'min':>10}  (time to a committed checkpoint, {NPROC} ranks)")
+    medians: dict[tuple[str, str], float] = {}
+    for size_text, trigger, times in rows:
+        med = statistics.median(times)
+        medians[(size_text, trigger)] = med
+        print(f"{size_text:>8} {trigger:>9} {med * 1000:>8.1f}ms {min(times) * 1000:>8.1f}ms")
+    for (size_text, trigger), med in medians.items():
+        for base in ("cp", "cp+sync"):
+            if trigger in ("sigterm", "kill9") and (size_text, base) in medians:
+                print(f"{size_text} {trigger} / {base}: {med / medians[(size_text, base)]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
