@@ -1,0 +1,75 @@
+"""The issue's "done when": the PyTorch example, stopped by SIGTERM and run again, ends identically.
+
+examples/pytorch/job.yaml as it is (2 simulated nodes × 2 processes, real gloo DDP), only with
+its checkpoint and log directories in a temporary directory and more steps, so the SIGTERM
+lands in the middle of training.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from conftest import EXAMPLES, ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
+
+from launchers.elastic import layout
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from elastic_testlib import final_checksum, wait_for  # noqa: E402
+
+pytestmark = needs_torch
+STEPS = 300
+
+
+def example_job(tmp_path: Path) -> Path:
+    text = (EXAMPLES / "pytorch" / "job.yaml").read_text()
+    text = text.replace("code_dir: .", f"code_dir: {EXAMPLES / 'pytorch'}")
+    text = text.replace("dir: output/ckpt", f"dir: {tmp_path / 'ckpt'}")
+    text = text.replace('args: ["--steps", "20"]', f'args: ["--steps", "{STEPS}"]')
+    assert str(tmp_path) in text and str(STEPS) in text
+    job = tmp_path / "job.yaml"
+    job.write_text(text + f"log_dir: {tmp_path / 'logs'}\n")
+    return job
+
+
+def test_example_interrupted_by_sigterm_resumes_to_the_same_checksum(tmp_path: Path) -> None:
+    job = example_job(tmp_path)
+    uninterrupted = run_mlaunch(["--engine", "pytorch", str(job)], timeout=300)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    expected = final_checksum(uninterrupted.stdout)
+    assert expected
+    assert not layout.committed(tmp_path / "ckpt")  # a finished run leaves no resume point behind
+
+    proc = subprocess.Popen(
+        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
+        env=clean_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        lines.extend(proc.stdout)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    assert wait_for(lambda: any(re.search(r"step (\d{2,}) loss", line) for line in list(lines)), 300)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    reader.join(timeout=10)
+    assert proc.returncode == 143, err
+    assert "final-checksum" not in "".join(lines)  # it really stopped mid-way
+    stopped_at = layout.committed(tmp_path / "ckpt")[0].step
+    assert 10 <= stopped_at < STEPS - 1
+
+    resumed = run_mlaunch(["--engine", "pytorch", str(job)], timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from step {stopped_at}" in resumed.stdout
+    assert f"step {stopped_at + 1} loss" in resumed.stdout and "step 0 loss" not in resumed.stdout
+    assert final_checksum(resumed.stdout) == expected
