@@ -23,7 +23,9 @@ The loop is single-threaded: one selector over the output pipes and a signal wak
 
 Graceful-exit hooks (issue 4): ``on_failure`` runs right after the first failure has been
 answered with SIGTERM (the runner persists the ranks' staged state there, while the others
-wind down); ``tick`` runs about twice a second (the grace-budget monitor); a ``StandbyPool``
+wind down); ``reserve`` says how much of the grace period to keep, on a stop by signal, for
+persisting staged state of workers that never finish (hung, blocked in a collective);
+``tick`` runs about twice a second (the grace-budget monitor); a ``StandbyPool``
 hands warm, pre-imported processes the workers' argv/env instead of starting cold ones.
 The watchdog's final sweep also unlinks the run's shared-memory staging segments.
 """
@@ -583,6 +585,7 @@ class Supervisor:
         standbys: StandbyPool | None = None,
         on_failure: Callable[[Failure], str | None] | None = None,
         tick: Callable[[], None] | None = None,
+        reserve: Callable[[], float] | None = None,
     ) -> None:
         self.processes = processes
         self.grace_period = grace_period
@@ -608,6 +611,8 @@ class Supervisor:
             standbys.new_attempt()
         self.on_failure = on_failure
         self.tick = tick
+        self.reserve = reserve
+        self._kill_after = grace_period
         self._started = time.monotonic()
         self._next_tick = 0.0
         self.stop_started: float | None = None
@@ -717,10 +722,14 @@ class Supervisor:
                 live = self._live()
                 if live:
                     self.grace_expired = True
-                    self.announce(
-                        f"grace period of {self.grace_period:g}s is over; SIGKILL to "
-                        + ", ".join(w.label for w in live)
-                    )
+                    if self._kill_after < self.grace_period:
+                        what = (
+                            f"{self._kill_after:.3g}s of the {self.grace_period:g}s grace period are over "
+                            "(the rest is kept for the agent-side save)"
+                        )
+                    else:
+                        what = f"grace period of {self.grace_period:g}s is over"
+                    self.announce(f"{what}; SIGKILL to " + ", ".join(w.label for w in live))
                 self._kill_groups(signal.SIGKILL)
                 self._kill_at = None
             self._housekeeping()
@@ -863,11 +872,13 @@ class Supervisor:
             return
         if self._signal is None and not self._stopping:
             self._signal = sig
+            reserve = self._agent_reserve()
+            kept = f" ({reserve:.3g}s of the grace period kept for the agent-side save)" if reserve else ""
             self.announce(
                 f"received {signal_name(sig)}; forwarding it to {len(self._live())} processes, "
-                f"SIGKILL in {self.grace_period:g}s"
+                f"SIGKILL in {self.grace_period - reserve:.3g}s{kept}"
             )
-            self._stop_all(sig)
+            self._stop_all(sig, kill_after=self.grace_period - reserve)
         elif self._signal is None:
             self._signal = sig  # already stopping after a failure: keep the failure's exit code
         elif sig == signal.SIGINT and self._kill_at is not None:
@@ -877,13 +888,24 @@ class Supervisor:
         else:
             self.announce(f"received {signal_name(sig)} again; already stopping (SIGINT twice kills at once)")
 
-    def _stop_all(self, sig: int) -> None:
+    def _agent_reserve(self) -> float:
+        """Seconds at the end of the grace period kept for the agent-side save (0 when nothing is staged)."""
+        if self.reserve is None:
+            return 0.0
+        try:
+            return max(0.0, min(float(self.reserve()), self.grace_period / 2))
+        except Exception as exc:  # noqa: BLE001 - an estimate must never block a stop
+            self.announce(f"reserve estimate failed (ignored): {exc!r}")
+            return 0.0
+
+    def _stop_all(self, sig: int, kill_after: float | None = None) -> None:
         if self.stop_started is None:
             self.stop_started = time.monotonic()
         self._stopping = True
         self._kill_groups(sig)
         if self._kill_at is None:
-            self._kill_at = time.monotonic() + self.grace_period
+            self._kill_after = self.grace_period if kill_after is None else kill_after
+            self._kill_at = time.monotonic() + self._kill_after
 
     def _kill_groups(self, sig: int) -> None:
         for worker in self._live():

@@ -185,6 +185,30 @@ def test_2_kill_9_mid_step_agent_commits_the_staged_step_and_restart_resumes(
     assert final_checksum(run.stdout) == reference[STEPS]
 
 
+def test_2_ranks_hung_in_a_collective_at_sigterm_agent_commits_the_staged_step(
+    tmp_path: Path, reference: dict[int, str]
+) -> None:
+    """Rank 3 hangs; the others block in the step's all-reduce and cannot run their handlers.
+
+    On SIGTERM mlaunch keeps the end of the grace period for itself: it SIGKILLs the stuck
+    workers early enough to persist their newest staged step, and that step is committed.
+    """
+    state = tmp_path / "state"
+    state.mkdir()
+    job = write_job(tmp_path, grace="6s")
+    run = Run(job, CHAOS_PLAN="3:10:hang", CHAOS_STATE=str(state))
+    assert wait_for(lambda: (state / "fired_0").exists(), 120), run.dump()
+    time.sleep(0.5)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 143, run.dump()
+    assert "of the 6s grace period are over (the rest is kept for the agent-side save)" in run.stderr
+    flash = re.search(r"flash save after the stop: committed step (\d+) from shared memory", run.stderr)
+    assert flash and int(flash.group(1)) == 9, run.dump()  # the step before the hang
+    resumed = rerun(tmp_path)
+    assert "resumed from step 9" in resumed.stdout
+    assert final_checksum(resumed.stdout) == reference[STEPS]
+
+
 # 3 ----------------------------------------------------------------------------------------
 
 
@@ -220,10 +244,13 @@ def test_4_grace_period_shorter_than_the_save_commits_nothing(tmp_path: Path, re
     state = tmp_path / "state"
     state.mkdir()
     job = write_job(tmp_path, grace="2s")
-    run = Run(job, CHAOS_PLAN="0:9:term_launcher", CHAOS_STATE=str(state), CHAOS_SLOW_DYING_SAVE="6")
+    # storage is slow for everyone: the ranks' dying save and mlaunch's own attempt to persist
+    env = {"CHAOS_SLOW_DYING_SAVE": "6", shardfile.SLOW_WRITE_ENV: "6"}
+    run = Run(job, CHAOS_PLAN="0:9:term_launcher", CHAOS_STATE=str(state), **env)
     code = run.finish()
     assert code == 137, run.dump()  # the exit code says the dying checkpoint was cut off
-    assert "grace period of 2s is over" in run.stderr
+    assert "of the 2s grace period are over" in run.stderr
+    assert "flash save after the stop: the deadline passed before every shard was written" in run.stderr
     assert "it was NOT committed; a resume falls back to step 7" in run.stderr, run.dump()
     assert [c.step for c in layout.committed(tmp_path / "ckpt")][0] == 7
     resumed = rerun(tmp_path)

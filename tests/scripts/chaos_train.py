@@ -16,7 +16,8 @@ Env:
 
 Actions: ``term`` (SIGTERM to itself, mid-step), ``term2`` (two SIGTERMs), ``kill9`` (SIGKILL
 itself, mid-step), ``term_launcher`` (SIGTERM to mlaunch, its parent), ``kill9_in_save``
-(SIGKILL itself in the middle of writing its shard of the next save).
+(SIGKILL itself in the middle of writing its shard of the next save), ``hang`` (never finish
+the step: the others block in its collective, where no Python handler can run).
 
 Prints ``chaos pid <rank> <pid>`` at start and ``chaos fired <i> <action> rank <r> step <s>``.
 """
@@ -95,6 +96,9 @@ def on_forward(module: Any, inputs: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "term_launcher":
         os.kill(os.getppid(), signal.SIGTERM)
+    elif action == "hang":  # stuck for good (the other ranks block in this step's all-reduce)
+        while True:
+            time.sleep(1)
     else:
         raise SystemExit(f"unknown chaos action {action!r}")
 
