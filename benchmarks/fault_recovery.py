@@ -56,7 +56,21 @@ def worker(step_time: float) -> None:
 
     from launchers import elastic
 
-    dist.init_process_group("gloo")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("BENCH_FRESH_PREFIX") == "1":
+        # torchrun reuses its store across restarts and gloo then reads the previous group's
+        # addresses ("connectFullMesh failed"); a key prefix per restart avoids that
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]), is_master=False
+        )
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"bench-restart-{restart}/", store),
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+        )
+    else:
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     print(f"pid {rank} {os.getpid()}", flush=True)
     guard = elastic.install(quiet=True)
@@ -220,14 +234,14 @@ def run_mlaunch(args: argparse.Namespace, work: Path, rng: random.Random) -> lis
         launch.stop()
 
 
-def run_torchrun(args: argparse.Namespace, work: Path, rng: random.Random) -> list:
+def run_torchrun(args: argparse.Namespace, work: Path, rng: random.Random, kills: int, fresh_prefix: bool) -> list:
     argv = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nnodes=1",
         f"--nproc-per-node={args.nproc}",
-        f"--max-restarts={args.torchrun_restarts + 5}",
+        f"--max-restarts={kills + 5}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{free_port()}",
         str(HERE),
@@ -235,9 +249,12 @@ def run_torchrun(args: argparse.Namespace, work: Path, rng: random.Random) -> li
         "--step-time",
         str(args.step_time),
     ]
-    launch = Launch(argv, base_env(work / "ckpt-torchrun"))
+    env = base_env(work / "ckpt-torchrun")
+    if fresh_prefix:
+        env["BENCH_FRESH_PREFIX"] = "1"
+    launch = Launch(argv, env)
     try:
-        return measure(launch, args.torchrun_restarts, args.nproc, args.timeout, False, rng)
+        return measure(launch, kills, args.nproc, args.timeout, False, rng)
     finally:
         launch.stop()
 
@@ -262,6 +279,12 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--restarts", type=int, default=50, help="kills under mlaunch")
     parser.add_argument("--torchrun-restarts", type=int, default=16, help="kills under torchrun (0: skip)")
+    parser.add_argument(
+        "--torchrun-prefix-restarts",
+        type=int,
+        default=16,
+        help="kills under torchrun with a fresh store prefix per restart in the worker (0: skip)",
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="a restart slower than this failed")
     parser.add_argument("--no-wait-standby", action="store_true", help="kill without waiting for standbys")
     parser.add_argument("--seed", type=int, default=4)
@@ -272,20 +295,28 @@ def main() -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="fault-recovery-") as tmp:
         work = Path(tmp)
-        print(f"mlaunch: {args.restarts} kills of 1 of {args.nproc} ranks", flush=True)
-        ml = run_mlaunch(args, work, rng)
+        ml: list = []
+        if args.restarts:
+            print(f"mlaunch: {args.restarts} kills of 1 of {args.nproc} ranks", flush=True)
+            ml = run_mlaunch(args, work, rng)
         tr: list = []
+        trp: list = []
         if args.torchrun_restarts:
             print(f"torchrun --max-restarts: {args.torchrun_restarts} kills", flush=True)
-            tr = run_torchrun(args, work, rng)
+            tr = run_torchrun(args, work, rng, args.torchrun_restarts, False)
+        if args.torchrun_prefix_restarts:
+            print(f"torchrun --max-restarts, fresh store prefix: {args.torchrun_prefix_restarts} kills", flush=True)
+            trp = run_torchrun(args, work, rng, args.torchrun_prefix_restarts, True)
     print()
-    ml_ok, ml_med = summary("mlaunch (warm standbys)", ml)
-    if tr:
-        tr_ok, tr_med = summary("torchrun --max-restarts", tr)
-        if ml_med and tr_med:
-            print(f"ratio mlaunch/torchrun (median): {ml_med / tr_med:.2f}")
-    target = ml_ok == len(ml) and ml_med is not None and ml_med <= 0.5
-    print(f"targets (median ≤ 0.5 s, {len(ml)}/{len(ml)} succeed): {'met' if target else 'NOT met'}")
+    ml_ok, ml_med = summary("mlaunch (warm standbys)", ml) if ml else (0, None)
+    for name, results in (("torchrun --max-restarts", tr), ("torchrun, fresh store prefix per restart", trp)):
+        if results:
+            _, med = summary(name, results)
+            if ml_med and med:
+                print(f"  ratio mlaunch / {name} (median): {ml_med / med:.2f}")
+    if ml:
+        target = ml_ok == len(ml) and ml_med is not None and ml_med <= 0.5
+        print(f"targets (median ≤ 0.5 s, {len(ml)}/{len(ml)} succeed): {'met' if target else 'NOT met'}")
     return 0
 
 
