@@ -204,22 +204,23 @@ def _copy_slots(
 def _copy_slot(reader: staging.SegmentReader, slot: staging.Slot, path: Path, deadline: float) -> int:
     """Write one slot's image to ``path`` (fsynced), refusing it if the slot changed meanwhile."""
     seq = slot.seq
+    rank = reader.info.rank
     if reader.seq(slot.index) != seq:
-        raise TornSlot(f"rank {reader.info.rank}'s slot for step {slot.step} is being rewritten")
-    data = reader.data(slot)
+        raise TornSlot(f"rank {rank}'s slot for step {slot.step} is being rewritten")
+    head = reader.data(slot)
     try:
-        if shardfile.image_size(data) != slot.length:
-            raise TornSlot(f"rank {reader.info.rank}'s slot for step {slot.step} does not hold a whole shard")
-
-        def unchanged() -> None:
-            if reader.seq(slot.index) != seq:
-                raise TornSlot(f"rank {reader.info.rank}'s slot for step {slot.step} changed while it was copied")
-
-        return shardfile.copy_bytes_to_file(path, data, deadline, unchanged)
+        if shardfile.image_size(head[: min(slot.length, 1 << 16)]) != slot.length:
+            raise TornSlot(f"rank {rank}'s slot for step {slot.step} does not hold a whole shard")
     except ValueError as exc:  # bad magic: not a shard image
-        raise TornSlot(f"rank {reader.info.rank}'s slot for step {slot.step}: {exc}") from None
+        raise TornSlot(f"rank {rank}'s slot for step {slot.step}: {exc}") from None
     finally:
-        data.release()
+        head.release()
+
+    def unchanged() -> None:
+        if reader.seq(slot.index) != seq:
+            raise TornSlot(f"rank {rank}'s slot for step {slot.step} changed while it was copied")
+
+    return shardfile.copy_range_to_file(path, reader.fd, reader.offset(slot), slot.length, deadline, unchanged)
 
 
 def _agree(root: Path, key: str, nodes_here: list[int], nnodes: int, common: set[int], deadline: float) -> int | None:

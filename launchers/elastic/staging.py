@@ -252,17 +252,19 @@ class SegmentReader:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDONLY)
+        self.fd = os.open(path, os.O_RDONLY)  # kept open: slots are copied out with sendfile
         try:
-            size = os.fstat(fd).st_size
+            size = os.fstat(self.fd).st_size
             if size < HEADER_SIZE:
                 raise shardfile.ShardFormatError(f"{path}: too small to be a staging segment")
-            self._mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
+            self._mm = mmap.mmap(self.fd, size, prot=mmap.PROT_READ)
+        except BaseException:
+            os.close(self.fd)
+            raise
         magic, _v, _h, rank, world, attempt, pid, capacity, nslots, keep = _FIXED.unpack_from(self._mm, 0)
         if magic != MAGIC or nslots != NSLOTS:
             self._mm.close()
+            os.close(self.fd)
             raise shardfile.ShardFormatError(f"{path}: not a staging segment")
         (dlen,) = struct.unpack_from("<H", self._mm, _DIR_AT)
         ckpt_dir = bytes(self._mm[_DIR_AT + 2 : _DIR_AT + 2 + dlen]).decode(errors="replace")
@@ -278,13 +280,20 @@ class SegmentReader:
         (seq,) = struct.unpack_from("<Q", self._mm, _SLOTS_AT + index * _SLOT_STRIDE)
         return int(seq)
 
+    def offset(self, slot: Slot) -> int:
+        """Where ``slot``'s data starts in the segment file."""
+        return HEADER_SIZE + slot.index * self.info.capacity
+
     def data(self, slot: Slot) -> memoryview:
-        start = HEADER_SIZE + slot.index * self.info.capacity
+        start = self.offset(slot)
         return memoryview(self._mm)[start : start + slot.length]
 
     def close(self) -> None:
         with contextlib.suppress(BufferError):
             self._mm.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = -1
 
     def __enter__(self) -> SegmentReader:
         return self
