@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import os
 import random
+import sys
 
 import numpy as np
 import torch
@@ -164,6 +165,13 @@ def main() -> None:
         ckpt.clear()  # finished: the resume points are no longer needed
     dist.barrier()  # nobody tears the group down while a peer is still in a collective
     dist.destroy_process_group()
+    # Everything is saved and the group is gone: leave without interpreter finalization.
+    # Under heavy CPU load torch's C++ teardown at exit occasionally aborted a rank
+    # ("terminate called without an active exception", SIGABRT) after a clean run;
+    # measured here: 3 of 15 runs without this line, 0 of 15 with it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
