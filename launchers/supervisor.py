@@ -21,9 +21,10 @@ What a user relies on, and how it is done:
 The loop is single-threaded: one selector over the output pipes and a signal wake-up pipe
 (SIGCHLD included), so there is no thread to race a fork and no polling delay on exit.
 
-Graceful-exit hooks (issue 4): ``on_failure`` runs right after the first failure has been
-answered with SIGTERM (the runner persists the ranks' staged state there, while the others
-wind down); ``reserve`` says how much of the grace period to keep, on a stop by signal, for
+Graceful-exit hooks (issue 4): ``on_failure`` runs right after the first failure, while the
+other workers are frozen with SIGSTOP (the runner persists the ranks' staged state there);
+then they get SIGTERM and SIGCONT — or SIGKILL when the hook says there is nothing left for
+them to save; ``reserve`` says how much of the grace period to keep, on a stop by signal, for
 persisting staged state of workers that never finish (hung, blocked in a collective);
 ``tick`` runs about twice a second (the grace-budget monitor); a ``StandbyPool``
 hands warm, pre-imported processes the workers' argv/env instead of starting cold ones.
@@ -737,18 +738,19 @@ class Supervisor:
     def _housekeeping(self) -> None:
         """Standby refill and the periodic hook; neither may break supervision."""
         now = time.monotonic()
-        spoke = all(w.tail for w in self.workers) and len(self.workers) == len(self.processes)
-        if self.standbys is not None and not self._stopping and self.standbys.may_fill(now - self._started, spoke):
-            try:
-                self.standbys.fill(self.processes, self._parent_pid)
-            except OSError as exc:
-                self.announce(f"cannot start standby workers: {exc}")
-                self.standbys = None
-            if self.standbys is not None and not self._standbys_announced:
-                wanted = sum(1 for spec in self.processes if self.standbys.compatible(spec))
-                if wanted and self.standbys.ready_count() >= wanted:
-                    self._standbys_announced = True
-                    self.announce(f"{wanted} warm standby workers ready for a restart")
+        pool = self.standbys
+        if pool is not None and not self._stopping:
+            wanted = sum(1 for spec in self.processes if pool.compatible(spec))
+            spoke = all(w.tail for w in self.workers) and len(self.workers) == len(self.processes)
+            if len(pool._alive()) < wanted and pool.may_fill(now - self._started, spoke):
+                try:
+                    pool.fill(self.processes, self._parent_pid)
+                except OSError as exc:
+                    self.announce(f"cannot start standby workers: {exc}")
+                    self.standbys = None
+            if self.standbys is not None and not self._standbys_announced and wanted and pool.ready_count() >= wanted:
+                self._standbys_announced = True
+                self.announce(f"{wanted} warm standby workers ready for a restart")
         if self.tick is not None and now >= self._next_tick:
             self._next_tick = now + 0.5
             try:
@@ -829,13 +831,18 @@ class Supervisor:
             others = self._live()
             if others:
                 self.announce(f"{self._failure.describe()}; stopping the other {len(others)} processes")
-            self._stop_all(signal.SIGTERM)
-            if self.on_failure is not None:
-                try:
-                    kill_now = self.on_failure(self._failure)
-                except Exception as exc:  # noqa: BLE001 - the teardown goes on whatever the hook did
-                    self.announce(f"failure hook error (ignored): {exc!r}")
-                    kill_now = None
+            if self.on_failure is None:
+                self._stop_all(signal.SIGTERM)
+                return
+            # The hook runs while the others are frozen (SIGSTOP): they cannot overwrite the
+            # state it reads, nor take the CPU it needs; then they get SIGTERM, and SIGCONT.
+            self._kill_groups(signal.SIGSTOP)
+            kill_now = None
+            try:
+                kill_now = self.on_failure(self._failure)
+            except Exception as exc:  # noqa: BLE001 - the teardown goes on whatever the hook did
+                self.announce(f"failure hook error (ignored): {exc!r}")
+            finally:
                 live = self._live()
                 if kill_now and live:
                     # The hook saved what these processes could have saved (the agent-side
@@ -843,6 +850,8 @@ class Supervisor:
                     # would only delay the restart.
                     self.announce(f"{kill_now}; SIGKILL to " + ", ".join(w.label for w in live))
                     self._kill_groups(signal.SIGKILL)
+                self._stop_all(signal.SIGTERM)
+                self._kill_groups(signal.SIGCONT)
             return
         if all(w.returncode == 0 for w in self.workers if w.spec.required):
             services = [w for w in self._live() if not w.spec.required]
