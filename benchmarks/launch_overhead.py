@@ -44,8 +44,15 @@ def run_plain(script: Path) -> float:
     start = time.perf_counter()
     procs = []
     for rank in range(NPROC):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(NPROC),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(NPROC),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env))
     codes = [p.wait() for p in procs]
     elapsed = time.perf_counter() - start
@@ -55,15 +62,23 @@ def run_plain(script: Path) -> float:
 
 def run_torchrun(script: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
-                    str(script)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}", str(script)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
 def run_mlaunch(job: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
@@ -93,8 +108,10 @@ def main() -> None:
     print(f"  torchrun overhead over plain: {over_torchrun:+.3f} s")
     ratio = over_mlaunch / over_torchrun if over_torchrun > 0 else float("nan")
     print(f"  mlaunch overhead / torchrun overhead = {ratio:.3f}   (target ≤ 0.1)")
-    print(f"  mlaunch / plain = {med['mlaunch'] / med['plain']:.3f}×   torchrun / plain = "
-          f"{med['torchrun'] / med['plain']:.3f}×")
+    print(
+        f"  mlaunch / plain = {med['mlaunch'] / med['plain']:.3f}×   torchrun / plain = "
+        f"{med['torchrun'] / med['plain']:.3f}×"
+    )
 
 
 if __name__ == "__main__":
