@@ -14,6 +14,7 @@ platform read as "stopped on request".
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -124,7 +125,13 @@ class Guard:
 
     # -- exit --------------------------------------------------------------------------
     def exit(self, code: int = EXIT_CODE) -> None:
-        """Leave the training script with ``code`` (143): tear the process group down, then SystemExit."""
+        """Leave the training script with ``code`` (143): tear the process group down, then SystemExit.
+
+        ``finally`` blocks and ``atexit`` handlers still run; the interpreter's own
+        finalization is then skipped (``os._exit``), because torch's C++ teardown at exit
+        occasionally aborts a process under load — a saved, committed job would report
+        SIGABRT (134) instead of 143.
+        """
         sys.stdout.flush()
         sys.stderr.flush()
         dist = sys.modules.get("torch.distributed")
@@ -134,6 +141,7 @@ class Guard:
                     dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - exiting anyway; a broken group must not change the code
                 pass
+        _exit_after_atexit(code)
         raise GracefulExit(code)
 
     def _say(self, message: str) -> None:
@@ -143,6 +151,22 @@ class Guard:
             rank = os.environ.get("RANK") or os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID") or "?"
             with contextlib.suppress(OSError):
                 os.write(2, f"mlaunch.elastic[rank {rank}]: {message}\n".encode())
+
+
+def _exit_after_atexit(code: int) -> None:
+    """At interpreter exit: run the other atexit handlers, flush, then ``os._exit(code)``."""
+
+    def finish() -> None:
+        atexit.unregister(finish)
+        try:
+            atexit._run_exitfuncs()  # the handlers registered before this one (loggers, ...)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
+
+    atexit.register(finish)  # registered last, so it runs first
 
 
 def _rank_world() -> tuple[int, int]:
