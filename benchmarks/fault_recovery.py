@@ -10,8 +10,9 @@ same worker runs under
 - **torchrun** ``--max-restarts`` (its defaults: c10d rendezvous, agent store sharing), as
   the baseline measured in the same run.
 
-A restart *succeeds* when the new group reaches its first step within ``--timeout``; a run
-that dies (restarts exhausted, rendezvous errors) counts every remaining kill as failed.
+A restart *succeeds* when the new group reaches its first step within ``--timeout`` (a failed
+one prints the launcher's last error lines); a launcher that exits (restarts exhausted)
+counts every remaining kill as failed.
 Kills are spaced: the benchmark waits until the group has run a random number of steps and
 — for mlaunch — until mlaunch reported its standbys ready (failures minutes apart are the
 common case; back-to-back failures fall back to cold starts, which ``--no-wait-standby``
@@ -197,8 +198,12 @@ def measure(launch: Launch, kills: int, nproc: int, timeout: float, wait_ready: 
             status = f"{recovered:.3f}s" if recovered is not None else "FAILED"
             print(f"  kill {len(results):2d}/{kills}: rank {victim} → first step after {status}", flush=True)
             if recovered is None:
-                results += [None] * (kills - len(results))
-                break
+                tail = [line for line in launch.log[-400:] if "Error" in line or "error" in line][-3:]
+                print("    why (last errors): " + (" | ".join(t[:200] for t in tail) or "no error line"), flush=True)
+                if launch.proc.poll() is not None:  # the launcher gave up: no later kill can recover
+                    print(f"    the launcher exited with {launch.proc.returncode}", flush=True)
+                    results += [None] * (kills - len(results))
+                    break
             deadline = time.monotonic() + timeout * 3
     return results
 
