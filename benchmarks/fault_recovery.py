@@ -50,6 +50,12 @@ ROOT = HERE.parent.parent
 # ----------------------------------------------------------------------------------------
 
 
+def say(line: str) -> None:
+    """One write per line: under torchrun all workers share one stdout, and print() writes the
+    text and the newline separately, so lines of different ranks could run together."""
+    os.write(1, f"{line}\n".encode())
+
+
 def worker(step_time: float) -> None:
     import torch
     import torch.distributed as dist
@@ -73,7 +79,7 @@ def worker(step_time: float) -> None:
     else:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
-    print(f"pid {rank} {os.getpid()}", flush=True)
+    say(f"pid {rank} {os.getpid()}")
     guard = elastic.install(quiet=True)
     ckpt = elastic.Checkpointer(os.environ.get("BENCH_CKPT_DIR"), keep=1)
     torch.manual_seed(0)
@@ -91,7 +97,7 @@ def worker(step_time: float) -> None:
         model(x).pow(2).mean().backward()
         opt.step()
         if rank == 0:
-            print(f"step {step}", flush=True)
+            say(f"step {step}")
         ckpt.stage(step, {"step": step, "model": model.module.state_dict()})
         if guard.should_stop(step):
             guard.exit()
