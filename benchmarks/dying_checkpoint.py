@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
 NPROC = 2
 
 
@@ -178,6 +179,8 @@ class Job:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MA_", "VC_", "PET_", "MLAUNCH_"))}
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(name, None)
+        # The workers import launchers.elastic: from this checkout, installed or not.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)],
             env=env,
@@ -194,6 +197,7 @@ class Job:
         for line in self.proc.stdout:
             self.log.append(line.rstrip())
             self.lines.put(line)
+        self.lines.put("")  # EOF: mlaunch is gone, nobody will get ready any more
 
     def wait_ready(self, timeout: float = 300) -> dict[int, int]:
         pids: dict[int, int] = {}
@@ -203,6 +207,8 @@ class Job:
                 line = self.lines.get(timeout=max(0.1, end - time.monotonic()))
             except queue.Empty:
                 raise RuntimeError("workers did not get ready:\n" + "\n".join(self.log[-30:])) from None
+            if not line:
+                raise RuntimeError("mlaunch exited before the workers got ready:\n" + "\n".join(self.log[-30:]))
             parts = line.split()
             if "ready" in parts:
                 i = parts.index("ready")

@@ -225,6 +225,8 @@ def base_env(ckpt: Path) -> dict[str, str]:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", BENCH_CKPT_DIR=str(ckpt), PYTHONUNBUFFERED="1")
+    # The workers import launchers.elastic: from this checkout, installed or not.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     return env
 
 
