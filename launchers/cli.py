@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from launchers import early_signals
 from launchers.errors import EXIT_USER_ERROR, UserError
 
 _HELP = ("--help", "-h", "--version")
@@ -94,10 +95,13 @@ def _fast_run(run: RunArgs) -> int:
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point: user errors → exit 2 and a message; the job's code otherwise."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if argv is None:  # the real entry point (maybe a container's PID 1): keep any early stop signal
+        early_signals.install()
     try:
         fast = parse_fast_run(args, _command_names())
         if fast is not None:
             sys.exit(_fast_run(fast))
+        early_signals.uninstall()
         sys.exit(_typer_main(args))
     except UserError as exc:
         sys.stderr.write(f"mlaunch: error: {exc}\n")

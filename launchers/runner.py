@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from launchers import early_signals
 from launchers.elastic import staging
 from launchers.engines import get_engine
 from launchers.engines.base import Engine, check_entry_exists
@@ -99,6 +100,15 @@ def process_labels(plan: LaunchPlan) -> dict[int, str]:
     return labels
 
 
+def finished_summary(outcome: Outcome, total: int) -> str:
+    """What a succeeded run says: service processes (ps, schedulers) stopped after the workers are not "exited 0"."""
+    codes = list(outcome.exit_codes.values())
+    stopped = sum(1 for code in codes if code != 0)
+    if not codes or not stopped:
+        return f"all {total} processes exited 0"
+    return f"all {len(codes) - stopped} required processes exited 0; {stopped} service process(es) stopped after them"
+
+
 def run_job(
     job: Job,
     engine_name: str,
@@ -117,6 +127,10 @@ def run_job(
     for warning in prelaunch_warnings(job):
         say(f"warning: {warning}")
     prepare: Callable[[Job, LaunchPlan], Any] | None = getattr(engine, "prepare", None)
+    stop = early_signals.first_stop()
+    if stop is not None:  # stopped while loading and planning: launch nothing
+        say(f"stopped by {signal.Signals(stop).name} before anything was launched")
+        return 128 + stop
     run_id = uuid.uuid4().hex
     become_subreaper()
     watchdog = Watchdog(run_id).start()
@@ -175,7 +189,7 @@ def _attempts(
         roots = flash.checkpoint_dirs(job)
         staging.unlink_run(run_id)  # this attempt's staged state is persisted or obsolete
         if outcome.status == "succeeded":
-            say(f"job finished: all {len(plan.processes)} processes exited 0")
+            say(f"job finished: {finished_summary(outcome, len(plan.processes))}")
             return 0
         if outcome.status == "signalled":
             assert outcome.signal is not None

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, BinaryIO, Literal
 
+from launchers import early_signals
 from launchers.elastic import staging
 from launchers.plan import ProcessSpec
 
@@ -124,6 +125,7 @@ class SignalRouter:
             self._previous[sig] = signal.signal(sig, _noop_handler)
         self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         self.active = True
+        self.pending.extend(early_signals.take())  # what came before these handlers (mlaunch's start-up)
         return self
 
     def __exit__(self, *exc: object) -> None:

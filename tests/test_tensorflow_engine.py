@@ -245,6 +245,8 @@ def test_ps_are_stopped_after_the_workers_and_the_job_exits_0(tmp_path: Path) ->
     assert "worker0 done" in out and "worker1 done" in out
     assert "stopping ps 0, ps 1" in out.replace("node 0 ps 0", "ps 0").replace("node 1 ps 1", "ps 1")
     assert len(pids) == 4 and not any(alive(p) for p in pids)
+    # the closing line does not claim that the stopped ps "exited 0"
+    assert "job finished: all 2 required processes exited 0; 2 service process(es) stopped after them" in out
 
 
 def test_chief_decides_under_parameter_server_strategy(tmp_path: Path) -> None:

@@ -23,7 +23,36 @@ frameworks are used when the script has imported them.
 
 from __future__ import annotations
 
-from launchers.elastic.checkpoint import Checkpointer, CheckpointError
-from launchers.elastic.guard import EXIT_CODE, GracefulExit, Guard, install
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launchers.elastic.checkpoint import Checkpointer, CheckpointError
+    from launchers.elastic.guard import EXIT_CODE, GracefulExit, Guard, install
 
 __all__ = ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "install"]
+
+# The launcher itself imports ``launchers.elastic.staging`` (agent-side flash save) on every
+# start; loading the checkpoint and guard machinery only when a training script asks for it
+# keeps that off mlaunch's start-up time.
+_WHERE = {
+    "Checkpointer": "checkpoint",
+    "CheckpointError": "checkpoint",
+    "EXIT_CODE": "guard",
+    "GracefulExit": "guard",
+    "Guard": "guard",
+    "install": "guard",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'launchers.elastic' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"launchers.elastic.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
