@@ -11,8 +11,10 @@ run as ``__main__`` exactly as ``python -u script.py args...`` would run it.
 Protocol (supervisor side in ``launchers.supervisor.StandbyPool``):
 - ``MLAUNCH_STANDBY_READY_FD``: a pipe the standby writes ``R`` to once every module is
   imported (EOF without ``R``: an import failed, the standby is not used);
-- stdin: one JSON object ``{"argv": [...], "env": {...}, "cwd": "..."}`` then EOF; EOF
-  with nothing means "not needed" and the standby exits 0.
+- stdin: one JSON object ``{"argv": [...], "env": {...}, "cwd": "...", "wait_for_store":
+  [host, port, seconds]}`` then EOF; EOF with nothing means "not needed" and the standby
+  exits 0. ``wait_for_store`` (optional) is set for ranks other than 0 of a torch.distributed
+  job: see ``wait_for_listener``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import importlib
 import json
 import os
 import runpy
+import socket
 import sys
+import time
 import traceback
 
 READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
@@ -56,6 +60,28 @@ def _read_spec() -> dict[str, object] | None:
     return json.loads(raw) if raw.strip() else None
 
 
+def wait_for_listener(host: str, port: int, seconds: float) -> bool:
+    """Wait until something accepts TCP connections on ``host:port`` (at most ``seconds``).
+
+    A torch.distributed client (``TCPStore``) that connects before rank 0's store listens
+    is refused and retries only after about 0.7 s: warm workers start within milliseconds of
+    each other, so whether rank 0 or another rank got there first decided between a 0.15 s
+    and a 0.8 s restart. Ranks other than 0 therefore wait here, before their script runs,
+    for the store to listen. A probe that connects and closes at once is ignored by the
+    store. False when nothing listened in time (the script then runs as it would have).
+    """
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=min(left, 0.5)):
+                return True
+        except OSError:
+            time.sleep(min(0.002, max(0.0, end - time.monotonic())))
+
+
 def become(spec: dict[str, object]) -> None:
     """Turn this process into the worker ``spec`` describes and run its script as ``__main__``."""
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
@@ -67,6 +93,9 @@ def become(spec: dict[str, object]) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - replaces the spec pipe for the script's lifetime
+    wait = spec.get("wait_for_store")
+    if isinstance(wait, list) and len(wait) == 3:
+        wait_for_listener(str(wait[0]), int(wait[1]), float(wait[2]))
     script = argv[2]
     sys.argv = argv[2:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))

@@ -319,6 +319,17 @@ def _children_of(pid: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------
+STORE_WAIT_SECONDS = 1.0  # the most a warm rank waits for rank 0's store (see standby.wait_for_listener)
+
+
+def store_to_wait_for(env: dict[str, str]) -> tuple[str, int] | None:
+    """(MASTER_ADDR, MASTER_PORT) for a torch.distributed rank other than 0, else None."""
+    host, port, rank = env.get("MASTER_ADDR"), env.get("MASTER_PORT", ""), env.get("RANK", "")
+    if not host or not port.isdigit() or not rank.isdigit() or rank == "0":
+        return None
+    return host, int(port)
+
+
 # Starting a process (a worker or a warm standby): the same guarantees for both
 # ----------------------------------------------------------------------------------------
 
@@ -478,7 +489,11 @@ class StandbyPool:
 
     def hand_off(self, standby: _Standby, spec: ProcessSpec, env: dict[str, str]) -> bool:
         """Send the worker's argv/env/cwd; False if the standby could not take it (then kill it)."""
-        payload = json.dumps({"argv": spec.argv, "env": env, "cwd": spec.cwd}).encode()
+        handed: dict[str, object] = {"argv": spec.argv, "env": env, "cwd": spec.cwd}
+        store = store_to_wait_for(env)
+        if store is not None:
+            handed["wait_for_store"] = [*store, STORE_WAIT_SECONDS]
+        payload = json.dumps(handed).encode()
         stdin = standby.popen.stdin
         assert stdin is not None
         try:

@@ -161,3 +161,57 @@ def test_sigkill_of_mlaunch_takes_the_standbys_with_it(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     assert wait_for(lambda: not any(alive(p) for p in kids), timeout=20), [p for p in kids if alive(p)]
+
+
+STARTED = """\
+import time
+print(f"started {time.time():.6f}", flush=True)
+"""
+
+
+def test_store_to_wait_for_only_for_ranks_other_than_0() -> None:
+    from launchers.supervisor import store_to_wait_for
+
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert store_to_wait_for({**env, "RANK": "3"}) == ("10.0.0.1", 29500)
+    assert store_to_wait_for({**env, "RANK": "0"}) is None  # rank 0 hosts the store
+    assert store_to_wait_for({"RANK": "3"}) is None  # not a torch.distributed env
+    assert store_to_wait_for({**env, "MASTER_PORT": "", "RANK": "1"}) is None
+
+
+def test_a_warm_rank_other_than_0_waits_for_the_store_to_listen(tmp_path: Path) -> None:
+    """A torch TCPStore client refused once retries only ~0.7 s later: the warm rank 1 must not
+    start its script before rank 0's store (here a plain socket that listens 0.4 s late) accepts."""
+    import socket
+    import threading
+
+    (tmp_path / "started.py").write_text(STARTED)
+    store = socket.socket()
+    store.bind(("127.0.0.1", 0))  # reserved, not listening: connections are refused
+    port = store.getsockname()[1]
+    argv = [sys.executable, "-u", str(tmp_path / "started.py")]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "1"}
+    specs = [ProcessSpec(1, 1, argv, env, str(tmp_path))]
+    pool = StandbyPool(["decimal"], run_id="standbywait", delay=0)
+    listening_at: list[float] = []
+
+    def listen_late() -> None:
+        time.sleep(0.4)
+        listening_at.append(time.time())
+        store.listen()
+
+    try:
+        pool.fill(specs, os.getpid())
+        assert wait_for(lambda: pool.ready_count() == 1, timeout=60)
+        out = Capture()
+        late = threading.Thread(target=listen_late, daemon=True)
+        late.start()
+        with SignalRouter() as signals:
+            outcome = Supervisor(specs, grace_period=5, signals=signals, out=out, err=Capture(), standbys=pool).run()
+        assert outcome.status == "succeeded" and pool.handed_off == 1
+        started = float(out.data.decode().split("started ", 1)[1].split()[0])
+        assert listening_at and started >= listening_at[0]
+        late.join()
+    finally:
+        pool.close()
+        store.close()
