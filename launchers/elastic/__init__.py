@@ -24,6 +24,7 @@ frameworks are used when the script has imported them.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -47,9 +48,12 @@ _WHERE = {
 
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(f"launchers.elastic.{module}"), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"launchers.elastic.{name}") is not None:
+        value = importlib.import_module(f"launchers.elastic.{name}")  # ``elastic.guard``, ``elastic.pytorch``...
+    else:
         raise AttributeError(f"module 'launchers.elastic' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"launchers.elastic.{module}"), name)
     globals()[name] = value
     return value
 
