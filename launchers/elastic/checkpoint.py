@@ -321,6 +321,5 @@ class Checkpointer:
 
     @staticmethod
     def _say(message: str) -> None:
-        rank = os.environ.get("RANK") or os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID") or "?"
-        sys.stderr.write(f"mlaunch.elastic[rank {rank}]: {message}\n")
+        sys.stderr.write(f"{collective.message_prefix()}: {message}\n")
         sys.stderr.flush()

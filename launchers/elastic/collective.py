@@ -165,3 +165,14 @@ def _env_int(os: Any, names: tuple[str, ...], default: int) -> int:
         if value.isdigit():
             return int(value)
     return default
+
+
+def message_prefix() -> str:
+    """``mlaunch.elastic[rank N]`` for this process's messages; no rank when none is known (a plain script).
+
+    Read from the environment only: it is used inside signal handlers.
+    """
+    import os
+
+    rank = os.environ.get("RANK") or os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID")
+    return f"mlaunch.elastic[rank {rank}]" if rank else "mlaunch.elastic"

@@ -148,9 +148,8 @@ class Guard:
         # os.write, not sys.stderr: this runs inside a signal handler, which may have
         # interrupted a write to sys.stderr (a re-entrant buffered write raises).
         if not self.quiet:
-            rank = os.environ.get("RANK") or os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID") or "?"
             with contextlib.suppress(OSError):
-                os.write(2, f"mlaunch.elastic[rank {rank}]: {message}\n".encode())
+                os.write(2, f"{collective.message_prefix()}: {message}\n".encode())
 
 
 def _exit_after_atexit(code: int) -> None:
