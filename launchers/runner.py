@@ -319,11 +319,7 @@ def stop_exit_code(outcome: Outcome, roots: set[str]) -> int:
     began = time.time() - (time.monotonic() - outcome.stop_started) - 1.0
     for root in sorted(roots):
         newest = layout.newest_step(Path(root))
-        cut = [
-            p
-            for p in layout.partial_dirs(Path(root))
-            if _mtime(p) >= began and (newest is None or (layout.parse_step(p.name) or (-1, False))[0] > newest)
-        ]
+        cut = [p for p in layout.partial_dirs(Path(root), after=newest) if _mtime(p) >= began]
         if cut:
             fallback = f"step {newest}" if newest is not None else "no checkpoint (a fresh start)"
             say(

@@ -10,11 +10,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from elastic_testlib import alive  # noqa: E402  (True when a pid exists and is not a zombie)
 
 BEHAVE = ROOT / "tests" / "scripts" / "behave.py"
 
@@ -26,16 +30,6 @@ def write_job(tmp_path: Path, *, nodes: int = 1, procs: int = 2, grace: str = "5
         f"log_dir: {tmp_path / 'logs'}\ncheckpoint: {{grace_period: {grace}}}\n{extra}"
     )
     return job
-
-
-def alive(pid: int) -> bool:
-    """True when pid exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def read_pids(pid_dir: Path) -> list[int]:

@@ -125,15 +125,16 @@ def newest_step(root: Path) -> int | None:
     return items[0].step if items else None
 
 
-def partial_dirs(root: Path) -> list[Path]:
-    """Step directories without a valid marker (stale partial saves)."""
+def partial_dirs(root: Path, after: int | None = None) -> list[Path]:
+    """Step directories without a valid marker (stale partial saves); only steps > ``after`` if given."""
     out = []
     try:
         entries = list(os.scandir(root))
     except OSError:
         return []
     for entry in entries:
-        if parse_step(entry.name) is None or not entry.is_dir(follow_symlinks=False):
+        parsed = parse_step(entry.name)
+        if parsed is None or (after is not None and parsed[0] <= after) or not entry.is_dir(follow_symlinks=False):
             continue
         if read_marker(Path(entry.path)) is None:
             out.append(Path(entry.path))

@@ -226,7 +226,6 @@ def write_all(fd: int, data: memoryview, deadline: float | None = None, at: int 
 
 def write_fd(fd: int, enc: Encoded, deadline: float | None = None) -> int:
     """Write the image at the fd's current position (assumed 0); returns the size written."""
-    _slow_storage_stub()
     pos = 0
     for offset, view in _pieces(enc):
         if offset > pos:
@@ -255,11 +254,19 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_file(path: str | os.PathLike[str], enc: Encoded, deadline: float | None = None) -> int:
-    """Create ``path`` with the image and fsync it; a failed write removes the partial file."""
+def _create_synced(
+    path: str | os.PathLike[str], fill: Callable[[int], int], check: Callable[[], None] = lambda: None
+) -> int:
+    """Create ``path``, let ``fill(fd)`` write it, run ``check``, fsync; a failure removes the partial file.
+
+    The one place that decides how a shard file comes to exist on disk, whether its bytes come
+    from process memory (``write_file``) or from a staged slot (``copy_range_to_file``).
+    """
+    _slow_storage_stub()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        size = write_fd(fd, enc, deadline)
+        size = fill(fd)
+        check()
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -269,25 +276,9 @@ def write_file(path: str | os.PathLike[str], enc: Encoded, deadline: float | Non
     return size
 
 
-def copy_bytes_to_file(
-    path: str | os.PathLike[str],
-    data: memoryview,
-    deadline: float | None = None,
-    check: Callable[[], None] = lambda: None,
-) -> int:
-    """Persist an already-encoded image (a staged slot) to ``path`` with fsync; ``check`` runs before fsync."""
-    _slow_storage_stub()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        write_all(fd, data, deadline, 0)
-        check()
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        _remove_quietly(path)
-        raise
-    os.close(fd)
-    return data.nbytes
+def write_file(path: str | os.PathLike[str], enc: Encoded, deadline: float | None = None) -> int:
+    """Create ``path`` with the image and fsync it; a failed write removes the partial file."""
+    return _create_synced(path, lambda fd: write_fd(fd, enc, deadline))
 
 
 def copy_range_to_file(
@@ -303,9 +294,8 @@ def copy_range_to_file(
     ``sendfile`` copies inside the kernel: no user-space mapping of the source has to be
     faulted in page by page, so this runs at ``cp`` speed. ``check`` runs before the fsync.
     """
-    _slow_storage_stub()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
+
+    def send(fd: int) -> int:
         done = 0
         while done < length:
             if deadline is not None and time.monotonic() > deadline:
@@ -316,14 +306,9 @@ def copy_range_to_file(
             if sent >= (1 << 20) and _libc is not False:
                 start_writeback(fd, done, sent)
             done += sent
-        check()
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        _remove_quietly(path)
-        raise
-    os.close(fd)
-    return length
+        return length
+
+    return _create_synced(path, send, check)
 
 
 def _remove_quietly(path: str | os.PathLike[str]) -> None:

@@ -94,15 +94,10 @@ def run_id_of(pid: int) -> str | None:
 
 
 def children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_bytes()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) > 1 and int(rest[1]) == pid:
-            out.append(int(entry))
-    return out
+    """Direct children of ``pid`` (psutil; [] once it is gone)."""
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
