@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from launchers.config.job import parse_job
 from launchers.engines.ascend import ENGINE
-from launchers.job import parse_job
-from launchers.ranktable import generate_rank_table, load_rank_table, simulated_server_id
+from launchers.platform.ranktable import generate_rank_table, load_rank_table, simulated_server_id
 
 DEVICES = 16
 TARGET_S = 1.0

@@ -34,6 +34,7 @@ from pathlib import Path
 from bootstrap.completion import Notifier, heartbeat_interval
 from bootstrap.hosts import render_hostfile
 from bootstrap.keys import completion_secret, write_private
+from launchers.config.secrets import looks_secret
 
 # Kept for mpirun beside the -x names: what a login needs, never a credential.
 BASE_ENV = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TZ", "MLAUNCH_RUN_ID")
@@ -100,16 +101,11 @@ def with_prefixed_exports(command: list[str], environ: dict[str, str], prefixes:
     """Insert ``-x NAME`` for run-time variables with ``prefixes`` (added after planning, e.g. by the runner)."""
     if not prefixes:
         return command
-    from launchers.engines.mpi import is_secret_name
-
     have = set(exported_names(command))
     extra = sorted(
         name
         for name in environ
-        if name.startswith(tuple(prefixes))
-        and name not in have
-        and name not in NOT_EXPORTED
-        and not is_secret_name(name)
+        if name.startswith(tuple(prefixes)) and name not in have and name not in NOT_EXPORTED and not looks_secret(name)
     )
     if not extra:
         return command

@@ -2,7 +2,7 @@
 
 Sources, in order (the first that names the hosts wins): ``VC_WORKER_HOSTS``, the ModelArts
 naming ``<MA_VJ_NAME>-<MA_TASK_NAME>-<i>.<MA_VJ_NAME>`` (both read by
-``launchers.platform``), the Volcano svc plugin's ``/etc/volcano/<task>.host`` file, then
+``launchers.platform.cluster``), the Volcano svc plugin's ``/etc/volcano/<task>.host`` file, then
 job.yaml's ``mpi.hosts``.
 
 Names are resolved concurrently under one deadline, each by its own readiness check
@@ -41,7 +41,7 @@ def resolve(host: str) -> str:
 
 def render_hostfile(job: str, hosts: Sequence[str], slots: int) -> str:
     """Open MPI hostfile text: ``host slots=N`` per node, in node order."""
-    from launchers.render import render
+    from launchers.generate.render import render
 
     return render("hostfile.j2", job=job, hosts=list(hosts), slots=slots)
 

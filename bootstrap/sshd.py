@@ -81,7 +81,7 @@ def listen_addresses(host: str | None) -> list[str]:
 
 
 def render_config(layout: Layout, port: int, listen: list[str], user: str) -> str:
-    from launchers.render import render
+    from launchers.generate.render import render
 
     if not _USER.match(user):
         raise SshdError(f"user name {user!r} cannot be written into an sshd config")

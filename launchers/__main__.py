@@ -1,6 +1,6 @@
 """``python -m launchers`` is the same as the ``mlaunch`` command."""
 
-from launchers.cli import main
+from launchers.cli.main import main
 
 if __name__ == "__main__":
     main()

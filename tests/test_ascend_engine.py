@@ -20,12 +20,12 @@ import pytest
 from conftest import EXAMPLES, clean_env, run_mlaunch
 from test_ranktable import LEGACY, V10, V12
 
-from launchers.ascend_device import is_node_leader, per_device_start
+from launchers.config.job import load_job
 from launchers.errors import PlatformError
-from launchers.job import load_job
 from launchers.plan import LaunchPlan
-from launchers.ranktable import write_rank_table
-from launchers.runner import make_plan
+from launchers.platform.ascend_device import is_node_leader, per_device_start
+from launchers.platform.ranktable import write_rank_table
+from launchers.run.runner import make_plan
 
 CHECK_ENV = EXAMPLES / "ascend" / "check_env.py"
 

@@ -20,7 +20,7 @@ from conftest import ROOT, clean_env
 
 from bootstrap import completion, hosts, keys, readiness, sshd
 from bootstrap.runtime import Layout, runtime_root, ssh_client_args
-from launchers.platform import free_port
+from launchers.platform.cluster import free_port
 
 needs_sshd = pytest.mark.skipif(sshd.sshd_binary() is None, reason="needs openssh-server (sshd)")
 

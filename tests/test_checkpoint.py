@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, clean_env, needs_torch
 
 from launchers.elastic import Checkpointer, CheckpointError, layout, shardfile
-from launchers.platform import free_port
+from launchers.platform.cluster import free_port
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import tmpfs  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import run_mlaunch
 
-from launchers.cli import RunArgs, parse_fast_run
+from launchers.cli.main import RunArgs, parse_fast_run
 
 COMMANDS = {"run", "plan", "schema", "check", "prestart"}
 

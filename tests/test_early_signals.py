@@ -3,7 +3,7 @@
 As a container's PID 1, mlaunch gets no default signal actions: a SIGTERM that arrives
 before a handler exists is dropped by the kernel, and the platform's stop would be ignored
 until its kill timer fires. These tests deliver the signal at two moments, from inside the
-real console entry point (``launchers.cli.main`` with ``sys.argv``), by wrapping one function
+real console entry point (``launchers.cli.main.main`` with ``sys.argv``), by wrapping one function
 the start-up calls — the deterministic way to hit a window that lasts milliseconds:
 
 - while the job is being planned: nothing is launched (the start file would leave a mark)
@@ -35,8 +35,8 @@ time.sleep(60)
 
 WRAPPER = """\
 import os, signal, sys
-import launchers.runner as runner
-from launchers import cli
+import launchers.run.runner as runner
+from launchers.cli.main import main as cli
 
 where, sig = sys.argv[1], getattr(signal, sys.argv[2])
 real = getattr(runner, where)

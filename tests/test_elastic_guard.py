@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, clean_env, needs_torch
 
 from launchers.elastic import layout
-from launchers.platform import free_port
+from launchers.platform.cluster import free_port
 
 RANKS = ROOT / "tests" / "scripts" / "elastic_ranks.py"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from conftest import ROOT, run_mlaunch
 
-from launchers.grace_budget import MARGIN, Budget, timer_chain
-from launchers.job import parse_job
+from launchers.config.job import parse_job
+from launchers.run.grace_budget import MARGIN, Budget, timer_chain
 
 BEHAVE = ROOT / "tests" / "scripts" / "behave.py"
 

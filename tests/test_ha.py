@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
 
+from launchers.config.job import load_job
+from launchers.engines.high_availability import MINDSPEED_FLAGS, TASKD_ROLE
 from launchers.errors import UserError
-from launchers.ha import MINDSPEED_FLAGS, TASKD_ROLE
-from launchers.job import load_job
 from launchers.plan import LaunchPlan
-from launchers.runner import make_plan
+from launchers.run.runner import make_plan
 
 FAKE_TASKD = Path(__file__).resolve().parent / "fake_taskd"
 
@@ -228,7 +228,7 @@ def test_taskd_plan_has_one_manager_on_node_0_and_the_env_everywhere(tmp_path: P
     assert len(found) == 1 and found[0][0] == 0
     manager = found[0][1]
     assert manager.required is False and manager.label == TASKD_ROLE
-    assert manager.argv[1:3] == ["-m", "launchers.taskd_manager"]
+    assert manager.argv[1:3] == ["-m", "launchers.run.taskd_manager"]
     args = manager.argv[3:]
     assert args == ["--job-id", "ha-test", "--node-nums", "2", "--proc-per-node", "2"]
     lib = on_path / "taskd" / "python" / "cython_api" / "libs" / "libtaskd.so"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import run_mlaunch
 
-from launchers.durations import parse_duration
+from launchers.config.durations import parse_duration
+from launchers.config.job import load_job
 from launchers.errors import JobFileError
-from launchers.job import load_job
 
 
 def write(tmp_path: Path, text: str) -> Path:

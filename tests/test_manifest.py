@@ -22,9 +22,9 @@ import pytest
 import yaml
 from conftest import ROOT, SHARED, clean_env, run_mlaunch
 
+from launchers.config.job import Job, load_job
 from launchers.errors import UserError
-from launchers.job import Job, load_job
-from launchers.manifests import TARGETS, build, render
+from launchers.generate.k8s.manifests import TARGETS, build, render
 
 CRDS = SHARED / "crds"
 needs_crds = pytest.mark.skipif(

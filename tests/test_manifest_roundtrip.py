@@ -25,11 +25,11 @@ import pytest
 import yaml
 from conftest import clean_env, run_mlaunch
 
+from launchers.config.job import Job, load_job
 from launchers.errors import UserError
-from launchers.job import Job, load_job
-from launchers.manifests import RANK_TABLE_FILE, TARGETS, build, render
+from launchers.generate.k8s.manifests import RANK_TABLE_FILE, TARGETS, build, render
 from launchers.plan import LaunchPlan
-from launchers.runner import make_plan
+from launchers.run.runner import make_plan
 
 NAMESPACE = "ml"
 JOB_UID = "6f1c0a4e-1b2c-4d5e-8f90-0123456789ab"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, ROOT, clean_env, mlaunch_cmd, run_mlaunch
 
-from launchers.job import load_job
+from launchers.config.job import load_job
 from launchers.plan import LaunchPlan
-from launchers.runner import make_plan
+from launchers.run.runner import make_plan
 
 needs_mpi = pytest.mark.skipif(
     shutil.which("mpirun") is None, reason="needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"

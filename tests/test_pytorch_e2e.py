@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 
-from launchers.platform import free_port
+from launchers.platform.cluster import free_port
 
 pytestmark = needs_torch
 

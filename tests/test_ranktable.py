@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from launchers.errors import PlatformError
-from launchers.ranktable import (
+from launchers.platform.ranktable import (
     RankTableError,
     find_this_server,
     generate_rank_table,

@@ -17,7 +17,7 @@ from pathlib import Path
 from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
 
 from launchers.plan import ProcessSpec
-from launchers.supervisor import SignalRouter, StandbyPool, Supervisor
+from launchers.run.supervisor import SignalRouter, StandbyPool, Supervisor
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import alive, children, wait_for  # noqa: E402
@@ -155,7 +155,7 @@ def test_sigkill_of_mlaunch_takes_the_standbys_with_it(tmp_path: Path) -> None:
             if "warm standby workers ready" in line or not line:
                 break
         kids = [p for p in children(proc.pid)]
-        standbys = [p for p in kids if b"launchers.standby" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        standbys = [p for p in kids if b"launchers.run.standby" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(standbys) == 2 and len(kids) >= 5  # 2 workers, 2 standbys, the watchdog
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -170,7 +170,7 @@ print(f"started {time.time():.6f}", flush=True)
 
 
 def test_store_to_wait_for_only_for_ranks_other_than_0() -> None:
-    from launchers.supervisor import store_to_wait_for
+    from launchers.run.supervisor import store_to_wait_for
 
     env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     assert store_to_wait_for({**env, "RANK": "3"}) == ("10.0.0.1", 29500)

@@ -23,7 +23,7 @@ import tomllib
 from conftest import ROOT, clean_env, run_mlaunch
 from test_prestart_fixtures import make_venv, vendor_wheel, wheel_requirements, wheelhouse
 
-from launchers.wheel import WheelMetadata, write_wheel
+from launchers.generate.wheel import WheelMetadata, write_wheel
 
 
 def _members(wheel: Path) -> dict[str, bytes]:
@@ -83,7 +83,7 @@ def test_metadata_entry_points_and_record(built: Path) -> None:
     for extra in project["optional-dependencies"]:
         assert f"Provides-Extra: {extra}\n" in metadata
     assert 'Requires-Dist: mpi4py>=3.1; extra == "mpi"' in metadata
-    assert "[console_scripts]\nmlaunch = launchers.cli:main\n" in members[f"{info}/entry_points.txt"].decode()
+    assert "[console_scripts]\nmlaunch = launchers.cli.main:main\n" in members[f"{info}/entry_points.txt"].decode()
     assert "Root-Is-Purelib: true" in members[f"{info}/WHEEL"].decode()
     rows = list(csv.reader(io.StringIO(members[f"{info}/RECORD"].decode())))
     assert {r[0] for r in rows} == set(members)
@@ -155,7 +155,7 @@ def test_installed_wheel_runs_mlaunch_and_imports_elastic(installed: Path, tmp_p
     assert probe.returncode == 0, probe.stderr
     assert str(installed.parent.parent) in probe.stdout  # imported from the venv, not from the checkout
     rendered = subprocess.run(
-        [str(installed), "-c", "from launchers.render import template_names; print(template_names())"],
+        [str(installed), "-c", "from launchers.generate.render import template_names; print(template_names())"],
         capture_output=True,
         text=True,
         env=env,

@@ -3,13 +3,13 @@
 Styles (job.yaml ``ascend.style``):
 
 - ``rank_table`` (default): read ``RANK_TABLE_FILE`` (v1.0, v1.2 or legacy ``group_list``; see
-  ``launchers/ranktable.py``), find this server, and start one process per device with
+  ``launchers/platform/ranktable.py``), find this server, and start one process per device with
   ``RANK_TABLE_FILE``, ``RANK_ID``, ``RANK_SIZE``, ``DEVICE_ID``, ``ASCEND_DEVICE_ID``,
   ``RANK_START``, ``JOB_ID`` and its own working/log directory — what ModelArts' davincirun and
   the MindSpore ``run_distribute_train.sh`` loops do by hand. When ModelArts runs the start
   file once per device (``ASCEND_DEVICE_ID``/``RANK_ID`` already set), each copy starts just
   its own rank; node-level work belongs to the copy with ``ASCEND_DEVICE_ID=0``
-  (``launchers/ascend_device.py``). A legacy table is converted to 1.0 for the processes.
+  (``launchers/platform/ascend_device.py``). A legacy table is converted to 1.0 for the processes.
 - ``msrun``: a scheduler (``MS_ROLE=MS_SCHED``) on node 0 plus ``MS_WORKER`` processes with
   ``MS_SCHED_HOST``/``MS_SCHED_PORT``/``MS_WORKER_NUM``/``MS_NODE_ID``/``RANK_ID``/``RANK_SIZE``,
   exactly what ``msrun`` exports. Chosen by job.yaml, or by ``MA_RUN_METHOD=msrun`` or
@@ -29,12 +29,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from launchers.ascend_device import NODE_LEADER_ENV, per_device_start
+from launchers.config.job import Job
 from launchers.engines.base import base_env, entry_argv, log_file, policy_of, restart_port, script_args
 from launchers.errors import PlatformError
-from launchers.job import Job
 from launchers.plan import BootstrapStep, LaunchPlan, NodePlan, ProcessSpec
-from launchers.platform import (
+from launchers.platform.ascend_device import NODE_LEADER_ENV, per_device_start
+from launchers.platform.cluster import (
     LOOPBACK,
     Cluster,
     detect,
@@ -44,7 +44,7 @@ from launchers.platform import (
     normalise_vj_name,
     split_platform_args,
 )
-from launchers.ranktable import (
+from launchers.platform.ranktable import (
     RankTable,
     Server,
     find_this_server,

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from launchers.config.job import Job
 from launchers.errors import UserError
-from launchers.job import Job
 from launchers.plan import LaunchPlan, Policy
-from launchers.platform import Cluster
+from launchers.platform.cluster import Cluster
 
 
 class Engine(Protocol):
@@ -86,7 +86,7 @@ def restart_port(cluster: Cluster, attempt: int) -> int:
     On a platform every node restarts on its own and must land on the same port without
     talking to the others, so the port is a function of the attempt number.
     """
-    from launchers.platform import free_port
+    from launchers.platform.cluster import free_port
 
     if cluster.simulated:
         return free_port()

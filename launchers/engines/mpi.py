@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bootstrap.runtime import Layout, layout_for, ssh_client_args
+from launchers.config.job import Job
+from launchers.config.secrets import looks_secret
 from launchers.engines.base import base_env, entry_argv, log_file, policy_of, script_args
 from launchers.errors import UserError
-from launchers.job import Job, looks_secret
 from launchers.plan import BootstrapStep, LaunchPlan, NodePlan, ProcessSpec
-from launchers.platform import Cluster, detect
+from launchers.platform.cluster import Cluster, detect
 
 KEYS_ENV = "MLAUNCH_SSH_KEYS"  # where a platform mounts the job secret, when job.yaml names none
 VOLCANO_DIR_ENV = "MLAUNCH_VOLCANO_DIR"  # the Volcano svc plugin's ConfigMap (default /etc/volcano)
@@ -54,14 +55,6 @@ FLAVOUR_MCA = {
     "horovod": ["-mca", "pml", "ob1", "-mca", "btl", "^openib"],
     "mindspore-gpu": ["-mca", "pml", "ob1", "-mca", "btl", "^openib"],
 }
-# Beyond launchers.job.looks_secret: the cloud-credential families ModelArts' script copied blindly.
-SECRET_EXTRA = ("S3_*", "SCC*", "AWS_*", "OBS_*", "*_AK", "*_SK", "AK", "SK", "*PRIVATE*", "*AUTH*", "*SESSION*")
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether an env name looks like it carries a credential (case-insensitive)."""
-    upper = name.upper()
-    return looks_secret(name) or any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_EXTRA)
 
 
 class MpiEngine:
@@ -89,7 +82,7 @@ class MpiEngine:
         named = env.get("VC_WORKER_HOSTS", "").strip() or (
             env.get("MA_VJ_NAME", "").strip() and env.get("MA_NUM_HOSTS", "").strip()
         )
-        if named:  # the platform names the hosts itself (launchers.platform reads them)
+        if named:  # the platform names the hosts itself (launchers.platform.cluster reads them)
             return env
         on_platform = any(
             env.get(name, "").strip() for name in ("MA_NUM_HOSTS", "VC_TASK_INDEX", "VK_TASK_INDEX", "MA_TASK_INDEX")
@@ -390,10 +383,10 @@ def export_names(job: Job, cluster: Cluster, attempt: int) -> list[str]:
     names += ALWAYS_EXPORT
     names += [name for name in EXPORT_IF_SET if name in env]
     prefixes = FLAVOUR_PREFIXES[job.mpi.flavour]
-    names += sorted(n for n in env if n.startswith(prefixes) and not is_secret_name(n))
+    names += sorted(n for n in env if n.startswith(prefixes) and not looks_secret(n))
     for pattern in job.mpi.export:
         if any(ch in pattern for ch in "*?["):
-            names += sorted(n for n in env if fnmatch.fnmatchcase(n, pattern) and not is_secret_name(n))
+            names += sorted(n for n in env if fnmatch.fnmatchcase(n, pattern) and not looks_secret(n))
         else:
             names.append(pattern)
     return list(dict.fromkeys(names))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
+from launchers.config.job import Job
 from launchers.engines.base import (
     base_env,
     entry_argv,
@@ -26,9 +27,8 @@ from launchers.engines.base import (
     script_args,
 )
 from launchers.errors import UserError
-from launchers.job import Job
 from launchers.plan import LaunchPlan, NodePlan, ProcessSpec
-from launchers.platform import PYTORCH_PLATFORM_ARGS, Cluster, detect
+from launchers.platform.cluster import PYTORCH_PLATFORM_ARGS, Cluster, detect
 
 
 class PytorchEngine:

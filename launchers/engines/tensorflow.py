@@ -1,6 +1,6 @@
 """TensorFlow engine: ps/worker (and chief) tasks, told their place by flags and/or ``TF_CONFIG``.
 
-Where the cluster comes from (``launchers/tf_cluster.py`` reads and cross-checks them):
+Where the cluster comes from (``launchers/platform/tf_cluster.py`` reads and cross-checks them):
 - the platform names every task (ModelArts' appended ``--ps_hosts/--worker_hosts/--task_index/
   --job_name`` or ``--task_name``, ``TF_CONFIG``, Volcano's ``VC_PS_HOSTS``/``VC_WORKER_HOSTS``):
   this container *is* one task, and mlaunch starts exactly that one process;
@@ -24,12 +24,12 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from launchers.config.job import Job
 from launchers.engines.base import base_env, entry_argv, log_file, policy_of, script_args
 from launchers.errors import PlatformError
-from launchers.job import Job
 from launchers.plan import LaunchPlan, NodePlan, ProcessSpec
-from launchers.platform import LOOPBACK, Cluster, detect, free_port, split_platform_args
-from launchers.tf_cluster import (
+from launchers.platform.cluster import LOOPBACK, Cluster, detect, free_port, split_platform_args
+from launchers.platform.tf_cluster import (
     TF_PLATFORM_ARGS,
     TfSighting,
     from_flags,

@@ -28,8 +28,8 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from launchers.config.job import Job
 from launchers.errors import PlatformError
-from launchers.job import Job
 
 PYTORCH_PLATFORM_ARGS = ("init_method", "rank", "world_size")
 DEFAULT_MASTER_PORT = 29500

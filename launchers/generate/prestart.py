@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from launchers.config.job import Job
 from launchers.errors import UserError
-from launchers.job import Job
 
 PRESTART_NAME = "ma_pre_start.sh"
 HELPER_DELIMITER = "MLAUNCH_HELPER_PY"
@@ -39,7 +39,7 @@ def python_candidates(job: Job) -> list[str]:
 
 
 def helper_source() -> str:
-    """launchers/prestart_helper.py, embedded verbatim in a quoted here-document."""
+    """launchers/generate/prestart_helper.py, embedded verbatim in a quoted here-document."""
     text = resources.files("launchers").joinpath("prestart_helper.py").read_text(encoding="utf-8")
     if any(line.strip() == HELPER_DELIMITER for line in text.splitlines()):
         raise RuntimeError(f"prestart_helper.py contains the here-document delimiter {HELPER_DELIMITER}")
@@ -164,7 +164,7 @@ def prestart_context(job: Job, script: Path) -> dict[str, Any]:
 
 def render_prestart(job: Job, script: Path) -> str:
     """The text of ma_pre_start.sh for ``job``, to be saved at ``script`` (an absolute path)."""
-    from launchers.render import render
+    from launchers.generate.render import render
 
     return render("ma_pre_start.sh.j2", **prestart_context(job, script))
 

@@ -21,7 +21,7 @@ def wheel(
 
       # then in job.yaml, under prestart.wheels:  - dist/mlaunch-*.whl
     """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
-    from launchers.wheel import build_mlaunch_wheel
+    from launchers.generate.wheel import build_mlaunch_wheel
 
     path = build_mlaunch_wheel(out_dir)
     typer.echo(str(path))

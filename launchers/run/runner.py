@@ -20,15 +20,15 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from launchers import early_signals
+from launchers.config.job import Job
 from launchers.elastic import staging
 from launchers.engines import get_engine
 from launchers.engines.base import Engine, check_entry_exists
 from launchers.errors import UserError
-from launchers.job import Job
 from launchers.plan import LaunchPlan, ProcessSpec
-from launchers.platform import Cluster
-from launchers.supervisor import (
+from launchers.platform.cluster import Cluster
+from launchers.run import signals as early_signals
+from launchers.run.supervisor import (
     Failure,
     Outcome,
     SignalRouter,
@@ -40,7 +40,7 @@ from launchers.supervisor import (
 )
 
 if TYPE_CHECKING:
-    from launchers.flash_save import FlashResult
+    from launchers.run.flash_save import FlashResult
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
 
@@ -79,7 +79,7 @@ def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> La
     for proc in plan.processes:  # the elastic runtime's Checkpointer keeps this many
         proc.env.setdefault("MLAUNCH_CHECKPOINT_KEEP", str(job.checkpoint.keep))
     if job.high_availability.enabled:
-        from launchers.ha import apply_high_availability
+        from launchers.engines.high_availability import apply_high_availability
 
         plan = apply_high_availability(job, cluster, plan)
     return plan
@@ -122,7 +122,7 @@ def run_job(
     check_entry_exists(job)
     for note in plan.notes:
         say(f"note: {note}")
-    from launchers.grace_budget import prelaunch_warnings
+    from launchers.run.grace_budget import prelaunch_warnings
 
     for warning in prelaunch_warnings(job):
         say(f"warning: {warning}")
@@ -158,7 +158,7 @@ def _attempts(
     watchdog: Watchdog,
     standbys: StandbyPool | None = None,
 ) -> int:
-    from launchers.grace_budget import Monitor
+    from launchers.run.grace_budget import Monitor
 
     attempt = 0
     policy = plan.policy
@@ -214,7 +214,7 @@ def _attempts(
 
 
 class FlashHook:
-    """The agent-side flash save of one attempt (see ``launchers.flash_save``)."""
+    """The agent-side flash save of one attempt (see ``launchers.run.flash_save``)."""
 
     def __init__(self, run_id: str, attempt: int, plan: LaunchPlan, grace: float) -> None:
         self.run_id = run_id
@@ -262,7 +262,7 @@ class FlashHook:
         their own saves showed (200 MB/s if none was measured), 1.5× plus half a second.
         0 when nothing is staged (then the workers get the whole grace period).
         """
-        from launchers.grace_budget import ASSUMED_BANDWIDTH
+        from launchers.run.grace_budget import ASSUMED_BANDWIDTH
 
         infos = [i for i in staging.read_run(self.run_id) if i.rank in self.rank_nodes]
         staged = sum(max((s.length for s in i.slots if s.complete), default=0) for i in infos)
@@ -273,7 +273,7 @@ class FlashHook:
         return 0.5 + 1.5 * staged / max(speed, 1e6)
 
     def persist(self, deadline: float, when: str) -> FlashResult | None:
-        from launchers.flash_save import persist
+        from launchers.run.flash_save import persist
 
         if not self.rank_nodes or not staging.run_segments(self.run_id):
             return None

@@ -36,8 +36,8 @@ from launchers.errors import UserError
 DIST_NAME = "mlaunch"
 IMPORT_PACKAGES = ("launchers", "bootstrap")
 TEMPLATES_PACKAGE = "launchers.templates"
-DEFAULT_SCRIPTS = {"mlaunch": "launchers.cli:main"}
-GENERATOR = "mlaunch-wheel (launchers.wheel)"
+DEFAULT_SCRIPTS = {"mlaunch": "launchers.cli.main:main"}
+GENERATOR = "mlaunch-wheel (launchers.generate.wheel)"
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip can hold: reproducible builds
 
 _SKIP_DIRS = {"__pycache__"}
@@ -289,7 +289,9 @@ def build_mlaunch_wheel(out_dir: Path) -> Path:
     """Write mlaunch's wheel into ``out_dir`` (created if missing); return the wheel's path."""
     files = package_files()
     missing = [
-        name for name in ("launchers/__init__.py", "launchers/cli.py", "bootstrap/__init__.py") if name not in files
+        name
+        for name in ("launchers/__init__.py", "launchers/cli/main.py", "bootstrap/__init__.py")
+        if name not in files
     ]
     if missing:
         raise UserError(f"the installed mlaunch looks incomplete: {', '.join(missing)} not found")

@@ -36,10 +36,10 @@ def manifest(
 
       mlaunch manifest -t volcano job.yaml | kubectl apply -f -
     """
+    from launchers.config.job import load_job
     from launchers.errors import UserError
-    from launchers.job import load_job
-    from launchers.manifests import build, render
-    from launchers.runner import resolve_engine_name
+    from launchers.generate.k8s.manifests import build, render
+    from launchers.run.runner import resolve_engine_name
 
     if target not in TARGET_NAMES:
         raise UserError(f"unknown --target {target!r}; expected one of: {', '.join(TARGET_NAMES)}")

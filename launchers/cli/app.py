@@ -6,7 +6,7 @@ start command looks like. Arguments after the job file that mlaunch does not own
 accepted: the platform's (``--init_method``, ``--rank``, ``--world_size``, TF's
 ``--ps_hosts``...) are read, the rest is passed to the start file.
 
-Commands beyond the core live in ``launchers/commands/<name>.py`` and register themselves
+Commands beyond the core live in ``launchers/cli/commands/<name>.py`` and register themselves
 through ``register(app)``; heavy imports stay inside the command functions.
 """
 
@@ -81,8 +81,8 @@ def run(ctx: typer.Context, job_file: JobArg, engine: EngineOpt = None, simulate
 
       mlaunch --engine pytorch job.yaml --init_method tcp://10.0.0.1:6666 --rank 1 --world_size 2
     """
-    from launchers.job import load_job
-    from launchers.runner import resolve_engine_name, run_job
+    from launchers.config.job import load_job
+    from launchers.run.runner import resolve_engine_name, run_job
 
     job = load_job(job_file)
     code = run_job(job, resolve_engine_name(job, engine), list(ctx.args), simulate=simulate)
@@ -106,15 +106,15 @@ def plan(
 
       MA_NUM_HOSTS=2 VC_TASK_INDEX=1 mlaunch plan -e pytorch job.yaml --init_method tcp://10.0.0.1:6666
     """
-    from launchers.job import load_job
-    from launchers.runner import make_plan, resolve_engine_name
+    from launchers.config.job import load_job
+    from launchers.run.runner import make_plan, resolve_engine_name
 
     job = load_job(job_file)
     _, _, launch_plan = make_plan(job, resolve_engine_name(job, engine), list(ctx.args), simulate=simulate)
     if as_json:
         typer.echo(launch_plan.dumps())
     else:
-        from launchers.plan_view import print_plan
+        from launchers.cli.plan_view import print_plan
 
         print_plan(launch_plan)
 
@@ -122,7 +122,7 @@ def plan(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of job.yaml (for editor completion and validation)."""
-    from launchers.job import job_json_schema
+    from launchers.config.job import job_json_schema
 
     typer.echo(json.dumps(job_json_schema(), indent=2))
 
@@ -133,19 +133,19 @@ def check(ctx: typer.Context, job_file: JobArg, engine: EngineOpt = None, simula
 
     Exits 0 when the job could be launched as it stands, 2 otherwise.
     """
-    from launchers.checks import run_checks
+    from launchers.cli.check import run_checks
 
     raise typer.Exit(run_checks(job_file, engine, list(ctx.args), simulate=simulate))
 
 
 def _register_extensions() -> None:
-    """Commands in launchers/commands/*.py add themselves with ``register(app)``."""
-    import launchers.commands as package
+    """Commands in launchers/cli/commands/*.py add themselves with ``register(app)``."""
+    import launchers.cli.commands as package
 
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"launchers.commands.{info.name}")
+        module = importlib.import_module(f"launchers.cli.commands.{info.name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(app)

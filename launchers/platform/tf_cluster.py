@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launchers.errors import PlatformError
-from launchers.platform import env_int
+from launchers.platform.cluster import env_int
 
 TF_PLATFORM_ARGS = ("ps_hosts", "worker_hosts", "task_index", "job_name", "task_name")
 ROLES = ("chief", "worker", "ps", "evaluator")

@@ -2,7 +2,7 @@
 
 MindCluster's guide has users write a ``manager.py`` and start it in the background on
 rank 0 (``python manager.py &``). mlaunch starts this module instead, as a supervised
-process (``launchers.ha`` adds it to node 0's plan): it calls
+process (``launchers.engines.high_availability`` adds it to node 0's plan): it calls
 ``taskd.api.init_taskd_manager({"job_id", "node_nums", "proc_per_node"})`` and
 ``start_taskd_manager()``, then stays alive until SIGTERM/SIGINT — which the supervisor
 sends once the training processes are done, or when the job is stopped. A manager that
@@ -11,7 +11,7 @@ fails to start exits non-zero, which stops the job (TaskD was asked for).
 ``start_taskd_manager`` may block (the manager's service loop) or return at once; it runs
 in a daemon thread so either way the main thread answers SIGTERM promptly.
 
-Standard library only besides ``taskd`` itself: run it as ``python -m launchers.taskd_manager
+Standard library only besides ``taskd`` itself: run it as ``python -m launchers.run.taskd_manager
 --job-id ID --node-nums N --proc-per-node P``.
 """
 
@@ -32,7 +32,7 @@ def _say(message: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m launchers.taskd_manager", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m launchers.run.taskd_manager", description=__doc__.splitlines()[0])
     parser.add_argument("--job-id", default=None, help="MindCluster job id; default $MINDX_TASK_ID")
     parser.add_argument("--node-nums", type=int, required=True, help="nodes in the job")
     parser.add_argument("--proc-per-node", type=int, required=True, help="training processes per node")

@@ -2,7 +2,7 @@
 
 ``ma_pre_start.sh`` runs before mlaunch is installed, so it cannot call mlaunch; the few things
 that are awkward or unsafe in shell are done here instead, by the interpreter the script
-installs into. ``launchers/prestart.py`` embeds this file's source verbatim in the scripts
+installs into. ``launchers/generate/prestart.py`` embeds this file's source verbatim in the scripts
 (a quoted here-document: nothing in it is expanded by the shell), so it is a real, linted,
 tested module rather than a string. Keep it compatible with old interpreters (3.8): it may run
 under whatever ``python3`` a platform image has, before anything is installed.

@@ -1,6 +1,6 @@
 """High availability: MindIO TFT env for MindSpore jobs and MindCluster's TaskD manager.
 
-``launchers.runner.plan_attempt`` calls ``apply_high_availability`` on every plan when
+``launchers.run.runner.plan_attempt`` calls ``apply_high_availability`` on every plan when
 ``high_availability`` is enabled in job.yaml. It adds what the vendor guides ask users to
 write by hand in their start scripts (seeds 000 and 002), computed from job.yaml and the
 detected cluster so that every node agrees:
@@ -36,11 +36,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from launchers.config.job import Job
 from launchers.elastic.replicas import ReplicaConfigError, format_groups, replica_count, require_replicas
 from launchers.errors import UserError
-from launchers.job import Job
 from launchers.plan import LaunchPlan, ProcessSpec
-from launchers.platform import Cluster
+from launchers.platform.cluster import Cluster
 
 TFT_DEFAULT_PORT = 30051
 TASKD_PORT = 9601  # TaskD manager's gRPC port (MgrPort ":9601"); exposed on every pod as `taskd-port`
@@ -234,7 +234,7 @@ def taskd_job_id(job: Job, cluster: Cluster) -> str:
 
 
 def taskd_manager_spec(job: Job, cluster: Cluster, plan: LaunchPlan, env: Mapping[str, str]) -> ProcessSpec:
-    """``python -m launchers.taskd_manager`` for node 0: init + start, then alive until SIGTERM."""
+    """``python -m launchers.run.taskd_manager`` for node 0: init + start, then alive until SIGTERM."""
     from launchers.engines.base import base_env, log_file
 
     proc_env = base_env(job, plan.attempt)
@@ -246,7 +246,7 @@ def taskd_manager_spec(job: Job, cluster: Cluster, plan: LaunchPlan, env: Mappin
     argv = [
         job.python or sys.executable,
         "-m",
-        "launchers.taskd_manager",
+        "launchers.run.taskd_manager",
         "--job-id",
         taskd_job_id(job, cluster),
         "--node-nums",
@@ -299,7 +299,7 @@ def apply_high_availability(job: Job, cluster: Cluster, plan: LaunchPlan) -> Lau
             if ha.mindspeed_flags and proc.required:
                 proc.argv = [*proc.argv, *(flag for flag in MINDSPEED_FLAGS if flag not in proc.argv)]
     if ha.taskd:
-        from launchers.ascend_device import is_node_leader
+        from launchers.platform.ascend_device import is_node_leader
 
         node0 = next((node for node in plan.nodes if node.index == 0), None)
         # ModelArts may start one mlaunch per device: only device 0's copy runs the manager.

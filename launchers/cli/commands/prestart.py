@@ -21,8 +21,8 @@ def prestart(
 
       mlaunch wheel -o dist && mlaunch prestart job.yaml -o ma_pre_start.sh
     """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
-    from launchers.job import load_job
-    from launchers.prestart import PRESTART_NAME, advise, note, output_path, render_prestart, write_script
+    from launchers.config.job import load_job
+    from launchers.generate.prestart import PRESTART_NAME, advise, note, output_path, render_prestart, write_script
 
     job = load_job(job_file)
     path = output_path(job, out, PRESTART_NAME)

@@ -29,7 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from launchers.durations import parse_duration
+from launchers.config.durations import parse_duration
+from launchers.config.secrets import looks_secret
 from launchers.errors import JobFileError
 
 ENGINES = ("ascend", "pytorch", "tensorflow", "mpi")
@@ -187,29 +188,16 @@ class MpiOptions(Section):
     @field_validator("export")
     @classmethod
     def _export_names(cls, value: list[str]) -> list[str]:
-        from launchers.engines.mpi import is_secret_name
-
         for name in value:
             if not re.fullmatch(r"[A-Za-z_*?\[\]][A-Za-z0-9_*?\[\]!-]*", name):
                 raise ValueError(f"{name!r} is not an environment variable name or glob (e.g. NCCL_DEBUG, MA_*)")
-        secrets = [name for name in value if not any(c in name for c in "*?[") and is_secret_name(name)]
+        secrets = [name for name in value if not any(c in name for c in "*?[") and looks_secret(name)]
         if secrets:
             raise ValueError(
                 f"{', '.join(secrets)} looks like a credential; mlaunch never passes credentials to mpirun's ranks "
                 "(globs skip such names too)"
             )
         return value
-
-
-# Env names that hold secrets: the generated pre-start passes them through, never writes or echoes them.
-SECRET_NAME_PATTERNS = ("*_KEY", "*SECRET*", "*TOKEN*", "CRED*", "*CREDENTIAL*", "*PASSWORD*", "*PASSWD*")
-
-
-def looks_secret(name: str) -> bool:
-    """Whether an env variable name matches a common secret pattern (case-insensitive)."""
-    import fnmatch
-
-    return any(fnmatch.fnmatchcase(name.upper(), pattern) for pattern in SECRET_NAME_PATTERNS)
 
 
 class PrestartOptions(Section):

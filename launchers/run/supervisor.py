@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, BinaryIO, Literal
 
-from launchers import early_signals
 from launchers.elastic import staging
 from launchers.plan import ProcessSpec
+from launchers.run import signals as early_signals
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -392,7 +392,7 @@ class _Standby:
 
 
 class StandbyPool:
-    """Warm standby workers for fast restarts (see ``launchers.standby`` for the other side).
+    """Warm standby workers for fast restarts (see ``launchers.run.standby`` for the other side).
 
     One standby per worker slot, in its own process group with the same parent-death
     signal, ``MLAUNCH_RUN_ID`` and watchdog registration as a worker. Importing torch takes
@@ -458,7 +458,7 @@ class StandbyPool:
             env["MLAUNCH_STANDBY_READY_FD"] = str(write_fd)
             try:
                 popen = _start_process(
-                    [spec.argv[0], "-u", "-m", "launchers.standby", *self.preload],
+                    [spec.argv[0], "-u", "-m", "launchers.run.standby", *self.preload],
                     env,
                     spec.cwd,
                     parent,

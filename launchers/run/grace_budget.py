@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launchers.durations import format_duration
+from launchers.config.durations import format_duration
+from launchers.findings import Finding
 
 if TYPE_CHECKING:
-    from launchers.checks import Finding
-    from launchers.job import Job
+    from launchers.config.job import Job
     from launchers.plan import LaunchPlan
 
 MARGIN = 2.0  # process exit, interpreter teardown, the commit's fsyncs
@@ -138,8 +138,6 @@ def _preload_missing(job: Job) -> list[str]:
 
 def check(job: Job, plan: LaunchPlan) -> list[Finding]:
     """The grace-budget entry of ``mlaunch check``."""
-    from launchers.checks import Finding
-
     found: list[Finding] = []
     grace = job.checkpoint.grace_period
     budget = declared(job)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from launchers.config.job import Job
 from launchers.errors import UserError
-from launchers.job import Job
-from launchers.prestart import common_context, env_file_of, relative_to_script
+from launchers.generate.prestart import common_context, env_file_of, relative_to_script
 
 ENTRYPOINT_NAME = "entrypoint.sh"
 
@@ -46,7 +46,7 @@ def entrypoint_context(job: Job, engine: str, script: Path, prestart: Path) -> d
 
 def render_entrypoint(job: Job, engine: str, script: Path, prestart: Path) -> str:
     """The text of entrypoint.sh, to be saved at ``script``; ``prestart`` is the pre-start it runs."""
-    from launchers.render import render
+    from launchers.generate.render import render
 
     return render("entrypoint.sh.j2", **entrypoint_context(job, engine, script, prestart))
 

@@ -32,9 +32,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from launchers.config.job import Job
 from launchers.errors import UserError
-from launchers.job import Job
-from launchers.k8s_pod import (
+from launchers.generate.k8s.pod import (
     ContainerLayout,
     ContainerSpec,
     Mounts,
@@ -44,7 +44,7 @@ from launchers.k8s_pod import (
     labels,
     pod_template,
 )
-from launchers.platform import DEFAULT_MASTER_PORT
+from launchers.platform.cluster import DEFAULT_MASTER_PORT
 
 TARGETS: dict[str, tuple[str, ...]] = {
     "volcano": ("pytorch", "tensorflow", "mpi", "ascend"),
@@ -113,7 +113,7 @@ def ascend_style(job: Job) -> str:
 
 def ha_ports(job: Job) -> list[dict[str, Any]]:
     """TaskD's manager port on every pod; the TFT controller port when it runs on node 0."""
-    from launchers.ha import TASKD_PORT, TFT_DEFAULT_PORT
+    from launchers.engines.high_availability import TASKD_PORT, TFT_DEFAULT_PORT
 
     ha = job.high_availability
     ports = []
@@ -450,7 +450,7 @@ def build(job: Job, target: str, engine: str) -> Manifest:
     """The manifest documents for ``target``; user mistakes raise UserError before anything is written."""
     check_target(job, target, engine)
     if job.high_availability.enabled:  # pods that would refuse to start are refused here already
-        from launchers.ha import check_high_availability
+        from launchers.engines.high_availability import check_high_availability
 
         check_high_availability(job, job.nodes * job.procs_per_node)
     return BUILDERS[target](job, engine)

@@ -8,20 +8,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from launchers.config.job import Job, load_job
 from launchers.errors import EXIT_USER_ERROR, UserError
-from launchers.job import Job, load_job
+from launchers.findings import Finding
 from launchers.plan import LaunchPlan
-
-
-@dataclass
-class Finding:
-    level: Literal["ok", "note", "warning", "error"]
-    message: str
-
 
 CheckFn = Callable[[Job, LaunchPlan], list[Finding]]
 
@@ -46,7 +38,7 @@ def _high_availability(job: Job, plan: LaunchPlan) -> list[Finding]:
     """Replica groups of the HA layout (the refusals themselves are raised while planning)."""
     if not job.high_availability.enabled:
         return []
-    from launchers.ha import TASKD_ROLE, check_high_availability, describe_groups
+    from launchers.engines.high_availability import TASKD_ROLE, check_high_availability, describe_groups
 
     try:
         groups = check_high_availability(job, plan.world_size)
@@ -71,14 +63,14 @@ def _mpi(job: Job, plan: LaunchPlan) -> list[Finding]:
 
 def _prestart(job: Job, plan: LaunchPlan) -> list[Finding]:
     """The prestart: section: wheel patterns, secrets, wheels that match nothing yet."""
-    from launchers.prestart import check_prestart
+    from launchers.generate.prestart import check_prestart
 
     return [Finding(level, message) for level, message in check_prestart(job, plan)]
 
 
 def _grace_budget(job: Job, plan: LaunchPlan) -> list[Finding]:
     """Step + save time against the grace period; the kill timers of the chain agree; preload imports."""
-    from launchers.grace_budget import check
+    from launchers.run.grace_budget import check
 
     return check(job, plan)
 
@@ -88,7 +80,7 @@ CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability, _mpi, _prest
 
 def run_checks(job_file: Path, engine: str | None, extra_args: Sequence[str], *, simulate: bool = False) -> int:
     """Print every finding; return 0 when nothing is an error, else 2."""
-    from launchers.runner import make_plan, resolve_engine_name
+    from launchers.run.runner import make_plan, resolve_engine_name
 
     job = load_job(job_file)
     print(f"ok: {job_file} is a valid job file")

@@ -29,9 +29,9 @@ def entrypoint(
 
       mlaunch wheel -o dist && mlaunch prestart job.yaml && mlaunch entrypoint job.yaml -o entrypoint.sh
     """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
-    from launchers.entrypoint import ENTRYPOINT_NAME, advise, engine_of, render_entrypoint
-    from launchers.job import load_job
-    from launchers.prestart import PRESTART_NAME, note, output_path, write_script
+    from launchers.config.job import load_job
+    from launchers.generate.entrypoint import ENTRYPOINT_NAME, advise, engine_of, render_entrypoint
+    from launchers.generate.prestart import PRESTART_NAME, note, output_path, write_script
 
     job = load_job(job_file)
     name = engine_of(job, engine)

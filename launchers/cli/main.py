@@ -4,7 +4,7 @@ The common case — a platform starting ``mlaunch --engine E job.yaml [platform 
 every node — takes a fast path that parses its few options by hand and never imports typer:
 launch overhead is paid on every node and every restart. Every other command (``plan``,
 ``check``, ``schema``, ``prestart``..., any ``--help``) goes through the typer application in
-``launchers.cli_app``, which defines the same ``run`` command for help and completeness.
+``launchers.cli.app``, which defines the same ``run`` command for help and completeness.
 
 User mistakes exit 2 with a one-paragraph message; never a traceback.
 """
@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchers import early_signals
 from launchers.errors import EXIT_USER_ERROR, UserError
+from launchers.run import signals as early_signals
 
 _HELP = ("--help", "-h", "--version")
 
@@ -77,7 +77,7 @@ def _command_names() -> set[str]:
     """Core command names plus one per extension module (modules are named after their command)."""
     import pkgutil
 
-    import launchers.commands as package
+    import launchers.cli.commands as package
 
     names = {"run", "plan", "schema", "check"}
     names.update(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
@@ -85,8 +85,8 @@ def _command_names() -> set[str]:
 
 
 def _fast_run(run: RunArgs) -> int:
-    from launchers.job import load_job
-    from launchers.runner import resolve_engine_name, run_job
+    from launchers.config.job import load_job
+    from launchers.run.runner import resolve_engine_name, run_job
 
     job = load_job(run.job_file)
     return run_job(job, resolve_engine_name(job, run.engine), run.extra, simulate=run.simulate)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> Any:
 def _typer_main(args: list[str]) -> int:
     import typer
 
-    from launchers.cli_app import app
+    from launchers.cli.app import app
 
     try:  # typer ≥ 0.20 vendors click as typer._click; older releases use click itself
         from typer._click import exceptions as click_exceptions
@@ -137,9 +137,9 @@ def _typer_main(args: list[str]) -> int:
 
 
 def __getattr__(name: str) -> Any:
-    """``launchers.cli.app`` stays importable (typer's CliRunner, tests) without a start-up cost."""
+    """``launchers.cli.main.app`` stays importable (typer's CliRunner, tests) without a start-up cost."""
     if name == "app":
-        from launchers.cli_app import app
+        from launchers.cli.app import app
 
         return app
     raise AttributeError(name)

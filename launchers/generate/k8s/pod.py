@@ -1,6 +1,6 @@
 """The pod every manifest target shares: container, command, volumes, resources, grace, names.
 
-``launchers.manifests`` wraps one or more of these pod templates in each operator's job
+``launchers.generate.k8s.manifests`` wraps one or more of these pod templates in each operator's job
 kind. What is here is the contract between the manifest and mlaunch inside the pod:
 
 - the container runs ``mlaunch --engine E <job.yaml>`` (or the generated entrypoint), with
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from launchers.config.job import Job, VolumeOptions
 from launchers.errors import UserError
-from launchers.job import Job, VolumeOptions
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "mlaunch"}
 SHM_MOUNT = "/dev/shm"

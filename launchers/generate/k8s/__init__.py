@@ -1,0 +1,1 @@
+"""Kubernetes manifests: the shared pod template and one module per target."""

@@ -1,0 +1,135 @@
+"""The code's shape, checked: no import cycle, small modules, short functions, clean layering.
+
+These are the rules the layout was built to (issue 12); a change that breaks one fails here
+with the offending module or function named, instead of the tree drifting back.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGES = ("launchers", "bootstrap")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name → file, for every project module (packages by their __init__)."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> Iterator[str]:
+    """Every project module ``name`` imports anywhere in its file: top level, functions, TYPE_CHECKING.
+
+    ``from pkg import sub`` counts as importing ``pkg.sub`` alone: the package's own
+    ``__init__`` runs first whatever the importer does, so it is no edge of a cycle.
+    """
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            subs = [f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in known]
+            if len(subs) < len(node.names) and module in known:
+                yield module
+            yield from subs
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    known = set(files)
+    return {name: set(imported_modules(name, path, known)) - {name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path ``a → b → … → a``, or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_between_project_modules() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " → ".join(cycle or [])
+
+
+def test_bootstrap_prepares_nodes_without_the_engines() -> None:
+    """bootstrap/ runs on a node before training; it must not depend on how plans are made or run."""
+    graph = import_graph()
+    offenders = {
+        f"{name} → {target}"
+        for name, targets in graph.items()
+        if name.startswith("bootstrap")
+        for target in targets
+        if target.startswith(("launchers.engines", "launchers.run", "launchers.cli"))
+    }
+    assert not offenders, sorted(offenders)
+
+
+def test_the_training_side_imports_nothing_of_the_launcher() -> None:
+    """launchers.elastic is imported by training scripts: it must not pull in the launcher's parts."""
+    graph = import_graph()
+    offenders = {
+        f"{name} → {target}"
+        for name, targets in graph.items()
+        if name.startswith("launchers.elastic")
+        for target in targets
+        if not target.startswith("launchers.elastic") and target != "launchers.log"
+    }
+    assert not offenders, sorted(offenders)
+
+
+def test_modules_stay_small() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in module_files().values()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_functions_stay_short() -> None:
+    long = {}
+    for path in module_files().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = lines
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
