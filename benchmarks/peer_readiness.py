@@ -56,14 +56,14 @@ PORT = 36666
 def boot(spec: dict, delays: list[float]) -> list[threading.Thread]:
     """Start host i's sshd ``delays[i]`` seconds from now (in its namespace)."""
     from bootstrap import sshd
-    from bootstrap.runtime import Layout
+    from bootstrap.runtime import NodeFiles
 
     binary = sshd.sshd_binary() or "sshd"
     start = time.monotonic()
 
     def one(host: dict, delay: float) -> None:
         time.sleep(max(0.0, start + delay - time.monotonic()))
-        layout = Layout(Path(host["dir"]))
+        layout = NodeFiles(Path(host["dir"]))
         trace(f"start sshd {host['ip']}")
         subprocess.run(
             ["ip", "netns", "exec", host["ns"], binary, "-f", str(layout.sshd_config), "-E", str(layout.sshd_log)],
@@ -87,10 +87,10 @@ def trace(message: str) -> None:
 
 def stop_all(spec: dict) -> None:
     from bootstrap import sshd
-    from bootstrap.runtime import Layout
+    from bootstrap.runtime import NodeFiles
 
     for host in spec["hosts"]:
-        trace(f"stop {host['ip']}: {sshd.stop(Layout(Path(host['dir'])))}")
+        trace(f"stop {host['ip']}: {sshd.stop(NodeFiles(Path(host['dir'])))}")
 
 
 def serial_seed_style(addresses: list[str], check: object, timeout: float = 60) -> None:
@@ -176,7 +176,7 @@ def main() -> int:
     from netns import NetnsHosts, netns_unavailable_reason
 
     from bootstrap import keys, sshd
-    from bootstrap.runtime import Layout, runtime_root
+    from bootstrap.runtime import NodeFiles, runtime_root
 
     reason = netns_unavailable_reason()
     if reason or sshd.sshd_binary() is None:
@@ -193,7 +193,7 @@ def main() -> int:
         with NetnsHosts(args.hosts) as net:
             spec = {"user": sshd.current_user(), "stagger": args.stagger, "repeat": args.repeat, "hosts": []}
             for host, directory in zip(net.hosts, dirs, strict=True):
-                layout = Layout(directory)
+                layout = NodeFiles(directory)
                 keys.install(work / "secret", layout)
                 keys.write_private(
                     layout.sshd_config, sshd.render_config(layout, PORT, [host.ip], sshd.current_user()).encode()
@@ -211,7 +211,7 @@ def main() -> int:
             report(json.loads(run.stdout.strip().splitlines()[-1]), args)
     finally:
         for directory in dirs:
-            sshd.stop(Layout(directory))
+            sshd.stop(NodeFiles(directory))
             shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return 0

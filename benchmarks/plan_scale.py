@@ -67,7 +67,7 @@ def main() -> int:
 
             node = best_of(args.repeat, node_plan)
             cluster = ENGINE.detect(job, env, [])
-            cluster.simulated = True  # plan every server's processes, as local simulation does
+            cluster.base.simulated = True  # plan every server's processes, as local simulation does
 
             def all_plan(cluster=cluster, servers=servers):
                 assert len(ENGINE.plan(job, cluster).processes) == servers * DEVICES

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import os
 import shlex
 import signal
@@ -34,19 +35,16 @@ from pathlib import Path
 from bootstrap.completion import Notifier, heartbeat_interval
 from bootstrap.hosts import render_hostfile
 from bootstrap.keys import completion_secret, write_private
+from launchers import log
 from launchers.config.secrets import looks_secret
+from launchers.run.signals import STOP_SIGNALS
 
 # Kept for mpirun beside the -x names: what a login needs, never a credential.
 BASE_ENV = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TZ", "MLAUNCH_RUN_ID")
 BASE_PREFIXES = ("LC_",)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_PEERS_NOT_READY = 1
 _PR_SET_PDEATHSIG = 1
-
-
-def say(message: str) -> None:
-    sys.stderr.write(f"mlaunch mpi: {message}\n")
-    sys.stderr.flush()
+say = functools.partial(log.say, who="mlaunch mpi")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -25,24 +25,20 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap.runtime import HOST_KEY_ALIAS, Layout
+from bootstrap.runtime import AUTHORIZED_KEYS, CLIENT_KEY, HOST_KEY, HOST_KEY_ALIAS, KNOWN_HOSTS, NodeFiles
+from launchers.atomic import write_atomic
 
-CLIENT_KEY = "id_ed25519"
-HOST_KEY = "ssh_host_ed25519_key"
-AUTHORIZED_KEYS = "authorized_keys"
-KNOWN_HOSTS = "known_hosts"
 REQUIRED = (CLIENT_KEY, HOST_KEY, HOST_KEY + ".pub", AUTHORIZED_KEYS)
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to a fresh 0600 file (never through a symlink, never briefly readable)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    """Replace ``path`` with a fresh 0600 file holding ``data``.
+
+    ``launchers.atomic.write_atomic``: the data goes to a new 0600 temporary file that then
+    replaces ``path`` — never written through a symlink, never briefly readable by others,
+    never seen half-written.
+    """
+    write_atomic(path, data, 0o600)
 
 
 def make_private_dir(path: Path) -> None:
@@ -93,9 +89,7 @@ def generate(directory: Path, *, comment: str = "mlaunch-job", force: bool = Fal
         (KNOWN_HOSTS, known_hosts_line(host_line).encode()),
     ):
         path = directory / name
-        if path.is_symlink() or path.exists():
-            path.unlink()  # start from nothing: O_NOFOLLOW|O_CREAT then makes a fresh 0600 file
-        write_private(path, data)
+        write_private(path, data)  # a fresh file replaces whatever was there, a symlink included
         written.append(path)
     return written
 
@@ -137,25 +131,24 @@ def loose_permissions(directory: Path) -> list[Path]:
 
 @dataclass(frozen=True)
 class Installed:
-    layout: Layout
+    files: NodeFiles
     host_public: str
 
 
-def install(source: Path, layout: Layout) -> Installed:
+def install(source: Path, files: NodeFiles) -> Installed:
     """Copy the secret into the node's private runtime directory (0700, files 0600)."""
-    make_private_dir(layout.dir.parent)
-    make_private_dir(layout.dir)
-    write_private(layout.client_key, (source / CLIENT_KEY).read_bytes())
-    write_private(layout.host_key, (source / HOST_KEY).read_bytes())
-    write_private(layout.authorized_keys, (source / AUTHORIZED_KEYS).read_bytes())
+    make_private_dir(files.dir.parent)
+    make_private_dir(files.dir)
+    for name in (CLIENT_KEY, HOST_KEY, AUTHORIZED_KEYS):
+        write_private(files.dir / name, (source / name).read_bytes())
     host_public = (source / (HOST_KEY + ".pub")).read_text().strip()
-    write_private(layout.known_hosts, known_hosts_line(host_public).encode())
-    return Installed(layout, host_public)
+    write_private(files.known_hosts, known_hosts_line(host_public).encode())
+    return Installed(files, host_public)
 
 
-def remove_secrets(layout: Layout) -> None:
+def remove_secrets(files: NodeFiles) -> None:
     """Delete the copies of private material once the node's attempt is over."""
-    for path in layout.secret_files:
+    for path in files.secret_files:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 

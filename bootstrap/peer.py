@@ -16,6 +16,7 @@ process is stopped by signal N.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import time
@@ -23,13 +24,11 @@ from pathlib import Path
 
 from bootstrap.completion import EXIT_NODE0_LOST, Listener, bind_listener
 from bootstrap.keys import completion_secret
-from bootstrap.runtime import Layout
+from bootstrap.runtime import NodeFiles
 from bootstrap.sshd import local_addresses_of, stop
+from launchers import log
 
-
-def say(message: str) -> None:
-    sys.stderr.write(f"mlaunch peer: {message}\n")
-    sys.stderr.flush()
+say = functools.partial(log.say, who="mlaunch peer")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.runtime_dir is not None:
             # The ranks node 0 started here run under this node's sshd: when this node stops
             # (signal, node 0 gone, or job over), they stop with it.
-            stop(Layout(args.runtime_dir))
+            stop(NodeFiles(args.runtime_dir))
     if listener.code is not None:
         say(f"{args.node0} reports the job ended with exit code {listener.code}")
         return listener.code

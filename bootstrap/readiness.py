@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,6 +108,54 @@ def check_once(host: str, port: int, user: str, pkey: paramiko.PKey, host_key: p
     return address
 
 
+@dataclass
+class _Watch:
+    """One wait for a set of peers: the handshake's credentials, one deadline, the shared slots and flags."""
+
+    port: int
+    user: str
+    pkey: paramiko.PKey
+    host_key: paramiko.PKey
+    start: float
+    deadline: float
+    halt: threading.Event
+    on_ready: Callable[[PeerStatus], None] | None = None
+    slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(MAX_PARALLEL))
+    failed: threading.Event = field(default_factory=threading.Event)
+
+    def give_up(self) -> bool:
+        return self.failed.is_set() or self.halt.is_set() or time.monotonic() >= self.deadline
+
+    def attempt(self, status: PeerStatus) -> bool:
+        """One handshake with ``status.host``; True when there is nothing more to do for it."""
+        status.attempts += 1
+        attempt_timeout = max(0.5, min(5.0, self.deadline - time.monotonic()))
+        try:
+            status.address = check_once(status.host, self.port, self.user, self.pkey, self.host_key, attempt_timeout)
+        except _Fatal as exc:
+            status.error, status.fatal = str(exc), True
+            self.failed.set()
+            return True
+        except Exception as exc:  # noqa: BLE001 - resolution, refused, banner/timeout: retry
+            status.error = _describe(exc)
+            return False
+        status.ready, status.error = True, ""
+        status.elapsed = time.monotonic() - self.start
+        if self.on_ready:
+            self.on_ready(status)
+        return True
+
+    def __call__(self, status: PeerStatus) -> None:
+        """Retry ``status.host`` with backoff until it is ready, fails for good, or the wait ends."""
+        delay = FIRST_RETRY
+        while not self.give_up():
+            with self.slots:
+                if self.give_up() or self.attempt(status):
+                    return
+            self.halt.wait(min(delay, max(0.0, self.deadline - time.monotonic())))
+            delay = min(MAX_RETRY, delay * 1.5)
+
+
 def wait_for_peers(
     hosts: Sequence[str],
     port: int,
@@ -121,40 +169,8 @@ def wait_for_peers(
 ) -> dict[str, PeerStatus]:
     """Check every host concurrently until all are ready; raise ``PeersNotReady`` otherwise."""
     start = time.monotonic()
-    deadline = start + timeout
+    watch = _Watch(port, user, pkey, host_key, start, start + timeout, stop or threading.Event(), on_ready)
     statuses = {host: PeerStatus(host) for host in dict.fromkeys(hosts)}
-    slots = threading.Semaphore(MAX_PARALLEL)
-    failed = threading.Event()
-    halt = stop or threading.Event()
-
-    def give_up() -> bool:
-        return failed.is_set() or halt.is_set() or time.monotonic() >= deadline
-
-    def watch(status: PeerStatus) -> None:
-        delay = FIRST_RETRY
-        while not give_up():
-            with slots:
-                if give_up():
-                    return
-                status.attempts += 1
-                attempt_timeout = max(0.5, min(5.0, deadline - time.monotonic()))
-                try:
-                    status.address = check_once(status.host, port, user, pkey, host_key, attempt_timeout)
-                except _Fatal as exc:
-                    status.error, status.fatal = str(exc), True
-                    failed.set()
-                    return
-                except Exception as exc:  # noqa: BLE001 - resolution, refused, banner/timeout: retry
-                    status.error = _describe(exc)
-                else:
-                    status.ready, status.error = True, ""
-                    status.elapsed = time.monotonic() - start
-                    if on_ready:
-                        on_ready(status)
-                    return
-            halt.wait(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(MAX_RETRY, delay * 1.5)
-
     threads = [
         threading.Thread(target=watch, args=(s,), daemon=True, name=f"ready-{s.host}") for s in statuses.values()
     ]
@@ -163,8 +179,13 @@ def wait_for_peers(
     for thread in threads:
         while thread.is_alive():
             thread.join(0.1)
-            if halt.is_set():
+            if watch.halt.is_set():
                 break
+    _raise_unless_ready(statuses, watch.halt, port, timeout)
+    return statuses
+
+
+def _raise_unless_ready(statuses: dict[str, PeerStatus], halt: threading.Event, port: int, timeout: float) -> None:
     if halt.is_set() and not all(s.ready for s in statuses.values()):
         raise PeersNotReady("stopped while waiting for peers", statuses)
     fatal = [s for s in statuses.values() if s.fatal]
@@ -179,7 +200,6 @@ def wait_for_peers(
             f"{timeout:g}s: {detail}",
             statuses,
         )
-    return statuses
 
 
 def _describe(exc: BaseException) -> str:

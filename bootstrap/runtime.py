@@ -42,43 +42,35 @@ def runtime_root(env: Mapping[str, str]) -> Path:
     return Path.home() / ".cache" / "mlaunch" / "run"
 
 
+CLIENT_KEY = "id_ed25519"
+HOST_KEY = "ssh_host_ed25519_key"
+AUTHORIZED_KEYS = "authorized_keys"
+KNOWN_HOSTS = "known_hosts"
+
+
+class _File:
+    """A file of the node's runtime directory, by name: ``NodeFiles(d).client_key`` is ``d/id_ed25519``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, files: NodeFiles, owner: type | None = None) -> Path:
+        return files.dir / self.name
+
+
 @dataclass(frozen=True)
-class Layout:
-    """Every file one node's bootstrap reads or writes."""
+class NodeFiles:
+    """One node's private runtime directory and every file its bootstrap reads or writes there."""
 
     dir: Path
-
-    @property
-    def client_key(self) -> Path:
-        return self.dir / "id_ed25519"
-
-    @property
-    def host_key(self) -> Path:
-        return self.dir / "ssh_host_ed25519_key"
-
-    @property
-    def authorized_keys(self) -> Path:
-        return self.dir / "authorized_keys"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.dir / "known_hosts"
-
-    @property
-    def sshd_config(self) -> Path:
-        return self.dir / "sshd_config"
-
-    @property
-    def sshd_pid(self) -> Path:
-        return self.dir / "sshd.pid"
-
-    @property
-    def sshd_log(self) -> Path:
-        return self.dir / "sshd.log"
-
-    @property
-    def hostfile(self) -> Path:
-        return self.dir / "hostfile"
+    client_key = _File(CLIENT_KEY)
+    host_key = _File(HOST_KEY)
+    authorized_keys = _File(AUTHORIZED_KEYS)
+    known_hosts = _File(KNOWN_HOSTS)
+    sshd_config = _File("sshd_config")
+    sshd_pid = _File("sshd.pid")
+    sshd_log = _File("sshd.log")
+    hostfile = _File("hostfile")
 
     @property
     def secret_files(self) -> tuple[Path, ...]:
@@ -86,7 +78,7 @@ class Layout:
         return (self.client_key, self.host_key, self.authorized_keys)
 
 
-def layout_for(job_name: str, job_source: str, node: int, env: Mapping[str, str]) -> Layout:
+def node_files_for(job_name: str, job_source: str, node: int, env: Mapping[str, str]) -> NodeFiles:
     """The runtime directory of ``node`` for this job: ``<root>/<job>-<digest>-node<k>``.
 
     The digest of the job file's path keeps two jobs of the same name apart on one machine;
@@ -102,10 +94,10 @@ def layout_for(job_name: str, job_source: str, node: int, env: Mapping[str, str]
             f"the runtime directory {str(path)!r} contains a blank or a quote; set MLAUNCH_RUNTIME_DIR to a "
             "plain path such as /run/mlaunch"
         )
-    return Layout(path)
+    return NodeFiles(path)
 
 
-def ssh_client_args(layout: Layout, port: int, *, connect_timeout: int = 10) -> list[str]:
+def ssh_client_args(files: NodeFiles, port: int, *, connect_timeout: int = 10) -> list[str]:
     """ssh options for mpirun's launcher: job key only, the pinned host key, never a prompt.
 
     ``StrictHostKeyChecking yes`` with a known_hosts file of our own: a host presenting any
@@ -115,13 +107,13 @@ def ssh_client_args(layout: Layout, port: int, *, connect_timeout: int = 10) -> 
         "-p",
         str(port),
         "-i",
-        str(layout.client_key),
+        str(files.client_key),
         "-o",
         "IdentitiesOnly=yes",
         "-o",
         "StrictHostKeyChecking=yes",
         "-o",
-        f"UserKnownHostsFile={layout.known_hosts}",
+        f"UserKnownHostsFile={files.known_hosts}",
         "-o",
         "GlobalKnownHostsFile=/dev/null",
         "-o",

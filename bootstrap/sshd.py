@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap.keys import make_private_dir, write_private
-from bootstrap.runtime import Layout
+from bootstrap.runtime import NodeFiles
 
 PRIVSEP_DIR = Path("/run/sshd")  # Debian's sshd exits 255 without it
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\$?$")
@@ -80,12 +80,12 @@ def listen_addresses(host: str | None) -> list[str]:
     return ["0.0.0.0"]
 
 
-def render_config(layout: Layout, port: int, listen: list[str], user: str) -> str:
+def render_config(files: NodeFiles, port: int, listen: list[str], user: str) -> str:
     from launchers.generate.render import render
 
     if not _USER.match(user):
         raise SshdError(f"user name {user!r} cannot be written into an sshd config")
-    return render("sshd_config.j2", layout=layout, port=port, listen=listen, user=user, max_startups="100:30:400")
+    return render("sshd_config.j2", files=files, port=port, listen=listen, user=user, max_startups="100:30:400")
 
 
 def _read_pid(path: Path) -> int | None:
@@ -96,50 +96,50 @@ def _read_pid(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _is_our_sshd(pid: int, layout: Layout) -> bool:
+def _is_our_sshd(pid: int, files: NodeFiles) -> bool:
     # A daemonised sshd retitles itself ("sshd: /usr/sbin/sshd -f CONFIG ... [listener] ..."),
     # so look for the binary's name and our config path anywhere in its command line.
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return False
-    return b"sshd" in cmdline and str(layout.sshd_config).encode() in cmdline
+    return b"sshd" in cmdline and str(files.sshd_config).encode() in cmdline
 
 
-def start(layout: Layout, port: int, listen: list[str], *, timeout: float = 10.0) -> int:
+def start(files: NodeFiles, port: int, listen: list[str], *, timeout: float = 10.0) -> int:
     """Write the config, start sshd as a daemon, and return its pid once it listens."""
     binary = sshd_binary()
     if binary is None:
         raise SshdError("sshd is not installed (Debian/Ubuntu: apt-get install openssh-server)")
-    stop(layout)  # a daemon left by an earlier attempt or a killed mlaunch
+    stop(files)  # a daemon left by an earlier attempt or a killed mlaunch
     if os.geteuid() == 0:
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
-    make_private_dir(layout.dir)
-    write_private(layout.sshd_config, render_config(layout, port, listen, current_user()).encode())
+    make_private_dir(files.dir)
+    write_private(files.sshd_config, render_config(files, port, listen, current_user()).encode())
     with contextlib.suppress(FileNotFoundError):
-        layout.sshd_pid.unlink()
+        files.sshd_pid.unlink()
     result = subprocess.run(
-        [binary, "-f", str(layout.sshd_config), "-E", str(layout.sshd_log)],
+        [binary, "-f", str(files.sshd_config), "-E", str(files.sshd_log)],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
     if result.returncode != 0:
-        raise SshdError(f"sshd refused to start (exit {result.returncode}): {_why(result.stderr, layout)}")
+        raise SshdError(f"sshd refused to start (exit {result.returncode}): {_why(result.stderr, files)}")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pid = _read_pid(layout.sshd_pid)
+        pid = _read_pid(files.sshd_pid)
         if pid and _alive(pid):
             return pid
         time.sleep(0.01)
-    raise SshdError(f"sshd did not write {layout.sshd_pid} within {timeout:g}s: {_why('', layout)}")
+    raise SshdError(f"sshd did not write {files.sshd_pid} within {timeout:g}s: {_why('', files)}")
 
 
-def _why(stderr: str, layout: Layout) -> str:
+def _why(stderr: str, files: NodeFiles) -> str:
     lines = [line for line in stderr.splitlines() if line.strip()]
     with contextlib.suppress(OSError):
-        lines += layout.sshd_log.read_text(errors="replace").splitlines()[-5:]
+        lines += files.sshd_log.read_text(errors="replace").splitlines()[-5:]
     return " | ".join(lines[-6:]) or "no message"
 
 
@@ -170,12 +170,12 @@ def _wait_gone(procs: list[Any], timeout: float) -> list[Any]:
         time.sleep(0.01)
 
 
-def stop(layout: Layout, *, grace: float = 2.0) -> bool:
+def stop(files: NodeFiles, *, grace: float = 2.0) -> bool:
     """Stop the daemon named by the PidFile and every session it serves; True if one was running."""
-    pid = _read_pid(layout.sshd_pid)
-    if pid is None or not _alive(pid) or not _is_our_sshd(pid, layout):
+    pid = _read_pid(files.sshd_pid)
+    if pid is None or not _alive(pid) or not _is_our_sshd(pid, files):
         with contextlib.suppress(FileNotFoundError):
-            layout.sshd_pid.unlink()  # stale: the daemon is gone (the supervisor reaps adopted orphans too)
+            files.sshd_pid.unlink()  # stale: the daemon is gone (the supervisor reaps adopted orphans too)
         return False
     import psutil
 
@@ -193,5 +193,5 @@ def stop(layout: Layout, *, grace: float = 2.0) -> bool:
             proc.kill()
     _wait_gone(alive, grace)
     with contextlib.suppress(FileNotFoundError):
-        layout.sshd_pid.unlink()
+        files.sshd_pid.unlink()
     return True

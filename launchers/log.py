@@ -8,11 +8,23 @@ runtime use it too.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 
 def say(message: str, *, who: str = "mlaunch") -> None:
-    """Write ``who: message`` to stderr as one line, flushed."""
-    stream = sys.stderr
-    stream.write(f"{who}: {message}\n")
-    stream.flush()
+    """Write ``who: message`` to stderr as one line, flushed; never raises.
+
+    It may run inside a signal handler that interrupted a write to ``sys.stderr``: the
+    re-entrant buffered write raises RuntimeError (a closed or missing stderr raises the
+    others). Nothing may escape into the caller (a training loop, a supervisor), so the line
+    then goes to file descriptor 2 itself, unbuffered.
+    """
+    line = f"{who}: {message}\n"
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except (RuntimeError, ValueError, AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.write(2, line.encode(errors="replace"))

@@ -14,9 +14,12 @@ testable without running anything.
 from __future__ import annotations
 
 import json
-import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launchers.platform.cluster import Cluster
 
 
 @dataclass
@@ -107,6 +110,36 @@ class LaunchPlan:
     attempt: int = 0
     notes: list[str] = field(default_factory=list)  # warnings worth showing before launch
 
+    @classmethod
+    def for_cluster(
+        cls,
+        engine: str,
+        cluster: Cluster,
+        nodes: list[NodePlan],
+        *,
+        policy: Policy,
+        attempt: int,
+        world_size: int | None = None,
+        notes: Sequence[str] = (),
+    ) -> LaunchPlan:
+        """The plan of ``nodes`` on ``cluster``: its shape, source and rendezvous address, its notes then ``notes``.
+
+        ``world_size`` is the cluster's unless the engine counts ranks its own way (a rank table).
+        """
+        return cls(
+            engine=engine,
+            world_size=cluster.world_size if world_size is None else world_size,
+            nodes=nodes,
+            policy=policy,
+            source=cluster.source,
+            simulated=cluster.simulated,
+            nnodes=cluster.nnodes,
+            master_addr=cluster.master_addr,
+            master_port=cluster.master_port,
+            attempt=attempt,
+            notes=[*cluster.notes, *notes],
+        )
+
     @property
     def processes(self) -> list[ProcessSpec]:
         return [p for node in self.nodes for p in node.processes]
@@ -128,24 +161,6 @@ class LaunchPlan:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, ensure_ascii=False)
-
-    def render_text(self, width: int = 100) -> str:
-        """A plain-text table (the CLI renders the same rows with rich when it can)."""
-        out = [self.headline()]
-        for note in self.notes:
-            out.append(f"note: {note}")
-        for node in self.nodes:
-            out.append(f"node {node.index}  host {node.host}")
-            for step in node.bootstrap:
-                out.append(f"  bootstrap: {step.name} {json.dumps(step.params, ensure_ascii=False)}")
-            for proc in node.processes:
-                out.append(f"  {proc_title(proc)}  cwd={proc.cwd}")
-                out.append(f"    argv: {shlex.join(proc.argv)}")
-                env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(proc.env.items()))
-                out.append(f"    env:  {env}")
-                if proc.log:
-                    out.append(f"    log:  {proc.log}")
-        return "\n".join(out)
 
     def headline(self) -> str:
         where = "local simulation" if self.simulated else f"platform: {self.source}"

@@ -9,6 +9,7 @@ command the README gives; a developer's plain ``pytest`` stays fast.
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -81,6 +82,39 @@ def run_mlaunch(
         capture_output=True,
         timeout=timeout,
     )
+
+
+def venv_seeing_this_python(path: Path, *, with_pip: bool = False) -> Path:
+    """A new venv at ``path`` that also sees every package the interpreter running the tests sees.
+
+    What ``--system-site-packages`` was meant for, but that flag shows the *base* interpreter's
+    site-packages: run from a venv (or from an env built on another Python) the child would miss
+    the test dependencies and mlaunch itself. Instead, a ``.pth`` file in the child's own
+    site-packages adds the running interpreter's site directories (``site.getsitepackages()``,
+    plus the user site where it is enabled) with ``site.addsitedir``, so their own ``.pth`` files
+    (an editable mlaunch) work too. They come after the child's site-packages, as with
+    ``--system-site-packages``: what is installed into the child wins. Returns the child's python.
+    """
+    subprocess.run(
+        [sys.executable, "-m", "venv", *([] if with_pip else ["--without-pip"]), str(path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    python = path / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    lines = [f"import site; site.addsitedir({d!r})\n" for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+    Path(purelib, "_mlaunch_tests_parent_site.pth").write_text("".join(lines))
+    return python
 
 
 def torch_available() -> bool:

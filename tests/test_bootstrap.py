@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, clean_env
 
 from bootstrap import completion, hosts, keys, readiness, sshd
-from bootstrap.runtime import Layout, runtime_root, ssh_client_args
+from bootstrap.runtime import NodeFiles, runtime_root, ssh_client_args
 from launchers.platform.cluster import free_port
 
 needs_sshd = pytest.mark.skipif(sshd.sshd_binary() is None, reason="needs openssh-server (sshd)")
@@ -33,16 +33,16 @@ def secret(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def layout() -> Iterator[Layout]:
+def layout() -> Iterator[NodeFiles]:
     """A runtime directory where sshd's StrictModes holds (not under the world-writable /tmp)."""
     path = runtime_root(os.environ) / f"test-bootstrap-{secrets.token_hex(4)}"
-    yield Layout(path)
-    sshd.stop(Layout(path))
+    yield NodeFiles(path)
+    sshd.stop(NodeFiles(path))
     shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
-def running_sshd(secret: Path, layout: Layout) -> Iterator[tuple[Layout, int]]:
+def running_sshd(secret: Path, layout: NodeFiles) -> Iterator[tuple[NodeFiles, int]]:
     keys.install(secret, layout)
     port = free_port()
     pid = sshd.start(layout, port, ["127.0.0.1"])
@@ -57,7 +57,7 @@ def running_sshd(secret: Path, layout: Layout) -> Iterator[tuple[Layout, int]]:
 # ----------------------------------------------------------------------------------------
 
 
-def test_install_copies_the_secret_private_and_pins_the_host_key(secret: Path, layout: Layout) -> None:
+def test_install_copies_the_secret_private_and_pins_the_host_key(secret: Path, layout: NodeFiles) -> None:
     for path in secret.iterdir():
         os.chmod(path, 0o644)  # as a mounted Kubernetes Secret may look
     installed = keys.install(secret, layout)
@@ -94,7 +94,7 @@ def test_completion_secret_is_shared_by_nodes_and_differs_per_job(tmp_path: Path
 
 
 def test_sshd_config_is_key_only() -> None:
-    text = sshd.render_config(Layout(Path("/run/x")), 36666, ["10.0.0.1"], "root")
+    text = sshd.render_config(NodeFiles(Path("/run/x")), 36666, ["10.0.0.1"], "root")
     for line in (
         "Port 36666",
         "ListenAddress 10.0.0.1",
@@ -109,13 +109,13 @@ def test_sshd_config_is_key_only() -> None:
         "AllowTcpForwarding no",
     ):
         assert line in text.splitlines(), line
-    assert "PermitRootLogin no" in sshd.render_config(Layout(Path("/run/x")), 1, ["0.0.0.0"], "mpiuser")
+    assert "PermitRootLogin no" in sshd.render_config(NodeFiles(Path("/run/x")), 1, ["0.0.0.0"], "mpiuser")
     with pytest.raises(sshd.SshdError):
-        sshd.render_config(Layout(Path("/run/x")), 1, ["0.0.0.0"], "bad\nuser")
+        sshd.render_config(NodeFiles(Path("/run/x")), 1, ["0.0.0.0"], "bad\nuser")
 
 
 @needs_sshd
-def test_readiness_logs_in_with_the_job_key(running_sshd: tuple[Layout, int]) -> None:
+def test_readiness_logs_in_with_the_job_key(running_sshd: tuple[NodeFiles, int]) -> None:
     layout, port = running_sshd
     statuses = readiness.wait_for_peers(
         ["127.0.0.1", "localhost"],
@@ -130,7 +130,7 @@ def test_readiness_logs_in_with_the_job_key(running_sshd: tuple[Layout, int]) ->
 
 
 @needs_sshd
-def test_readiness_refuses_another_host_key_at_once(running_sshd: tuple[Layout, int], tmp_path: Path) -> None:
+def test_readiness_refuses_another_host_key_at_once(running_sshd: tuple[NodeFiles, int], tmp_path: Path) -> None:
     layout, port = running_sshd
     rogue = tmp_path / "rogue"
     keys.generate(rogue)
@@ -149,7 +149,7 @@ def test_readiness_refuses_another_host_key_at_once(running_sshd: tuple[Layout, 
 
 
 @needs_sshd
-def test_readiness_refuses_a_key_sshd_does_not_know(running_sshd: tuple[Layout, int], tmp_path: Path) -> None:
+def test_readiness_refuses_a_key_sshd_does_not_know(running_sshd: tuple[NodeFiles, int], tmp_path: Path) -> None:
     layout, port = running_sshd
     rogue = tmp_path / "rogue"
     keys.generate(rogue)
@@ -185,7 +185,7 @@ def test_readiness_names_the_hosts_that_never_answered() -> None:
 
 
 @needs_sshd
-def test_password_login_is_refused(running_sshd: tuple[Layout, int]) -> None:
+def test_password_login_is_refused(running_sshd: tuple[NodeFiles, int]) -> None:
     import paramiko
 
     _, port = running_sshd
@@ -200,7 +200,7 @@ def test_password_login_is_refused(running_sshd: tuple[Layout, int]) -> None:
 
 
 @needs_sshd
-def test_openssh_client_with_mlaunch_options(running_sshd: tuple[Layout, int], tmp_path: Path) -> None:
+def test_openssh_client_with_mlaunch_options(running_sshd: tuple[NodeFiles, int], tmp_path: Path) -> None:
     """The exact options mpirun gets: login works; a changed pinned key makes ssh refuse."""
     layout, port = running_sshd
     home = tmp_path / "home"
@@ -221,7 +221,7 @@ def test_openssh_client_with_mlaunch_options(running_sshd: tuple[Layout, int], t
 
 
 @needs_sshd
-def test_stop_ends_sessions_too(running_sshd: tuple[Layout, int]) -> None:
+def test_stop_ends_sessions_too(running_sshd: tuple[NodeFiles, int]) -> None:
     layout, port = running_sshd
     session = subprocess.Popen(
         ["ssh", *ssh_client_args(layout, port), "127.0.0.1", "sleep", "300"],

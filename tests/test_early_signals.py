@@ -36,7 +36,7 @@ time.sleep(60)
 WRAPPER = """\
 import os, signal, sys
 import launchers.run.runner as runner
-from launchers.cli.main import main as cli
+from launchers.cli import main as cli
 
 where, sig = sys.argv[1], getattr(signal, sys.argv[2])
 real = getattr(runner, where)

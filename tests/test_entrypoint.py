@@ -3,7 +3,7 @@
 Each run is real: bash runs the generated entrypoint, which runs the generated pre-start, loads
 the env it left, and execs mlaunch, which starts worker processes that write down what they got.
 The interpreter is the one running these tests (its mlaunch is the checkout), except where a test
-needs a Python without mlaunch, or one that only sees it through ``--system-site-packages``.
+needs a Python without mlaunch, or a venv that only sees it through the test interpreter's site-packages.
 No pre-start here installs a wheel (that is tests/test_entrypoint_run.py), so the developer's
 environment is never touched.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import run_mlaunch
+from conftest import run_mlaunch, venv_seeing_this_python
 from test_prestart_fixtures import DUMP_WORKER, read_dumps, run_script, script_env, shellcheck
 
 WEIRD = 'it\'s "quoted" $(touch PWNED) `touch PWNED`; touch PWNED\nline two ünïcødé'
@@ -171,12 +171,10 @@ def test_python_without_mlaunch_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_mlaunch_runs_on_the_chosen_python_even_when_its_script_belongs_to_another(tmp_path: Path) -> None:
-    """A venv that sees mlaunch only through --system-site-packages: the `mlaunch` script on disk
-    would start the system interpreter, so the entrypoint runs mlaunch through the venv's python,
-    and the workers run on the venv's python too (where its pre-start installed things)."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
-    python = venv / "bin" / "python"
+    """A venv that sees mlaunch only through the test interpreter's site-packages: the `mlaunch`
+    script on disk would start that other interpreter, so the entrypoint runs mlaunch through the
+    venv's python, and the workers run on the venv's python too (where its pre-start installed things)."""
+    python = venv_seeing_this_python(tmp_path / "venv")
     script = generate(make_job(tmp_path / "code"), prestart=False)
     result = run_script(script, dump_env(tmp_path, python), timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

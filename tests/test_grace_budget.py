@@ -11,7 +11,8 @@ from pathlib import Path
 from conftest import ROOT, run_mlaunch
 
 from launchers.config.job import parse_job
-from launchers.run.grace_budget import MARGIN, Budget, timer_chain
+from launchers.config.timers import KillTimers, timer_chain
+from launchers.run.grace_budget import MARGIN, Budget
 
 BEHAVE = ROOT / "tests" / "scripts" / "behave.py"
 
@@ -47,11 +48,10 @@ def test_declared_budget_that_does_not_fit_warns_before_launch(tmp_path: Path) -
 
 def test_timer_chain_is_consistent() -> None:
     job = parse_job("entry: t.py\ncheckpoint: {grace_period: 45s}\n", Path("/tmp/job.yaml"))
-    assert timer_chain(job) == {
-        "mlaunch_grace": 45.0,
-        "torchrun_shutdown_timeout": 45.0,
-        "termination_grace_period_seconds": 50.0,
-    }
+    # terminationGracePeriodSeconds: grace + kubernetes.termination_margin (15 s), what the manifests write
+    assert timer_chain(job) == KillTimers(
+        mlaunch_grace=45.0, torchrun_shutdown_timeout=45, termination_grace_period_seconds=60
+    )
 
 
 def test_torchrun_shutdown_timeout_longer_than_grace_is_flagged(tmp_path: Path) -> None:

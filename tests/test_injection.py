@@ -11,13 +11,11 @@ and env (each worker writes them to a JSON file).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, run_mlaunch
+from conftest import ROOT, run_mlaunch, venv_seeing_this_python
 from test_prestart_fixtures import (
     DUMP_WORKER,
     files_named,
@@ -53,14 +51,12 @@ def hostile_values(sentinel: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def venv_sees_mlaunch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv for the pre-start's pip; mlaunch itself comes from the checkout through system site-packages.
+    """A fresh venv for the pre-start's pip; mlaunch itself comes from the test interpreter's site-packages.
 
     mlaunch then runs on this venv's python (the entrypoint makes sure), so the workers import what
     the pre-start installed here.
     """
-    path = tmp_path_factory.mktemp("inj-venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(path)], check=True, timeout=300)
-    return path / "bin" / "python"
+    return venv_seeing_this_python(tmp_path_factory.mktemp("inj-venv") / "venv", with_pip=True)
 
 
 def test_hostile_values_run_nothing_and_arrive_byte_for_byte(venv_sees_mlaunch: Path, tmp_path: Path) -> None:

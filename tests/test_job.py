@@ -9,7 +9,7 @@ import pytest
 from conftest import run_mlaunch
 
 from launchers.config.durations import parse_duration
-from launchers.config.job import load_job
+from launchers.config.job import job_json_schema, load_job
 from launchers.errors import JobFileError
 
 
@@ -132,6 +132,35 @@ def test_schema_validates_the_examples() -> None:
 
     for path in EXAMPLES.glob("*/job.yaml"):
         jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        ("30s", True),
+        ("1m30s", True),
+        ("2.5", True),
+        (2.5, True),
+        ("500ms", True),
+        ("1h 30m", True),
+        ("5x", False),
+        ("30s later", False),
+        ("1.2.3", False),
+        ("", False),
+        (-1, False),
+    ],
+)
+def test_the_exported_schema_takes_the_durations_the_loader_takes(value: object, valid: bool) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(job_json_schema())
+    job = {"entry": "t.py", "checkpoint": {"grace_period": value}}
+    assert validator.is_valid(job) is valid, f"schema on grace_period: {value!r}"
+    try:
+        parse_duration(value)
+    except ValueError:
+        assert not valid, f"the loader refuses {value!r}"
+    else:
+        assert valid, f"the loader takes {value!r}"
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ from conftest import clean_env, run_mlaunch
 
 from launchers.config.job import Job, load_job
 from launchers.errors import UserError
-from launchers.generate.k8s.manifests import RANK_TABLE_FILE, TARGETS, build, render
+from launchers.generate.k8s.manifests import TARGETS, build, render
+from launchers.generate.k8s.parts import RANK_TABLE_FILE
 from launchers.plan import LaunchPlan
 from launchers.run.runner import make_plan
 

@@ -371,9 +371,9 @@ def test_a_host_with_another_host_key_is_refused(tmp_path: Path, hosts: list[Hos
 def _ssh_options(tmp_path: Path, keys: Path) -> list[str]:
     """ssh options as mlaunch gives mpirun, with copies of the job key made private for ssh."""
     from bootstrap.keys import known_hosts_line, write_private
-    from bootstrap.runtime import Layout, ssh_client_args
+    from bootstrap.runtime import NodeFiles, ssh_client_args
 
-    layout = Layout(tmp_path / "client")
+    layout = NodeFiles(tmp_path / "client")
     layout.dir.mkdir(mode=0o700)
     write_private(layout.client_key, (keys / "id_ed25519").read_bytes())
     write_private(layout.known_hosts, known_hosts_line((keys / "ssh_host_ed25519_key.pub").read_text()).encode())

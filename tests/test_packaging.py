@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env
+from conftest import ROOT, clean_env, venv_seeing_this_python
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +48,7 @@ def test_wheel_contains_packages_and_every_template(built_wheel: Path) -> None:
 
 def test_wheel_installs_and_runs_in_a_fresh_venv(built_wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
+    python = venv_seeing_this_python(env_dir)  # the wheel's dependencies come from the test environment
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(built_wheel)],
         check=True,

@@ -314,7 +314,7 @@ def test_helper_keeps_an_editable_install(tmp_path: Path) -> None:
     (info / "RECORD").write_text("vendor_dev-1.0.dist-info/METADATA,,\n")
     (info / "direct_url.json").write_text('{"dir_info": {"editable": true}, "url": "file:///src/vendor-dev"}')
     wheel = vendor_wheel(tmp_path, "vendor-dev", "1.0", {"vendor_dev/__init__.py": ""})
-    helper = Path(__file__).resolve().parent.parent / "launchers" / "prestart_helper.py"
+    helper = Path(__file__).resolve().parent.parent / "launchers" / "generate" / "prestart_helper.py"
     env = {**os.environ, "PYTHONPATH": str(site)}
     result = subprocess.run(
         [sys.executable, str(helper), "installed", str(wheel)], capture_output=True, text=True, env=env

@@ -17,7 +17,9 @@ from pathlib import Path
 from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
 
 from launchers.plan import ProcessSpec
-from launchers.run.supervisor import SignalRouter, StandbyPool, Supervisor
+from launchers.run.signal_router import SignalRouter
+from launchers.run.standby_pool import StandbyPool
+from launchers.run.supervisor import Supervisor
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import alive, children, wait_for  # noqa: E402
@@ -170,7 +172,7 @@ print(f"started {time.time():.6f}", flush=True)
 
 
 def test_store_to_wait_for_only_for_ranks_other_than_0() -> None:
-    from launchers.run.supervisor import store_to_wait_for
+    from launchers.run.standby_pool import store_to_wait_for
 
     env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     assert store_to_wait_for({**env, "RANK": "3"}) == ("10.0.0.1", 29500)

@@ -199,7 +199,8 @@ def test_background_grandchild_is_cleaned_up_after_success(tmp_path: Path) -> No
 def test_services_are_stopped_when_required_processes_finish() -> None:
     """A service (TF parameter server style) never exits by itself; success is decided by the workers."""
     from launchers.plan import ProcessSpec
-    from launchers.run.supervisor import SignalRouter, Supervisor
+    from launchers.run.signal_router import SignalRouter
+    from launchers.run.supervisor import Supervisor
 
     python = os.environ.get("PYTHON", "python3")
     procs = [

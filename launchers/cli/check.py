@@ -65,7 +65,7 @@ def _prestart(job: Job, plan: LaunchPlan) -> list[Finding]:
     """The prestart: section: wheel patterns, secrets, wheels that match nothing yet."""
     from launchers.generate.prestart import check_prestart
 
-    return [Finding(level, message) for level, message in check_prestart(job, plan)]
+    return check_prestart(job, plan)
 
 
 def _grace_budget(job: Job, plan: LaunchPlan) -> list[Finding]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launchers.errors import EXIT_USER_ERROR, UserError
+from launchers.log import say
 from launchers.run import signals as early_signals
 
 _HELP = ("--help", "-h", "--version")
@@ -104,14 +105,30 @@ def main(argv: list[str] | None = None) -> Any:
         early_signals.uninstall()
         sys.exit(_typer_main(args))
     except UserError as exc:
-        sys.stderr.write(f"mlaunch: error: {exc}\n")
+        say(f"error: {exc}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        sys.stderr.write("mlaunch: aborted\n")
+        say("aborted")
         sys.exit(130)
     except BrokenPipeError:
         # `mlaunch plan | head`: the reader left; nothing to report.
         os._exit(0)
+
+
+def _command_line_errors() -> tuple[type[Exception], ...]:
+    """What typer raises for a bad command line (usage errors, bad parameters), by public names only.
+
+    typer ≥ 0.20 vendors click and derives click's exceptions from ``typer.TyperException``;
+    older releases raise click's own, and depend on click.
+    """
+    import typer
+
+    vendored = getattr(typer, "TyperException", None)
+    if vendored is not None:
+        return (vendored,)
+    import importlib
+
+    return (importlib.import_module("click").ClickException,)  # pragma: no cover - depends on the installed typer
 
 
 def _typer_main(args: list[str]) -> int:
@@ -119,20 +136,20 @@ def _typer_main(args: list[str]) -> int:
 
     from launchers.cli.app import app
 
-    try:  # typer ≥ 0.20 vendors click as typer._click; older releases use click itself
-        from typer._click import exceptions as click_exceptions
-    except ImportError:  # pragma: no cover - depends on the installed typer
-        from click import exceptions as click_exceptions  # type: ignore[no-redef]
     try:
         result = app(args=args, prog_name="mlaunch", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code)
-    except click_exceptions.ClickException as exc:
-        exc.show()
-        return int(exc.exit_code or EXIT_USER_ERROR)
     except typer.Abort:
-        sys.stderr.write("mlaunch: aborted\n")
+        say("aborted")
         return 130
+    except _command_line_errors() as exc:
+        show = getattr(exc, "show", None)  # click's exceptions print usage, hint and message
+        if show is not None:
+            show()
+        else:  # pragma: no cover - typer's own exceptions carry only a message
+            say(f"error: {exc}")
+        return int(getattr(exc, "exit_code", 0) or EXIT_USER_ERROR)
     return result if isinstance(result, int) else 0
 
 

@@ -11,6 +11,13 @@ import re
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
+# What ``parse_duration`` accepts, as a JSON Schema (ECMA-262) pattern for editors: a bare
+# number of seconds, or number+unit parts, any case, spaces around the parts. Anchored at
+# both ends: JSON Schema's ``pattern`` matches anywhere in the string.
+_NUMBER = r"[0-9]+(\.[0-9]+)?"
+_UNIT = r"([mM][sS]|[sSmMhHdD])"
+DURATION_PATTERN = rf"^\s*({_NUMBER}|( *{_NUMBER} *{_UNIT} *)+)\s*$"
+
 
 def parse_duration(value: object) -> float:
     """Return seconds for ``value``; raise ValueError with the accepted forms otherwise."""

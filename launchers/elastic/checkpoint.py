@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import collective, layout, shardfile, staging
+from launchers.elastic import collective, durable, layout, shardfile, staging
 
 DEFAULT_DIR = "output/ckpt"
 DEFAULT_KEEP = 3
@@ -41,6 +41,27 @@ class CheckpointError(RuntimeError):
 
 
 Writer = Callable[[Path], int]
+
+# step 1's verdict, reduced with MAX over the ranks: the worst one wins
+_GO, _ALREADY_COMMITTED, _CANNOT_PREPARE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class _Save:
+    """One call of ``save``: the step, this rank, where the step goes and how ranks agree."""
+
+    coll: collective.Collective
+    step: int
+    ext: str
+    rank: int
+    world: int
+    final: Path  # step_N/
+    tmp: Path  # step_N.tmp/, renamed to ``final`` after the commit
+
+    @property
+    def grouped(self) -> bool:
+        """A process group is up: ranks agree through collectives (otherwise through files)."""
+        return self.coll.name != "local" and self.world > 1
 
 
 class Checkpointer:
@@ -100,7 +121,7 @@ class Checkpointer:
                 staging.update_status(rank, world, committed_step=item.step)
                 return state
             if error is not None:
-                self._say(f"cannot use step {item.step}: {error}; trying an older checkpoint")
+                collective.say(f"cannot use step {item.step}: {error}; trying an older checkpoint")
         self.loaded = None
         return None
 
@@ -175,100 +196,131 @@ class Checkpointer:
         Raises ``CheckpointError`` on every rank when any rank failed; nothing is committed then.
         """
         coll = self._coll()
-        rank, world = coll.rank(), coll.world_size()
-        final = self.dir / layout.step_name(step)
-        tmp = self.dir / (layout.step_name(step) + ".tmp")
+        name = layout.step_name(step)
+        job = _Save(coll, step, ext, coll.rank(), coll.world_size(), self.dir / name, self.dir / (name + ".tmp"))
         started = time.monotonic()
-        staging.update_status(rank, world, saving_step=step)
-        grouped = coll.name != "local" and world > 1
+        staging.update_status(job.rank, job.world, saving_step=step)
+        if not self._agree_to_start(job):
+            return job.final
+        error, size = self._write_shard(job, state, writer)
+        committed_path = self._commit_everywhere(job, error, size)
+        return self._finish(job, committed_path, size, started)
 
-        # 1. prepare
-        verdict = 0  # 0 go, 1 already committed, 2 rank 0 could not prepare
-        if rank == 0 or not grouped:
-            verdict = self._prepare(final, tmp, clean=rank == 0 and (grouped or world == 1))
-        if grouped:
-            verdict = coll.all_reduce([verdict], "max")[0]
-        if verdict == 1:
-            self._say(f"step {step} is already committed; not saving it again")
-            return final
-        if verdict == 2:
-            raise CheckpointError(f"cannot create {tmp}")
+    def _agree_to_start(self, job: _Save) -> bool:
+        """Step 1: rank 0 prepares ``step_N.tmp/``; False when step N is already committed."""
+        verdict = _GO
+        if job.rank == 0 or not job.grouped:
+            verdict = self._prepare(job.final, job.tmp, clean=job.rank == 0 and (job.grouped or job.world == 1))
+        if job.grouped:
+            verdict = job.coll.all_reduce([verdict], "max")[0]
+        if verdict == _ALREADY_COMMITTED:
+            collective.say(f"step {job.step} is already committed; not saving it again")
+            return False
+        if verdict == _CANNOT_PREPARE:
+            raise CheckpointError(f"cannot create {job.tmp}")
+        return True
 
-        # 2. every rank writes its shard
-        error: BaseException | None = None
+    def _write_shard(self, job: _Save, state: Any, writer: Writer | None) -> tuple[OSError | None, int]:
+        """Step 2: this rank's shard, written and fsynced (with its directory); (error, size).
+
+        A failure (disk full...) is returned, not raised, so that every rank still takes part
+        in the agreement that follows; the partial shard is removed.
+        """
         size = 0
-        shard = tmp / layout.shard_name(rank, ext)
+        shard = job.tmp / layout.shard_name(job.rank, job.ext)
         try:
-            tmp.mkdir(parents=True, exist_ok=True)
+            job.tmp.mkdir(parents=True, exist_ok=True)
             if writer is not None:
                 size = writer(shard)
                 with open(shard, "rb+") as fh:
                     os.fsync(fh.fileno())
             else:
-                size = shardfile.write_file(shard, shardfile.encode(state, self._meta(step, rank, world, "save")))
-            shardfile.fsync_dir(tmp)
+                meta = self._meta(job.step, job.rank, job.world, "save")
+                size = shardfile.write_file(shard, shardfile.encode(state, meta))
+            durable.fsync_dir(job.tmp)
         except OSError as exc:
-            error = exc
             with contextlib.suppress(OSError):
                 shard.unlink()
+            return exc, size
+        return None, size
 
-        # 3. rank 0 commits if every rank wrote
-        results = coll.all_gather([0 if error else 1, size]) if grouped else [[0 if error else 1, size]]
+    def _commit_everywhere(self, job: _Save, error: OSError | None, size: int) -> Path | None:
+        """Step 3: rank 0 commits if every rank wrote; its directory (None on the other ranks).
+
+        Raises ``CheckpointError`` on every rank alike when the step was not committed.
+        """
+        results = job.coll.all_gather([0 if error else 1, size]) if job.grouped else [[0 if error else 1, size]]
         failed = [r for r, (ok, _) in enumerate(results) if not ok]
         committed_path: Path | None = None
         commit_error: BaseException | None = None
-        if rank == 0 and not failed:
+        if job.rank == 0 and not failed:
             try:
-                if grouped or world == 1:
-                    sizes = {r: s for r, (_, s) in enumerate(results)}
-                else:
-                    self._write_done(tmp, rank, size)
-                    sizes = self._wait_done(tmp, world)
-                committed_path = layout.commit(tmp, final, step, world, sizes, ext=ext, source="save")
+                committed_path = self._commit(job, results, size)
             except (OSError, TimeoutError) as exc:
                 commit_error = exc
-        elif not grouped and not error and world > 1:
+        elif not job.grouped and not error and job.world > 1:
             with contextlib.suppress(OSError):
-                self._write_done(tmp, rank, size)
-        ok = 1 if committed_path is not None else 0
-        if grouped:
-            ok = coll.all_reduce([ok], "max")[0]
-        elif rank != 0:
-            ok = 0 if error else 1  # rank 0 commits on its own; this rank did its part
-
-        if not ok:
-            if rank == 0:
-                layout.remove_tree(tmp)
-            staging.update_status(rank, world, saving_step=-1)
+                self._write_done(job.tmp, job.rank, size)
+        if not self._agree_committed(job, committed_path is not None, error):
+            if job.rank == 0:
+                layout.remove_tree(job.tmp)
+            staging.update_status(job.rank, job.world, saving_step=-1)
             why = error or commit_error or (f"rank(s) {failed} failed to write" if failed else "rank 0 did not commit")
-            raise CheckpointError(f"checkpoint of step {step} was not committed: {why}")
+            raise CheckpointError(f"checkpoint of step {job.step} was not committed: {why}")
+        return committed_path
 
-        if rank == 0:
+    def _commit(self, job: _Save, results: list[list[int]], size: int) -> Path:
+        """Rank 0: the marker, written last, once every rank's shard is there (see ``layout.commit``).
+
+        With a process group the sizes came with the all-gather; without one, rank 0 waits
+        for every rank's ``.done`` file.
+        """
+        if job.grouped or job.world == 1:
+            sizes = {r: s for r, (_, s) in enumerate(results)}
+        else:
+            self._write_done(job.tmp, job.rank, size)
+            sizes = self._wait_done(job.tmp, job.world)
+        return layout.commit(job.tmp, job.final, job.step, job.world, sizes, ext=job.ext, source="save")
+
+    @staticmethod
+    def _agree_committed(job: _Save, committed: bool, error: OSError | None) -> bool:
+        """Step 4: whether the step was committed, the same answer on every rank of a group."""
+        if job.grouped:
+            return bool(job.coll.all_reduce([1 if committed else 0], "max")[0])
+        if job.rank != 0:
+            return error is None  # rank 0 commits on its own; this rank did its part
+        return committed
+
+    def _finish(self, job: _Save, committed_path: Path | None, size: int, started: float) -> Path:
+        """After the commit: rank 0 prunes to the newest ``keep``; status and the message."""
+        if job.rank == 0:
             with contextlib.suppress(OSError):
                 layout.rotate(self.dir, self.keep)
         seconds = time.monotonic() - started
-        staging.update_status(rank, world, saving_step=-1, committed_step=step, save_seconds=seconds, save_bytes=size)
-        self.last_saved = committed_path or final
-        if rank == 0:
-            self._say(f"committed step {step} to {self.last_saved} in {seconds:.2f}s")
+        staging.update_status(
+            job.rank, job.world, saving_step=-1, committed_step=job.step, save_seconds=seconds, save_bytes=size
+        )
+        self.last_saved = committed_path or job.final
+        if job.rank == 0:
+            collective.say(f"committed step {job.step} to {self.last_saved} in {seconds:.2f}s")
         return self.last_saved
 
     def _prepare(self, final: Path, tmp: Path, *, clean: bool) -> int:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             if layout.read_marker(final) is not None:
-                return 1
+                return _ALREADY_COMMITTED
             if clean:
                 if tmp.exists():
                     layout.remove_tree(tmp)  # a stale partial save of this step: never reuse it
                 if final.exists():
                     layout.remove_tree(final)
             tmp.mkdir(exist_ok=True)
-            shardfile.fsync_dir(self.dir)
+            durable.fsync_dir(self.dir)
         except OSError as exc:
-            self._say(f"cannot prepare {tmp}: {exc}")
-            return 2
-        return 0
+            collective.say(f"cannot prepare {tmp}: {exc}")
+            return _CANNOT_PREPARE
+        return _GO
 
     @staticmethod
     def _write_done(tmp: Path, rank: int, size: int) -> None:
@@ -318,8 +370,3 @@ class Checkpointer:
             "attempt": int(os.environ.get("MLAUNCH_RESTART_COUNT", "0") or 0),
             "resumed_from": self.loaded.id if self.loaded else None,
         }
-
-    @staticmethod
-    def _say(message: str) -> None:
-        sys.stderr.write(f"{collective.message_prefix()}: {message}\n")
-        sys.stderr.flush()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Protocol
 
+from launchers import log
+
 
 class Collective(Protocol):
     """Rank/world of this process and integer reductions across every rank."""
@@ -176,3 +178,8 @@ def message_prefix() -> str:
 
     rank = os.environ.get("RANK") or os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID")
     return f"mlaunch.elastic[rank {rank}]" if rank else "mlaunch.elastic"
+
+
+def say(message: str) -> None:
+    """``mlaunch.elastic[rank N]: message`` on stderr: ``launchers.log.say`` with this process's prefix."""
+    log.say(message, who=message_prefix())

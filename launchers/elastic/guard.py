@@ -145,11 +145,9 @@ class Guard:
         raise GracefulExit(code)
 
     def _say(self, message: str) -> None:
-        # os.write, not sys.stderr: this runs inside a signal handler, which may have
-        # interrupted a write to sys.stderr (a re-entrant buffered write raises).
-        if not self.quiet:
-            with contextlib.suppress(OSError):
-                os.write(2, f"{collective.message_prefix()}: {message}\n".encode())
+        if self.quiet:
+            return
+        collective.say(message)  # safe inside a signal handler: launchers.log.say never raises
 
 
 def _exit_after_atexit(code: int) -> None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic.shardfile import fsync_dir
+from launchers.elastic.durable import fsync_dir
 
 MARKER = "COMMITTED"
 _STEP_DIR = re.compile(r"^step_(\d+)(?:\.(?:[A-Za-z0-9_-]+))?(\.tmp)?$")
@@ -79,6 +79,20 @@ def parse_step(name: str) -> tuple[int, bool] | None:
     return int(match.group(1)), bool(match.group(2))
 
 
+def _step_dirs(root: Path) -> list[tuple[int, bool, Path]]:
+    """(step, is_tmp, path) of every checkpoint directory in ``root`` (none when it cannot be read)."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        parsed = parse_step(entry.name)
+        if parsed is not None and entry.is_dir(follow_symlinks=False):
+            found.append((*parsed, Path(entry.path)))
+    return found
+
+
 def read_marker(path: Path) -> dict[str, Any] | None:
     """The manifest of ``path`` if its marker is valid and every shard it lists has its size."""
     try:
@@ -102,21 +116,13 @@ def read_marker(path: Path) -> dict[str, Any] | None:
 def committed(root: Path) -> list[Committed]:
     """Every committed checkpoint under ``root``, newest step first (one entry per step)."""
     found: dict[int, Committed] = {}
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return []
-    for entry in entries:
-        parsed = parse_step(entry.name)
-        if parsed is None or not entry.is_dir(follow_symlinks=False):
-            continue
-        step, is_tmp = parsed
-        manifest = read_marker(Path(entry.path))
+    for step, is_tmp, path in _step_dirs(root):
+        manifest = read_marker(path)
         if manifest is None or int(manifest["step"]) != step:
             continue
         if step in found and is_tmp:
             continue  # the final name wins over a committed-but-not-renamed twin
-        found[step] = Committed(step, Path(entry.path), manifest)
+        found[step] = Committed(step, path, manifest)
     return [found[s] for s in sorted(found, reverse=True)]
 
 
@@ -127,18 +133,7 @@ def newest_step(root: Path) -> int | None:
 
 def partial_dirs(root: Path, after: int | None = None) -> list[Path]:
     """Step directories without a valid marker (stale partial saves); only steps > ``after`` if given."""
-    out = []
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return []
-    for entry in entries:
-        parsed = parse_step(entry.name)
-        if parsed is None or (after is not None and parsed[0] <= after) or not entry.is_dir(follow_symlinks=False):
-            continue
-        if read_marker(Path(entry.path)) is None:
-            out.append(Path(entry.path))
-    return out
+    return [path for step, _, path in _step_dirs(root) if (after is None or step > after) and read_marker(path) is None]
 
 
 def remove_tree(path: Path) -> None:

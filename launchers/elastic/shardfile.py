@@ -22,31 +22,31 @@ holding tensors came from a process that did); this module imports neither.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import pickle
 import struct
 import sys
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+# How the bytes reach the disk lives in ``durable``; the names imported "as" themselves stay
+# reachable here, where the writers of shard files (mlaunch's flash save, tests) find them.
+from launchers.elastic.durable import SLOW_WRITE_ENV as SLOW_WRITE_ENV
+from launchers.elastic.durable import DeadlineExceeded as DeadlineExceeded
+from launchers.elastic.durable import copy_range_to_file as copy_range_to_file
+from launchers.elastic.durable import create_synced, write_all
+from launchers.elastic.durable import fsync_dir as fsync_dir
+
 MAGIC = b"MLCKPT01"
 PREFIX = struct.Struct("<8sQQ")
 ALIGN = 64
-_CHUNK = 64 << 20  # large blobs are written in pieces so a deadline can stop a write part-way
-SLOW_WRITE_ENV = "MLAUNCH_TEST_SLOW_WRITE"  # seconds to sleep before each shard write (tests only)
 
 
 class ShardFormatError(ValueError):
     """The bytes are not a shard image (wrong magic, truncated, or unknown version)."""
-
-
-class DeadlineExceeded(TimeoutError):
-    """A write was abandoned because its deadline passed (nothing it wrote may be committed)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,22 @@ def _numpy_view(array: Any, keep: list[Any]) -> tuple[str, tuple[int, ...], memo
     return a.dtype.str, tuple(array.shape), memoryview(flat).cast("B")
 
 
+def _map_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``obj`` with its containers copied and ``leaf`` applied to everything else.
+
+    The containers are dict, OrderedDict, list and tuple exactly (a subclass is a leaf); the
+    same walk takes a state apart (``encode``) and puts it back together (``decode``).
+    """
+    kind = type(obj)
+    if kind is dict or kind is OrderedDict:
+        return kind((k, _map_leaves(v, leaf)) for k, v in obj.items())
+    if kind is list:
+        return [_map_leaves(v, leaf) for v in obj]
+    if kind is tuple:
+        return tuple(_map_leaves(v, leaf) for v in obj)
+    return leaf(obj)
+
+
 def encode(state: Any, meta: dict[str, Any] | None = None) -> Encoded:
     """Split ``state`` into a header (skeleton + blob table + meta) and the blobs' memory."""
     torch = sys.modules.get("torch")
@@ -142,14 +158,7 @@ def encode(state: Any, meta: dict[str, Any] | None = None) -> Encoded:
         offset = _align(offset + view.nbytes)
         return TensorRef(len(blobs) - 1)
 
-    def walk(obj: Any) -> Any:
-        kind = type(obj)
-        if kind is dict or kind is OrderedDict:
-            return kind((k, walk(v)) for k, v in obj.items())
-        if kind is list:
-            return [walk(v) for v in obj]
-        if kind is tuple:
-            return tuple(walk(v) for v in obj)
+    def leaf(obj: Any) -> Any:
         if torch is not None and isinstance(obj, torch.Tensor):
             got = _torch_view(obj, keep)
             return add("torch", got) if got is not None else obj
@@ -158,7 +167,7 @@ def encode(state: Any, meta: dict[str, Any] | None = None) -> Encoded:
             return add("numpy", got) if got is not None else obj
         return obj
 
-    skeleton = walk(state)
+    skeleton = _map_leaves(state, leaf)
     header = pickle.dumps(
         {"format": 1, "meta": dict(meta or {}), "skeleton": skeleton, "blobs": blobs},
         protocol=pickle.HIGHEST_PROTOCOL,
@@ -178,50 +187,6 @@ def _pieces(enc: Encoded) -> Iterator[tuple[int, memoryview]]:
     for blob, view in zip(enc.blobs, enc.views, strict=True):
         if view.nbytes:
             yield enc.data_start + blob.offset, view
-
-
-def _slow_storage_stub() -> None:
-    """Tests simulate slow storage with a sleep inside the writer (both the rank's and the agent's)."""
-    delay = os.environ.get(SLOW_WRITE_ENV)
-    if delay:
-        time.sleep(float(delay))
-
-
-_SYNC_FILE_RANGE_WRITE = 2
-_libc: Any = None
-
-
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Ask the kernel to start writing a range to disk now (``sync_file_range``, Linux).
-
-    Writing a large shard and then fsyncing it costs write time + flush time; starting the
-    flush of each chunk as soon as it is written overlaps the two, so the final fsync has
-    little left to do. Best effort: where the call does not exist nothing changes.
-    """
-    global _libc
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), _SYNC_FILE_RANGE_WRITE)
-    except (OSError, AttributeError):
-        _libc = False
-
-
-def write_all(fd: int, data: memoryview, deadline: float | None = None, at: int = 0) -> None:
-    """``os.write`` until done, in chunks, checking ``deadline`` (time.monotonic) between chunks.
-
-    ``at`` is the file offset the data lands at (for the early writeback of each chunk).
-    """
-    pos = 0
-    total = data.nbytes
-    while pos < total:
-        if deadline is not None and time.monotonic() > deadline:
-            raise DeadlineExceeded("write deadline passed")
-        end = min(total, pos + _CHUNK)
-        written = os.write(fd, data[pos:end])
-        if written >= (1 << 20) and _libc is not False:
-            start_writeback(fd, at + pos, written)
-        pos += written
 
 
 def write_fd(fd: int, enc: Encoded, deadline: float | None = None) -> int:
@@ -246,74 +211,9 @@ def write_into(buffer: memoryview, enc: Encoded) -> int:
     return enc.size
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _create_synced(
-    path: str | os.PathLike[str], fill: Callable[[int], int], check: Callable[[], None] = lambda: None
-) -> int:
-    """Create ``path``, let ``fill(fd)`` write it, run ``check``, fsync; a failure removes the partial file.
-
-    The one place that decides how a shard file comes to exist on disk, whether its bytes come
-    from process memory (``write_file``) or from a staged slot (``copy_range_to_file``).
-    """
-    _slow_storage_stub()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        size = fill(fd)
-        check()
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        _remove_quietly(path)
-        raise
-    os.close(fd)
-    return size
-
-
 def write_file(path: str | os.PathLike[str], enc: Encoded, deadline: float | None = None) -> int:
     """Create ``path`` with the image and fsync it; a failed write removes the partial file."""
-    return _create_synced(path, lambda fd: write_fd(fd, enc, deadline))
-
-
-def copy_range_to_file(
-    path: str | os.PathLike[str],
-    src_fd: int,
-    offset: int,
-    length: int,
-    deadline: float | None = None,
-    check: Callable[[], None] = lambda: None,
-) -> int:
-    """Persist ``length`` bytes of ``src_fd`` from ``offset`` (a staged slot) to ``path`` with fsync.
-
-    ``sendfile`` copies inside the kernel: no user-space mapping of the source has to be
-    faulted in page by page, so this runs at ``cp`` speed. ``check`` runs before the fsync.
-    """
-
-    def send(fd: int) -> int:
-        done = 0
-        while done < length:
-            if deadline is not None and time.monotonic() > deadline:
-                raise DeadlineExceeded("write deadline passed")
-            sent = os.sendfile(fd, src_fd, offset + done, min(_CHUNK, length - done))
-            if sent <= 0:
-                raise OSError(f"sendfile stopped after {done} of {length} bytes")
-            if sent >= (1 << 20) and _libc is not False:
-                start_writeback(fd, done, sent)
-            done += sent
-        return length
-
-    return _create_synced(path, send, check)
-
-
-def _remove_quietly(path: str | os.PathLike[str]) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+    return create_synced(path, lambda fd: write_fd(fd, enc, deadline))
 
 
 # ----------------------------------------------------------------------------------------
@@ -369,20 +269,8 @@ def decode(data: bytearray | memoryview) -> tuple[Any, dict[str, Any]]:
         begin = start + blob.offset
         raw = data[begin : begin + blob.nbytes]
         values.append(_materialize(blob, raw))
-
-    def walk(obj: Any) -> Any:
-        kind = type(obj)
-        if kind is TensorRef:
-            return values[obj.index]
-        if kind is dict or kind is OrderedDict:
-            return kind((k, walk(v)) for k, v in obj.items())
-        if kind is list:
-            return [walk(v) for v in obj]
-        if kind is tuple:
-            return tuple(walk(v) for v in obj)
-        return obj
-
-    return walk(header["skeleton"]), header["meta"]
+    state = _map_leaves(header["skeleton"], lambda obj: values[obj.index] if type(obj) is TensorRef else obj)
+    return state, header["meta"]
 
 
 def _materialize(blob: Blob, raw: Any) -> Any:

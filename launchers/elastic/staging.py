@@ -28,12 +28,12 @@ import glob
 import mmap
 import os
 import struct
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from launchers.elastic import shardfile
+from launchers.log import say
 
 MAGIC = b"MLSTAGE1"
 HEADER_SIZE = 4096
@@ -341,8 +341,7 @@ def disable(reason: str) -> None:
     global _disabled_reason, _segment
     if _disabled_reason is None:
         _disabled_reason = reason
-        sys.stderr.write(f"mlaunch.elastic: staging to shared memory is off: {reason}\n")
-        sys.stderr.flush()
+        say(f"staging to shared memory is off: {reason}", who="mlaunch.elastic")
     if _segment is not None:
         _segment.close()
         with contextlib.suppress(OSError):

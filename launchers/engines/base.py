@@ -1,39 +1,51 @@
 """What every engine shares: the interface and the helpers that build a process.
 
-An engine answers two questions and nothing else:
+An engine answers two questions:
 - ``detect``: which cluster is this node part of (platform env/args, or a local simulation)?
 - ``plan``: which processes does each node start, with which argv/env/cwd?
-Neither spawns a process nor writes a file (the rank table a simulated Ascend job needs is
-written by the runner's preparation step, not by ``plan``).
+Neither spawns a process nor writes a file. What a node needs on disk or running before an
+attempt's processes start (the rank table a simulated Ascend job needs, MPI's sshd) is done by
+``prepare``, which the runner calls with the plan and which returns how to undo it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from launchers.config.job import Job
 from launchers.errors import UserError
 from launchers.plan import LaunchPlan, Policy
 from launchers.platform.cluster import Cluster
 
+Cleanup = Callable[[], None]
+# What an engine's detect() returns and its plan() reads: a platform Cluster, or the engine's own
+# view of one (TensorflowCluster extends Cluster; AscendCluster holds one and reads through to it).
+ClusterT = TypeVar("ClusterT")
 
-class Engine(Protocol):
+
+class Engine(Protocol[ClusterT]):
     name: str
 
-    def detect(self, job: Job, env: Mapping[str, str], extra_args: Sequence[str], *, simulate: bool = False) -> Cluster:
+    def detect(
+        self, job: Job, env: Mapping[str, str], extra_args: Sequence[str], *, simulate: bool = False
+    ) -> ClusterT:
         """Read this node's platform inputs (or simulate); user mistakes raise UserError."""
         ...
 
-    def plan(self, job: Job, cluster: Cluster, attempt: int = 0) -> LaunchPlan:
+    def plan(self, job: Job, cluster: ClusterT, attempt: int = 0) -> LaunchPlan:
         """Pure: the processes of every node this machine runs, for restart ``attempt``."""
         ...
 
-    def restart_cluster(self, cluster: Cluster, attempt: int) -> Cluster:
+    def restart_cluster(self, cluster: ClusterT, attempt: int) -> ClusterT:
         """The cluster for restart ``attempt`` (a fresh rendezvous port)."""
+        ...
+
+    def prepare(self, job: Job, plan: LaunchPlan) -> Cleanup | None:
+        """Node-level side effects before an attempt's processes start; returns their undo, or None if none."""
         ...
 
 

@@ -18,7 +18,9 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from launchers.config.job import Job
+from launchers.config.timers import timer_chain
 from launchers.engines.base import (
+    Cleanup,
     base_env,
     entry_argv,
     log_file,
@@ -102,7 +104,7 @@ class PytorchEngine:
                     )
                 )
             nodes.append(NodePlan(index=node, host=cluster.host_of(node), processes=procs))
-        return self._plan(job, cluster, attempt, nodes, world)
+        return self._plan(job, cluster, attempt, nodes)
 
     def _plan_torchrun(self, job: Job, cluster: Cluster, attempt: int) -> LaunchPlan:
         opts = job.pytorch
@@ -122,7 +124,7 @@ class PytorchEngine:
                 f"--max-restarts={opts.max_restarts or 0}",
                 # torchrun's SIGTERM→SIGKILL timer must match mlaunch's grace period, or it
                 # kills the workers before their dying checkpoint is written.
-                f"--shutdown-timeout={int(job.checkpoint.grace_period)}",
+                f"--shutdown-timeout={timer_chain(job).torchrun_shutdown_timeout}",
             ]
             if ":" not in nnodes:
                 argv.append(f"--node-rank={node}")
@@ -152,22 +154,14 @@ class PytorchEngine:
                     ],
                 )
             )
-        return self._plan(job, cluster, attempt, nodes, cluster.world_size)
+        return self._plan(job, cluster, attempt, nodes)
 
-    def _plan(self, job: Job, cluster: Cluster, attempt: int, nodes: list[NodePlan], world: int) -> LaunchPlan:
-        return LaunchPlan(
-            engine=self.name,
-            world_size=world,
-            nodes=nodes,
-            policy=policy_of(job),
-            source=cluster.source,
-            simulated=cluster.simulated,
-            nnodes=cluster.nnodes,
-            master_addr=cluster.master_addr,
-            master_port=cluster.master_port,
-            attempt=attempt,
-            notes=list(cluster.notes),
-        )
+    def _plan(self, job: Job, cluster: Cluster, attempt: int, nodes: list[NodePlan]) -> LaunchPlan:
+        return LaunchPlan.for_cluster(self.name, cluster, nodes, policy=policy_of(job), attempt=attempt)
+
+    def prepare(self, job: Job, plan: LaunchPlan) -> Cleanup | None:
+        """Nothing to set up: torch's processes (and torchrun) need no node-level work."""
+        return None
 
 
 ENGINE = PytorchEngine()

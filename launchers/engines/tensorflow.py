@@ -4,8 +4,8 @@ Where the cluster comes from (``launchers/platform/tf_cluster.py`` reads and cro
 - the platform names every task (ModelArts' appended ``--ps_hosts/--worker_hosts/--task_index/
   --job_name`` or ``--task_name``, ``TF_CONFIG``, Volcano's ``VC_PS_HOSTS``/``VC_WORKER_HOSTS``):
   this container *is* one task, and mlaunch starts exactly that one process;
-- the platform names only nodes (``MA_NUM_HOSTS``/``VC_WORKER_HOSTS``, no ps list): mlaunch lays
-  out ``tensorflow.ps`` parameter servers beside each node's workers, as ModelArts does, on
+- the platform names only nodes (``MA_NUM_HOSTS``/``VC_WORKER_HOSTS``, no ps list): mlaunch places
+  ``tensorflow.ps`` parameter servers beside each node's workers, as ModelArts does, on
   ``tensorflow.port`` and the ports after it;
 - nothing: local simulation, every task on 127.0.0.1 with free ports.
 
@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from launchers.config.job import Job
-from launchers.engines.base import base_env, entry_argv, log_file, policy_of, script_args
+from launchers.engines.base import Cleanup, base_env, entry_argv, log_file, policy_of, script_args
 from launchers.errors import PlatformError
 from launchers.plan import LaunchPlan, NodePlan, ProcessSpec
+from launchers.platform.address import address_host, join_host_port, split_host_port
 from launchers.platform.cluster import LOOPBACK, Cluster, detect, free_port, split_platform_args
 from launchers.platform.tf_cluster import (
     TF_PLATFORM_ARGS,
@@ -56,15 +57,15 @@ class TensorflowCluster(Cluster):
     tasks: list[TfTask] = field(default_factory=list)  # the tasks this machine runs
     extras: dict[str, object] = field(default_factory=dict)  # extra TF_CONFIG keys from the platform
     role_flag: str | None = None  # the flag the platform used for the role
-    laid_out: bool = True  # mlaunch chose the layout (and its ports), rather than the platform
+    placed_by_mlaunch: bool = True  # mlaunch placed the tasks (and chose their ports), rather than the platform
 
     @property
     def world_size(self) -> int:
         return len(self.tf_cluster.get("chief", [])) + len(self.tf_cluster.get("worker", []))
 
 
-def layout(job: Job, nnodes: int, procs: int, hosts: list[str], ports: list[int]) -> tuple[dict, list[TfTask]]:
-    """ModelArts' layout: per node ``procs`` workers then ``tensorflow.ps`` ps; worker 0 may become the chief.
+def place_tasks(job: Job, nnodes: int, procs: int, hosts: list[str], ports: list[int]) -> tuple[dict, list[TfTask]]:
+    """ModelArts' placement: per node ``procs`` workers then ``tensorflow.ps`` ps; worker 0 may become the chief.
 
     ``ports`` has one entry per task in that order (node by node).
     """
@@ -76,10 +77,10 @@ def layout(job: Job, nnodes: int, procs: int, hosts: list[str], ports: list[int]
     for node in range(nnodes):
         for local in range(procs):
             tasks.append(TfTask("worker", len(workers), node, local))
-            workers.append(f"{hosts[node]}:{next(it)}")
+            workers.append(join_host_port(hosts[node], next(it)))
         for j in range(opts.ps):
             tasks.append(TfTask("ps", len(ps), node, procs + j))
-            ps.append(f"{hosts[node]}:{next(it)}")
+            ps.append(join_host_port(hosts[node], next(it)))
     cluster: dict[str, list[str]] = {}
     if opts.chief:
         cluster["chief"] = workers[:1]
@@ -138,13 +139,13 @@ class TensorflowEngine:
             if job.tensorflow.port + per_node - 1 > 65535:
                 raise PlatformError(f"tensorflow.port {job.tensorflow.port} leaves no room for {per_node} servers")
             ports = [job.tensorflow.port + k for _ in range(base.nnodes) for k in range(per_node)]
-        cluster, tasks = layout(job, base.nnodes, procs, hosts, ports)
+        cluster, tasks = place_tasks(job, base.nnodes, procs, hosts, ports)
         mine = [t for t in tasks if t.node in base.local_nodes()]
-        first = (cluster.get("chief") or cluster["worker"])[0]
+        master_addr, master_port = split_host_port((cluster.get("chief") or cluster["worker"])[0], "chief/worker 0")
         return TensorflowCluster(
             **{f: getattr(base, f) for f in Cluster.__dataclass_fields__ if f not in ("master_addr", "master_port")},
-            master_addr=first.rsplit(":", 1)[0],
-            master_port=int(first.rsplit(":", 1)[1]),
+            master_addr=master_addr,
+            master_port=master_port,
             tf_cluster=cluster,
             tasks=mine,
         )
@@ -155,7 +156,7 @@ class TensorflowEngine:
         merged = merge(sightings)
         task_type, index = resolve_task(merged, env)
         first = (merged.cluster.get("chief") or merged.cluster.get("worker") or [""])[0]
-        host, _, port = first.rpartition(":")
+        host, port = split_host_port(first, "chief/worker 0", default_port=job.tensorflow.port) if first else ("", 0)
         all_hosts = [h for role in ("chief", "worker", "ps") for h in merged.cluster.get(role, [])]
         notes = []
         if merged.cluster.get("ps") is not None and job.tensorflow.ps not in (1, len(merged.cluster["ps"])):
@@ -169,9 +170,9 @@ class TensorflowEngine:
             nnodes=len(all_hosts),
             node_rank=all_hosts.index(merged.cluster[task_type][index]),
             procs_per_node=1,
-            master_addr=host or first,
-            master_port=int(port) if port.isdigit() else job.tensorflow.port,
-            hosts=[address.rsplit(":", 1)[0] for address in all_hosts],
+            master_addr=host,
+            master_port=port or job.tensorflow.port,
+            hosts=[address_host(address) for address in all_hosts],
             extra_args=rest,
             notes=notes,
             env=dict(env),
@@ -179,7 +180,7 @@ class TensorflowEngine:
             tasks=[TfTask(task_type, index, all_hosts.index(merged.cluster[task_type][index]), 0)],
             extras=merged.extras,
             role_flag=merged.role_flag,
-            laid_out=False,
+            placed_by_mlaunch=False,
         )
 
     def restart_cluster(self, cluster: Cluster, attempt: int) -> Cluster:
@@ -188,10 +189,11 @@ class TensorflowEngine:
             return cluster
         ports = iter(_free_ports(sum(len(v) for v in cluster.tf_cluster.values())))
         fresh = {
-            role: [f"{h.rsplit(':', 1)[0]}:{next(ports)}" for h in hosts] for role, hosts in cluster.tf_cluster.items()
+            role: [join_host_port(address_host(h), next(ports)) for h in hosts]
+            for role, hosts in cluster.tf_cluster.items()
         }
         first = (fresh.get("chief") or fresh["worker"])[0]
-        return replace(cluster, tf_cluster=fresh, master_port=int(first.rsplit(":", 1)[1]))
+        return replace(cluster, tf_cluster=fresh, master_port=split_host_port(first, "chief/worker 0")[1])
 
     # -- planning --------------------------------------------------------------------------
     def deciding_roles(self, job: Job, cluster: TensorflowCluster) -> set[str]:
@@ -239,19 +241,11 @@ class TensorflowEngine:
                 )
             )
         nodes = [NodePlan(index=n, host=cluster.host_of(n), processes=procs) for n, procs in by_node.items()]
-        return LaunchPlan(
-            engine=self.name,
-            world_size=cluster.world_size,
-            nodes=nodes,
-            policy=policy_of(job),
-            source=cluster.source,
-            simulated=cluster.simulated,
-            nnodes=cluster.nnodes,
-            master_addr=cluster.master_addr,
-            master_port=cluster.master_port,
-            attempt=attempt,
-            notes=list(cluster.notes),
-        )
+        return LaunchPlan.for_cluster(self.name, cluster, nodes, policy=policy_of(job), attempt=attempt)
+
+    def prepare(self, job: Job, plan: LaunchPlan) -> Cleanup | None:
+        """Nothing to set up: every TensorFlow server is one of the plan's processes."""
+        return None
 
 
 ENGINE = TensorflowEngine()

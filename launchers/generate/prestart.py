@@ -11,21 +11,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
+from launchers.atomic import write_atomic
 from launchers.config.job import Job
 from launchers.errors import UserError
+from launchers.findings import Finding
 
 PRESTART_NAME = "ma_pre_start.sh"
 HELPER_DELIMITER = "MLAUNCH_HELPER_PY"
 GLOB_CHARS = set("*?[")
-
-
-def note(message: str) -> None:
-    sys.stderr.write(f"mlaunch: note: {message}\n")
 
 
 def comment_text(value: str) -> str:
@@ -40,7 +37,7 @@ def python_candidates(job: Job) -> list[str]:
 
 def helper_source() -> str:
     """launchers/generate/prestart_helper.py, embedded verbatim in a quoted here-document."""
-    text = resources.files("launchers").joinpath("prestart_helper.py").read_text(encoding="utf-8")
+    text = resources.files("launchers.generate").joinpath("prestart_helper.py").read_text(encoding="utf-8")
     if any(line.strip() == HELPER_DELIMITER for line in text.splitlines()):
         raise RuntimeError(f"prestart_helper.py contains the here-document delimiter {HELPER_DELIMITER}")
     return text.rstrip("\n")
@@ -86,15 +83,7 @@ def write_script(path: Path | None, text: str) -> None:
         sys.stdout.write(text)
         return
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, text.encode("utf-8"), 0o755)
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -191,11 +180,8 @@ def advise(job: Job, script: Path) -> list[str]:
     return notes
 
 
-Level = Literal["ok", "note", "warning", "error"]
-
-
-def check_prestart(job: Job, plan: object) -> list[tuple[Level, str]]:
-    """``mlaunch check``: (level, message) for the prestart: section, when there is one."""
+def check_prestart(job: Job, plan: object) -> list[Finding]:
+    """``mlaunch check``: findings for the prestart: section, when there is one."""
     opts = job.prestart
     if not (opts.wheels or opts.requirements or opts.commands or opts.env or opts.passthrough):
         return []
@@ -203,11 +189,9 @@ def check_prestart(job: Job, plan: object) -> list[tuple[Level, str]]:
     try:
         prestart_context(job, script)
     except UserError as exc:
-        return [("error", str(exc))]
-    found: list[tuple[Level, str]] = [
-        ("ok", f"prestart: {len(opts.wheels)} wheel pattern(s), {len(opts.env)} env value(s)")
-    ]
-    found += [("warning", message) for message in advise(job, script)]
+        return [Finding("error", str(exc))]
+    found = [Finding("ok", f"prestart: {len(opts.wheels)} wheel pattern(s), {len(opts.env)} env value(s)")]
+    found += [Finding("warning", message) for message in advise(job, script)]
     if not script.exists():
-        found.append(("note", f"{script} does not exist yet: mlaunch prestart {job.source or 'job.yaml'}"))
+        found.append(Finding("note", f"{script} does not exist yet: mlaunch prestart {job.source or 'job.yaml'}"))
     return found

@@ -25,12 +25,12 @@ import importlib.util
 import io
 import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launchers.atomic import write_atomic
 from launchers.errors import UserError
 
 DIST_NAME = "mlaunch"
@@ -112,7 +112,7 @@ def write_wheel(
     """Write ``<name>-<version>-py3-none-any.whl`` into ``out_dir``; return its path.
 
     ``files`` maps archive paths (``pkg/mod.py``) to bytes or to a file to read. The file is
-    written under a temporary name and renamed, so a reader never sees half a wheel.
+    built in memory and written atomically (``launchers.atomic``), so a reader never sees half a wheel.
     """
     dist_info = f"{meta.file_stem}.dist-info"
     contents: dict[str, tuple[bytes, bool]] = {}
@@ -136,22 +136,16 @@ def write_wheel(
     target = out_dir / f"{meta.file_stem}-py3-none-any.whl"
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=out_dir)
-    try:
-        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w") as zf:
-            ordered = [(name, *contents[name]) for name in sorted(contents)]
-            ordered += [(name, text.encode("utf-8"), False) for name, text in sorted(metadata_files.items())]
-            for arcname, data, executable in ordered:
-                zf.writestr(_zip_info(arcname, executable), data)
-                writer.writerow([arcname, _record_hash(data), len(data)])
-            writer.writerow([f"{dist_info}/RECORD", "", ""])
-            zf.writestr(_zip_info(f"{dist_info}/RECORD"), record.getvalue().encode("utf-8"))
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return target
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zf:
+        ordered = [(name, *contents[name]) for name in sorted(contents)]
+        ordered += [(name, text.encode("utf-8"), False) for name, text in sorted(metadata_files.items())]
+        for arcname, data, executable in ordered:
+            zf.writestr(_zip_info(arcname, executable), data)
+            writer.writerow([arcname, _record_hash(data), len(data)])
+        writer.writerow([f"{dist_info}/RECORD", "", ""])
+        zf.writestr(_zip_info(f"{dist_info}/RECORD"), record.getvalue().encode("utf-8"))
+    return write_atomic(target, archive.getvalue(), 0o644)
 
 
 # ----------------------------------------------------------------------------------------

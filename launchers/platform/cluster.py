@@ -19,19 +19,39 @@ inputs must agree, or detection fails with a message naming both):
 
 Processes per node: ``PET_NPROC_PER_NODE``, MindCluster ``LOCAL_WORLD_SIZE``, ``MA_NUM_GPUS``
 (when > 0), else job.yaml's ``procs_per_node``.
+
+Where each input is read: ``appended_args.py``, ``torch_env.py``, ``modelarts_env.py``
+(ModelArts and Volcano); ``sighting.py`` merges what they say; ``detect`` here builds the
+``Cluster``. This module is the import point for the engines.
 """
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launchers.config.job import Job
 from launchers.errors import PlatformError
+from launchers.platform.appended_args import PYTORCH_PLATFORM_ARGS, from_args, split_platform_args
+from launchers.platform.modelarts_env import from_modelarts_env, from_volcano_env, normalise_vj_name
+from launchers.platform.sighting import Sighting, env_int, merge_sightings
+from launchers.platform.torch_env import from_torch_env
 
-PYTORCH_PLATFORM_ARGS = ("init_method", "rank", "world_size")
+__all__ = [
+    "DEFAULT_MASTER_PORT",
+    "LOOPBACK",
+    "PYTORCH_PLATFORM_ARGS",
+    "Cluster",
+    "collect_sightings",
+    "detect",
+    "env_int",
+    "free_port",
+    "local_cluster",
+    "normalise_vj_name",
+    "split_platform_args",
+]
+
 DEFAULT_MASTER_PORT = 29500
 LOOPBACK = "127.0.0.1"
 
@@ -70,298 +90,6 @@ class Cluster:
         return "localhost" if index == self.node_rank else f"node-{index}"
 
 
-# ----------------------------------------------------------------------------------------
-# Appended platform arguments
-# ----------------------------------------------------------------------------------------
-
-
-def split_platform_args(args: Sequence[str], names: Iterable[str]) -> tuple[dict[str, str], list[str]]:
-    """Take ``--name value`` / ``--name=value`` for the given names; return (found, the rest).
-
-    The rest keeps its order and goes to the start file (ModelArts also appends
-    ``--data_url``/``--train_url`` and hyperparameters the script expects). Everything after
-    a bare ``--`` is passed through untouched.
-    """
-    wanted = set(names)
-    found: dict[str, str] = {}
-    rest: list[str] = []
-    items = list(args)
-    i = 0
-    while i < len(items):
-        token = items[i]
-        if token == "--":
-            rest.extend(items[i + 1 :])
-            break
-        name, value = None, None
-        if token.startswith("--"):
-            key, eq, val = token[2:].partition("=")
-            norm = key.replace("-", "_")
-            if norm in wanted:
-                name = norm
-                if eq:
-                    value = val
-                elif i + 1 < len(items):
-                    value = items[i + 1]
-                    i += 1
-                else:
-                    raise PlatformError(f"platform argument --{key} has no value")
-        if name is None:
-            rest.append(token)
-        else:
-            assert value is not None
-            if name in found and found[name] != value:
-                raise PlatformError(
-                    f"platform argument --{name} given twice with different values: {found[name]!r} and {value!r}"
-                )
-            found[name] = value
-        i += 1
-    return found, rest
-
-
-def parse_tcp_url(url: str, what: str = "--init_method") -> tuple[str, int]:
-    """``tcp://host:port`` → (host, port), with an error that shows the expected form."""
-    match = re.fullmatch(r"tcp://(\[[^\]]+\]|[^:/\s]+):(\d{1,5})/?", url.strip())
-    if not match or not 0 < int(match.group(2)) < 65536:
-        raise PlatformError(f"{what}={url!r} is not a TCP address; expected tcp://HOST:PORT, e.g. tcp://10.0.0.1:6666")
-    return match.group(1).strip("[]"), int(match.group(2))
-
-
-# ----------------------------------------------------------------------------------------
-# Sightings: what one input says
-# ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Sighting:
-    source: str
-    facts: dict[str, object] = field(default_factory=dict)
-    origins: dict[str, str] = field(default_factory=dict)  # fact → "VAR=value" for messages
-
-    def put(self, fact: str, value: object, origin: str) -> None:
-        self.facts[fact] = value
-        self.origins[fact] = origin
-
-
-def env_int(env: Mapping[str, str], name: str, *, minimum: int = 0, meaning: str = "") -> int | None:
-    """Integer env var or None; a malformed value is a PlatformError saying what was expected."""
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise PlatformError(
-            f"platform env {name}={raw!r} is not an integer; expected {meaning or 'a whole number'}"
-        ) from None
-    if value < minimum:
-        raise PlatformError(f"platform env {name}={raw!r} must be ≥ {minimum} ({meaning or 'a count'})")
-    return value
-
-
-def _from_args(args: Mapping[str, str]) -> Sighting | None:
-    if not args:
-        return None
-    s = Sighting("modelarts-args")
-    if "init_method" in args:
-        host, port = parse_tcp_url(args["init_method"])
-        s.put("master_addr", host, f"--init_method={args['init_method']}")
-        s.put("master_port", port, f"--init_method={args['init_method']}")
-    for name, fact, minimum in (("world_size", "nnodes", 1), ("rank", "node_rank", 0)):
-        if name in args:
-            try:
-                value = int(args[name])
-            except ValueError:
-                raise PlatformError(f"platform argument --{name}={args[name]!r} is not an integer") from None
-            if value < minimum:
-                raise PlatformError(f"platform argument --{name}={value} must be ≥ {minimum}")
-            s.put(fact, value, f"--{name}={value}")
-    if "rank" in args and "world_size" not in args:
-        raise PlatformError(
-            "platform argument --rank was given without --world_size; expected both (node index and number of nodes)"
-        )
-    if "init_method" not in args and ("rank" in args or "world_size" in args):
-        raise PlatformError("platform arguments --rank/--world_size were given without --init_method tcp://HOST:PORT")
-    if "nnodes" not in s.facts:
-        s.put("nnodes", 1, "--init_method alone (single node)")
-        s.put("node_rank", 0, "--init_method alone (single node)")
-    return s
-
-
-def _from_torch_env(env: Mapping[str, str]) -> Sighting | None:
-    has_pet = any(k in env for k in ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_RDZV_ENDPOINT"))
-    mindcluster = "MINDX_TASK_ID" in env and "LOCAL_WORLD_SIZE" in env
-    plain = "MASTER_ADDR" in env and "RANK" in env and "WORLD_SIZE" in env
-    if not (has_pet or mindcluster or plain):
-        return None
-    if mindcluster:
-        s = Sighting("mindcluster")
-        local = env_int(env, "LOCAL_WORLD_SIZE", minimum=1, meaning="NPUs per pod")
-        world = env_int(env, "WORLD_SIZE", minimum=1, meaning="total NPUs (MindCluster counts devices)")
-        assert local is not None
-        s.put("nproc", local, f"LOCAL_WORLD_SIZE={local}")
-        if world is not None:
-            if world % local:
-                raise PlatformError(
-                    f"MindCluster env WORLD_SIZE={world} (devices) is not a multiple of LOCAL_WORLD_SIZE={local} "
-                    "(devices per pod)"
-                )
-            s.put("nnodes", world // local, f"WORLD_SIZE={world}/LOCAL_WORLD_SIZE={local}")
-        rank = env_int(env, "RANK", meaning="the pod rank")
-        if rank is not None:
-            s.put("node_rank", rank, f"RANK={rank}")
-    elif has_pet:
-        s = Sighting("kubeflow-pytorchjob")
-        spec = env.get("PET_NNODES", "").strip()
-        if spec:
-            if re.fullmatch(r"\d+:\d+", spec):
-                lo, hi = (int(x) for x in spec.split(":"))
-                if lo < 1 or hi < lo:
-                    raise PlatformError(f"platform env PET_NNODES={spec!r}: expected MIN:MAX with 1 ≤ MIN ≤ MAX")
-                s.put("nnodes_spec", spec, f"PET_NNODES={spec}")
-                s.put("nnodes", lo, f"PET_NNODES={spec}")
-            else:
-                nn = env_int(env, "PET_NNODES", minimum=1, meaning="the number of nodes or MIN:MAX")
-                s.put("nnodes", nn, f"PET_NNODES={nn}")
-        rank = env_int(env, "PET_NODE_RANK", meaning="the node rank")
-        if rank is None:
-            rank = env_int(env, "RANK", meaning="the pod rank")
-            if rank is not None:
-                s.put("node_rank", rank, f"RANK={rank}")
-        else:
-            s.put("node_rank", rank, f"PET_NODE_RANK={rank}")
-        nproc = env.get("PET_NPROC_PER_NODE", "").strip()
-        if nproc and nproc.isdigit():
-            s.put("nproc", int(nproc), f"PET_NPROC_PER_NODE={nproc}")
-        elif nproc and nproc not in ("auto", "gpu", "cpu"):
-            raise PlatformError(f"platform env PET_NPROC_PER_NODE={nproc!r}: expected a number of processes")
-        world = env_int(env, "WORLD_SIZE", minimum=1, meaning="pods × processes per node")
-        if world is not None:
-            s.put("world_size_env", world, f"WORLD_SIZE={world}")
-    else:
-        s = Sighting("volcano-pytorch")
-        world = env_int(env, "WORLD_SIZE", minimum=1, meaning="the number of pods (Volcano pytorch plugin)")
-        rank = env_int(env, "RANK", meaning="the pod rank")
-        s.put("nnodes", world, f"WORLD_SIZE={world}")
-        s.put("node_rank", rank, f"RANK={rank}")
-    endpoint = env.get("PET_RDZV_ENDPOINT", "").strip()
-    if endpoint:  # elastic PyTorchJob: torchrun's rendezvous endpoint (host:port), not a master
-        rdzv_host, rdzv_port = parse_tcp_url(f"tcp://{endpoint}", "PET_RDZV_ENDPOINT")
-        s.put("master_addr", rdzv_host, f"PET_RDZV_ENDPOINT={endpoint}")
-        s.put("master_port", rdzv_port, f"PET_RDZV_ENDPOINT={endpoint}")
-    if env.get("MASTER_ADDR") and "master_addr" not in s.facts:
-        s.put("master_addr", env["MASTER_ADDR"].strip(), f"MASTER_ADDR={env['MASTER_ADDR']}")
-    port = env_int(env, "MASTER_PORT", minimum=1, meaning="a TCP port")
-    if port is not None and "master_port" not in s.facts:
-        if port > 65535:
-            raise PlatformError(f"platform env MASTER_PORT={port} is not a TCP port (1..65535)")
-        s.put("master_port", port, f"MASTER_PORT={port}")
-    return s
-
-
-def normalise_vj_name(name: str) -> str:
-    """ModelArts job names appear as ``ma-job-…``; DNS names use ``modelarts-job-…``."""
-    return name.replace("ma-job", "modelarts-job", 1)
-
-
-def modelarts_hosts(env: Mapping[str, str], count: int | None) -> list[str]:
-    """Per-node DNS names: ``VC_WORKER_HOSTS``, else ``<job>-<task>-<i>.<job>`` from MA_VJ_NAME."""
-    raw = env.get("VC_WORKER_HOSTS", "").strip()
-    if raw:
-        hosts = [h.strip() for h in raw.split(",")]
-        if any(not h for h in hosts):
-            raise PlatformError(f"platform env VC_WORKER_HOSTS={raw!r} has an empty entry; expected host1,host2,...")
-        return hosts
-    vj = env.get("MA_VJ_NAME", "").strip()
-    if vj and count:
-        job = normalise_vj_name(vj)
-        task = env.get("MA_TASK_NAME", "worker").strip() or "worker"
-        return [f"{job}-{task}-{i}.{job}" for i in range(count)]
-    return []
-
-
-def _task_index(env: Mapping[str, str]) -> tuple[int | None, str]:
-    for name in ("VC_TASK_INDEX", "VK_TASK_INDEX", "MA_TASK_INDEX"):
-        value = env_int(env, name, meaning="this node's index, from 0")
-        if value is not None:
-            return value, f"{name}={value}"
-    return None, ""
-
-
-def _from_modelarts_env(env: Mapping[str, str]) -> Sighting | None:
-    if not any(k in env for k in ("MA_NUM_HOSTS", "MA_VJ_NAME")):
-        return None
-    s = Sighting("modelarts")
-    nnodes = env_int(env, "MA_NUM_HOSTS", minimum=1, meaning="the number of nodes")
-    if nnodes is not None:
-        s.put("nnodes", nnodes, f"MA_NUM_HOSTS={nnodes}")
-    hosts = modelarts_hosts(env, nnodes)
-    if hosts:
-        if nnodes is not None and len(hosts) != nnodes:
-            raise PlatformError(
-                f"platform env VC_WORKER_HOSTS lists {len(hosts)} hosts but MA_NUM_HOSTS={nnodes}; "
-                "expected one host per node"
-            )
-        s.put("hosts", hosts, "VC_WORKER_HOSTS" if env.get("VC_WORKER_HOSTS") else "MA_VJ_NAME")
-        s.put("master_addr", hosts[0], f"first host {hosts[0]}")
-        if nnodes is None:
-            s.put("nnodes", len(hosts), f"VC_WORKER_HOSTS ({len(hosts)} hosts)")
-    index, origin = _task_index(env)
-    if index is not None:
-        s.put("node_rank", index, origin)
-    gpus = env_int(env, "MA_NUM_GPUS", meaning="accelerators per node")
-    if gpus:
-        s.put("nproc", gpus, f"MA_NUM_GPUS={gpus}")
-    return s
-
-
-def _from_volcano_env(env: Mapping[str, str]) -> Sighting | None:
-    if not env.get("VC_WORKER_HOSTS", "").strip():
-        return None
-    s = Sighting("volcano")
-    hosts = modelarts_hosts(env, None)
-    s.put("hosts", hosts, "VC_WORKER_HOSTS")
-    s.put("master_addr", hosts[0], f"first host of VC_WORKER_HOSTS {hosts[0]}")
-    num = env_int(env, "VC_WORKER_NUM", minimum=1, meaning="the number of worker pods")
-    if num is not None and num != len(hosts):
-        raise PlatformError(f"platform env VC_WORKER_NUM={num} but VC_WORKER_HOSTS lists {len(hosts)} hosts")
-    s.put("nnodes", len(hosts), f"VC_WORKER_HOSTS ({len(hosts)} hosts)")
-    index, origin = _task_index(env)
-    if index is not None:
-        s.put("node_rank", index, origin)
-    return s
-
-
-# ----------------------------------------------------------------------------------------
-# Merging
-# ----------------------------------------------------------------------------------------
-
-_FACT_WORDS = {
-    "nnodes": "the number of nodes",
-    "node_rank": "this node's index",
-    "nproc": "processes per node",
-    "master_port": "the master port",
-}
-
-
-def merge_sightings(sightings: list[Sighting]) -> dict[str, object]:
-    """First sighting wins per fact; numeric facts stated twice must agree."""
-    merged: dict[str, object] = {}
-    origin_of: dict[str, str] = {}
-    for s in sightings:
-        for fact, value in s.facts.items():
-            if fact not in merged:
-                merged[fact] = value
-                origin_of[fact] = f"{s.origins[fact]} ({s.source})"
-            elif fact in _FACT_WORDS and merged[fact] != value:
-                raise PlatformError(
-                    f"platform inputs disagree on {_FACT_WORDS[fact]}: {origin_of[fact]} says {merged[fact]}, "
-                    f"but {s.origins[fact]} ({s.source}) says {value}. Fix the job's platform settings; "
-                    "mlaunch will not guess which one is right."
-                )
-    merged["_origins"] = origin_of
-    return merged
-
-
 def free_port(host: str = LOOPBACK) -> int:
     """A TCP port nothing listens on right now (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -372,14 +100,14 @@ def free_port(host: str = LOOPBACK) -> int:
 def collect_sightings(env: Mapping[str, str], args: Mapping[str, str]) -> list[Sighting]:
     """Every platform input present, in precedence order."""
     found = [
-        _from_args(args),
-        _from_torch_env(env),
-        _from_modelarts_env(env),
+        from_args(args),
+        from_torch_env(env),
+        from_modelarts_env(env),
     ]
     # VC_TASK_INDEX is an index *within a task*: with a master/worker torch env (Volcano
     # pytorch plugin, Kubeflow) it is not the node rank, so plain Volcano env is read only alone.
     if not any(found):
-        found.append(_from_volcano_env(env))
+        found.append(from_volcano_env(env))
     sightings = [s for s in found if s is not None]
     # MA_NUM_GPUS alone does not make a platform (a laptop may have it set), but on a platform
     # node whose topology came from elsewhere (appended args) it still sets processes per node.
@@ -412,8 +140,29 @@ def detect(
         return local_cluster(job, rest, env)
     facts = merge_sightings(sightings)
     sources = "+".join(s.source for s in sightings)
-    notes: list[str] = []
     nnodes = int(facts.get("nnodes", 1))  # type: ignore[call-overload]
+    node_rank = _node_rank(facts, nnodes, sources)
+    nproc, notes = _procs_per_node(job, facts, nnodes)
+    hosts = list(facts.get("hosts", []))  # type: ignore[call-overload]
+    return Cluster(
+        source=sources,
+        simulated=False,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        procs_per_node=nproc,
+        master_addr=_master_addr(facts, hosts, nnodes, sources),
+        master_port=int(facts.get("master_port") or job.pytorch.master_port or default_port),  # type: ignore[call-overload]
+        hosts=hosts,
+        extra_args=rest,
+        nnodes_spec=facts.get("nnodes_spec"),  # type: ignore[arg-type]
+        notes=notes,
+        platform_args=dict(args),
+        env=dict(env),
+    )
+
+
+def _node_rank(facts: dict[str, object], nnodes: int, sources: str) -> int:
+    """This node's index, checked against the node count (0 on a single node or an elastic range)."""
     if "node_rank" not in facts:
         if nnodes > 1 and not facts.get("nnodes_spec"):  # an elastic range: torchrun's agent assigns ranks
             raise PlatformError(
@@ -429,6 +178,12 @@ def detect(
             f"this node's index {node_rank} ({origins.get('node_rank')}) is outside 0..{nnodes - 1} "
             f"for {nnodes} nodes ({origins.get('nnodes', 'default')})"
         )
+    return node_rank
+
+
+def _procs_per_node(job: Job, facts: dict[str, object], nnodes: int) -> tuple[int, list[str]]:
+    """Processes per node (the platform's, else job.yaml's) and notes where job.yaml is overruled."""
+    notes: list[str] = []
     nproc = int(facts.get("nproc", job.procs_per_node))  # type: ignore[call-overload]
     if "nproc" in facts and job.procs_per_node not in (1, nproc):
         notes.append(
@@ -443,7 +198,11 @@ def detect(
             f"platform env WORLD_SIZE={world_env} fits neither {nnodes} nodes × {nproc} processes "
             f"= {nnodes * nproc} nor {nnodes} pods; check PET_NNODES/PET_NPROC_PER_NODE"
         )
-    hosts = list(facts.get("hosts", []))  # type: ignore[call-overload]
+    return nproc, notes
+
+
+def _master_addr(facts: dict[str, object], hosts: list[str], nnodes: int, sources: str) -> str:
+    """The master's address: the platform's, else the first host; loopback only for a single node."""
     master_addr = str(facts.get("master_addr") or (hosts[0] if hosts else ""))
     if not master_addr:
         if nnodes > 1:
@@ -452,22 +211,7 @@ def detect(
                 "--init_method tcp://HOST:PORT, MASTER_ADDR, VC_WORKER_HOSTS or MA_VJ_NAME"
             )
         master_addr = LOOPBACK
-    master_port = int(facts.get("master_port") or job.pytorch.master_port or default_port)  # type: ignore[call-overload]
-    return Cluster(
-        source=sources,
-        simulated=False,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        procs_per_node=nproc,
-        master_addr=master_addr,
-        master_port=master_port,
-        hosts=hosts,
-        extra_args=rest,
-        nnodes_spec=facts.get("nnodes_spec"),  # type: ignore[arg-type]
-        notes=notes,
-        platform_args=dict(args),
-        env=dict(env),
-    )
+    return master_addr
 
 
 def local_cluster(job: Job, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Cluster:

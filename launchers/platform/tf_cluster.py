@@ -1,4 +1,4 @@
-"""TensorFlow cluster specs: read them from every platform input, compare them, lay them out.
+"""TensorFlow cluster specs: read them from every platform input, compare them, find this task.
 
 Inputs (platform_spec.md §2.2, §3.2, §4):
 - ModelArts flags appended to the start file: ``--ps_hosts``, ``--worker_hosts`` (comma lists of
@@ -17,14 +17,14 @@ one side has none), or detection stops with a ``PlatformError`` naming both.
 from __future__ import annotations
 
 import json
-import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from launchers.errors import PlatformError
-from launchers.platform.cluster import env_int
+from launchers.platform.address import address_host
+from launchers.platform.sighting import env_int
 
 TF_PLATFORM_ARGS = ("ps_hosts", "worker_hosts", "task_index", "job_name", "task_name")
 ROLES = ("chief", "worker", "ps", "evaluator")
@@ -141,7 +141,7 @@ def _pod_role(hosts: Mapping[str, list[str]], hostname: str) -> tuple[str, int] 
     short = hostname.split(".")[0]
     for role, names in hosts.items():
         for i, name in enumerate(names):
-            if name.split(".")[0].split(":")[0] == short:
+            if address_host(name).split(".")[0] == short:
                 return role, i
     return None
 
@@ -185,7 +185,7 @@ def from_volcano_env(env: Mapping[str, str], port: int, hostname: str | None = N
 
 
 def _bare(hosts: list[str]) -> list[str]:
-    return [h.rsplit(":", 1)[0] if re.search(r":\d+$", h) else h for h in hosts]
+    return [address_host(h) for h in hosts]
 
 
 def _same_hosts(a: list[str], b: list[str]) -> bool:

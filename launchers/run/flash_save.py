@@ -33,16 +33,18 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from launchers.elastic import layout, shardfile, staging
 
 _STALE = 600.0  # candidate files older than this (seconds) belong to an earlier run
 AGREE_WAIT = 5.0  # how long a node waits for the others to report (their workers fail at about the same time)
+
+T = TypeVar("T")
 
 
 class TornSlot(RuntimeError):
@@ -64,12 +66,38 @@ class FlashResult:
         return self.status == "committed"
 
 
-def staged_steps(run_id: str, attempt: int) -> dict[int, set[int]]:
-    """rank → steps it staged completely in ``attempt`` (for monitoring and tests)."""
-    out: dict[int, set[int]] = {}
-    for info in staging.read_run(run_id):
-        out[info.rank] = {s.step for s in info.slots if s.complete and s.attempt == attempt}
-    return out
+@dataclass
+class _Share:
+    """This mlaunch's share of the flash save: its ranks and their nodes, in the job's ``nnodes``."""
+
+    rank_nodes: Mapping[int, int]
+    nnodes: int
+    key: str
+    attempt: int
+    deadline: float
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.rank_nodes)
+
+    @property
+    def nodes(self) -> list[int]:
+        return sorted(set(self.rank_nodes.values()))
+
+    @property
+    def others_write(self) -> bool:
+        """Other nodes' mlaunch write their own ranks (real nodes, not a local simulation)."""
+        return self.nnodes > len(self.nodes)
+
+
+@dataclass
+class _Staged:
+    """The slots this node's ranks staged in the attempt (rank → step → slot), all for one checkpoint."""
+
+    slots: dict[int, dict[int, staging.Slot]]
+    root: Path
+    world: int
+    keep: int
 
 
 def persist(
@@ -87,80 +115,20 @@ def persist(
     ``time.monotonic()`` value after which nothing more is written (and nothing committed).
     """
     started = time.monotonic()
+    share = _Share(rank_nodes, nnodes, key, attempt, deadline)
     readers: dict[int, staging.SegmentReader] = {}
     for path in staging.run_segments(run_id):
         with contextlib.suppress(OSError, ValueError):
             reader = staging.SegmentReader(path)
             readers[reader.info.rank] = reader
-    tmp: Path | None = None
     try:
-        ranks = sorted(rank_nodes)
-        if not readers:
-            return FlashResult("nothing", "no rank staged its state")
-        missing = [r for r in ranks if r not in readers]
-        staged: dict[int, dict[int, staging.Slot]] = {}
-        for rank in ranks:
-            if rank in readers:
-                slots = readers[rank].slots()
-                staged[rank] = {s.step: s for s in slots if s.complete and s.attempt == attempt}
-        if missing or any(not steps for steps in staged.values()):
-            empty = sorted(set(missing) | {r for r, s in staged.items() if not s})
-            return FlashResult("nothing", f"rank(s) {empty} staged nothing in this attempt")
-        infos = [readers[r].info for r in ranks]
-        dirs = {i.ckpt_dir for i in infos}
-        worlds = {i.world for i in infos}
-        if len(dirs) != 1 or len(worlds) != 1:
-            return FlashResult("failed", f"ranks disagree on the checkpoint directory or world size: {dirs} {worlds}")
-        root = Path(dirs.pop())
-        world = worlds.pop()
-        keep = max(i.keep for i in infos) or 3
-        common = set.intersection(*(set(s) for s in staged.values()))
-        nodes_here = sorted(set(rank_nodes.values()))
-        if nnodes > len(nodes_here):
-            decision = _agree(root, key, nodes_here, nnodes, common, min(deadline, time.monotonic() + AGREE_WAIT))
-            if decision is None:
-                return FlashResult("nothing", "the nodes have no staged step in common")
-        elif not common:
-            return FlashResult("nothing", "no step was staged by every rank (they are too far apart)")
-        else:
-            decision = max(common)
-        newest = layout.newest_step(root)
-        if newest is not None and decision <= newest:
-            return FlashResult("skipped", f"step {decision} is not newer than committed step {newest}", decision)
-
-        tmp = root / f"{layout.step_name(decision)}.flash-{key}.tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        sizes = _copy_slots(readers, staged, decision, tmp, deadline)
-        nbytes = sum(sizes.values())
-        if nnodes > len(nodes_here):  # other nodes' mlaunch write their own ranks: meet in done files
-            for node in nodes_here:
-                mine = {str(r): sizes[r] for r in ranks if rank_nodes[r] == node}
-                layout.write_json_atomic(tmp / f"node_{node}.done", {"node": node, "sizes": mine, "time": time.time()})
-            if 0 not in nodes_here:
-                tmp = None  # node 0 commits (or cleans up) this directory
-                return FlashResult("written", f"wrote step {decision}; node 0 commits", decision, nbytes=nbytes)
-            all_sizes = _wait_done(tmp, nnodes, deadline)
-            for node in range(nnodes):
-                with contextlib.suppress(OSError):
-                    (tmp / f"node_{node}.done").unlink()
-        else:
-            all_sizes = sizes
-        final = layout.commit(
-            tmp, root / layout.step_name(decision), decision, world, all_sizes, source="flash", attempt=attempt
-        )
-        tmp = None
-        with contextlib.suppress(OSError):
-            layout.rotate(root, keep)
-        took = time.monotonic() - started
-        return FlashResult(
-            "committed",
-            f"committed step {decision} from shared memory ({_mb(nbytes)} in {took * 1000:.0f} ms)",
-            decision,
-            final,
-            took,
-            nbytes,
-            ranks,
-        )
+        staged = _staged(readers, share)
+        if isinstance(staged, FlashResult):
+            return staged
+        step = _decide(staged, share)
+        if isinstance(step, FlashResult):
+            return step
+        return _write(readers, staged, step, share, started)
     except shardfile.DeadlineExceeded:
         return FlashResult("failed", "the deadline passed before every shard was written; nothing committed")
     except TornSlot as exc:
@@ -168,15 +136,95 @@ def persist(
     except OSError as exc:
         return FlashResult("failed", f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}")
     finally:
-        if tmp is not None:
-            if 0 in set(rank_nodes.values()):
-                layout.remove_tree(tmp)
-            else:  # the directory is node 0's to remove; take back only this node's shards
-                for rank in rank_nodes:
-                    with contextlib.suppress(OSError):
-                        (tmp / layout.shard_name(rank)).unlink()
         for reader in readers.values():
             reader.close()
+
+
+def _staged(readers: dict[int, staging.SegmentReader], share: _Share) -> _Staged | FlashResult:
+    """What every rank staged in this attempt, or why there is nothing to persist."""
+    if not readers:
+        return FlashResult("nothing", "no rank staged its state")
+    ranks = share.ranks
+    missing = [r for r in ranks if r not in readers]
+    staged: dict[int, dict[int, staging.Slot]] = {}
+    for rank in ranks:
+        if rank in readers:
+            slots = readers[rank].slots()
+            staged[rank] = {s.step: s for s in slots if s.complete and s.attempt == share.attempt}
+    if missing or any(not steps for steps in staged.values()):
+        empty = sorted(set(missing) | {r for r, s in staged.items() if not s})
+        return FlashResult("nothing", f"rank(s) {empty} staged nothing in this attempt")
+    infos = [readers[r].info for r in ranks]
+    dirs = {i.ckpt_dir for i in infos}
+    worlds = {i.world for i in infos}
+    if len(dirs) != 1 or len(worlds) != 1:
+        return FlashResult("failed", f"ranks disagree on the checkpoint directory or world size: {dirs} {worlds}")
+    return _Staged(staged, Path(dirs.pop()), worlds.pop(), max(i.keep for i in infos) or 3)
+
+
+def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
+    """The step to persist: the newest every rank (every node) staged, if newer than the committed one."""
+    common = set.intersection(*(set(s) for s in staged.slots.values()))
+    if share.others_write:
+        wait = min(share.deadline, time.monotonic() + AGREE_WAIT)
+        decision = _agree(staged.root, share.key, share.nodes, share.nnodes, common, wait)
+        if decision is None:
+            return FlashResult("nothing", "the nodes have no staged step in common")
+    elif not common:
+        return FlashResult("nothing", "no step was staged by every rank (they are too far apart)")
+    else:
+        decision = max(common)
+    newest = layout.newest_step(staged.root)
+    if newest is not None and decision <= newest:
+        return FlashResult("skipped", f"step {decision} is not newer than committed step {newest}", decision)
+    return decision
+
+
+def _write(
+    readers: dict[int, staging.SegmentReader], staged: _Staged, step: int, share: _Share, started: float
+) -> FlashResult:
+    """Write this node's shards of ``step``; commit it where this is node 0 (meeting the others in done files)."""
+    root = staged.root
+    tmp = root / f"{layout.step_name(step)}.flash-{share.key}.tmp"
+    kept = False  # the directory is committed, or node 0's to commit
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        sizes = _copy_slots(readers, staged.slots, step, tmp, share.deadline)
+        nbytes = sum(sizes.values())
+        all_sizes = sizes
+        if share.others_write:
+            for node in share.nodes:
+                mine = {str(r): sizes[r] for r in share.ranks if share.rank_nodes[r] == node}
+                layout.write_json_atomic(tmp / f"node_{node}.done", {"node": node, "sizes": mine, "time": time.time()})
+            if 0 not in share.nodes:
+                kept = True  # node 0 commits (or cleans up) this directory
+                return FlashResult("written", f"wrote step {step}; node 0 commits", step, nbytes=nbytes)
+            all_sizes = _wait_done(tmp, share.nnodes, share.deadline)
+            for node in range(share.nnodes):
+                with contextlib.suppress(OSError):
+                    (tmp / f"node_{node}.done").unlink()
+        final = layout.commit(
+            tmp, root / layout.step_name(step), step, staged.world, all_sizes, source="flash", attempt=share.attempt
+        )
+        kept = True
+    finally:
+        if not kept:
+            _discard(tmp, share)
+    with contextlib.suppress(OSError):
+        layout.rotate(root, staged.keep)
+    took = time.monotonic() - started
+    message = f"committed step {step} from shared memory ({_mb(nbytes)} in {took * 1000:.0f} ms)"
+    return FlashResult("committed", message, step, final, took, nbytes, share.ranks)
+
+
+def _discard(tmp: Path, share: _Share) -> None:
+    """Remove an uncommitted flash directory — on another node only this node's shards (it is node 0's)."""
+    if 0 in share.nodes:
+        layout.remove_tree(tmp)
+    else:
+        for rank in share.rank_nodes:
+            with contextlib.suppress(OSError):
+                (tmp / layout.shard_name(rank)).unlink()
 
 
 def _copy_slots(
@@ -229,38 +277,43 @@ def _agree(root: Path, key: str, nodes_here: list[int], nnodes: int, common: set
     area.mkdir(parents=True, exist_ok=True)
     for node in nodes_here:
         layout.write_json_atomic(area / f"cand_{node}.json", {"steps": sorted(common), "time": time.time()})
-    seen: dict[int, set[int]] = {}
-    while True:
-        for node in range(nnodes):
-            if node in seen:
-                continue
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                data = json.loads((area / f"cand_{node}.json").read_text())
-                if time.time() - float(data["time"]) < _STALE:
-                    seen[node] = {int(s) for s in data["steps"]}
-        if len(seen) == nnodes:
-            both = set.intersection(*seen.values())
-            return max(both) if both else None
-        if time.monotonic() > deadline:
-            raise shardfile.DeadlineExceeded("not every node reported its staged steps")
-        time.sleep(0.02)
+
+    def fresh_steps(data: Any) -> set[int] | None:
+        return {int(s) for s in data["steps"]} if time.time() - float(data["time"]) < _STALE else None
+
+    paths = [area / f"cand_{node}.json" for node in range(nnodes)]
+    both = set.intersection(*_gather(paths, fresh_steps, deadline, "not every node reported its staged steps"))
+    return max(both) if both else None
 
 
 def _wait_done(tmp: Path, nnodes: int, deadline: float) -> dict[int, int]:
+    """Every node's shard sizes, once each node wrote its done file."""
+
+    def sizes_of(data: Any) -> dict[int, int]:
+        return {int(r): int(s) for r, s in data["sizes"].items()}
+
+    paths = [tmp / f"node_{node}.done" for node in range(nnodes)]
     sizes: dict[int, int] = {}
-    seen: set[int] = set()
+    for done in _gather(paths, sizes_of, deadline, "not every node wrote its shards"):
+        sizes.update(done)
+    return sizes
+
+
+def _gather(paths: list[Path], read: Callable[[Any], T | None], deadline: float, late: str) -> list[T]:
+    """Poll until every JSON file in ``paths`` exists and ``read`` accepts it; what it made of each."""
+    got: dict[int, T] = {}
     while True:
-        for node in range(nnodes):
-            if node in seen:
+        for index, path in enumerate(paths):
+            if index in got:
                 continue
             with contextlib.suppress(OSError, ValueError, KeyError):
-                data = json.loads((tmp / f"node_{node}.done").read_text())
-                sizes.update({int(r): int(s) for r, s in data["sizes"].items()})
-                seen.add(node)
-        if len(seen) == nnodes:
-            return sizes
+                value = read(json.loads(path.read_text()))
+                if value is not None:
+                    got[index] = value
+        if len(got) == len(paths):
+            return [got[index] for index in range(len(paths))]
         if time.monotonic() > deadline:
-            raise shardfile.DeadlineExceeded("not every node wrote its shards")
+            raise shardfile.DeadlineExceeded(late)
         time.sleep(0.02)
 
 

@@ -12,7 +12,7 @@ the ranks measure (``launchers.elastic`` publishes them in its shared-memory sta
 time, the last save's duration, the staged state's size). It also keeps the timers in the
 chain consistent: mlaunch's own SIGKILL at the grace period, a torchrun
 ``--shutdown-timeout`` no longer than it, and a Kubernetes ``terminationGracePeriodSeconds``
-long enough for mlaunch to finish after its own SIGKILL (``timer_chain``).
+long enough for mlaunch to finish after its own SIGKILL (``launchers.config.timers``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launchers.config.durations import format_duration
+from launchers.config.timers import timer_chain
 from launchers.findings import Finding
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from launchers.plan import LaunchPlan
 
 MARGIN = 2.0  # process exit, interpreter teardown, the commit's fsyncs
-PLATFORM_MARGIN = 5.0  # the platform's SIGKILL comes this long after mlaunch's own
 ASSUMED_BANDWIDTH = 200e6  # bytes/s, only to estimate a save nobody measured or declared
 
 
@@ -65,23 +65,6 @@ def advice(budget: Budget) -> str:
         f"a dying checkpoint would be cut off by SIGKILL; raise checkpoint.grace_period to at least "
         f"{format_duration(math.ceil(budget.needed))} (and the platform's own timer with it), or save less"
     )
-
-
-def timer_chain(job: Job) -> dict[str, float]:
-    """Every kill timer of the chain, consistent with job.yaml's grace period.
-
-    - ``mlaunch_grace``: mlaunch SIGKILLs the workers this long after forwarding SIGTERM;
-    - ``torchrun_shutdown_timeout``: what the torchrun style passes as ``--shutdown-timeout``
-      (never longer than mlaunch's, or mlaunch would kill torchrun first);
-    - ``termination_grace_period_seconds``: what a Kubernetes manifest should set, so the
-      platform's SIGKILL comes after mlaunch has finished its own teardown.
-    """
-    grace = job.checkpoint.grace_period
-    return {
-        "mlaunch_grace": grace,
-        "torchrun_shutdown_timeout": float(int(grace)),
-        "termination_grace_period_seconds": float(math.ceil(grace + PLATFORM_MARGIN)),
-    }
 
 
 def declared(job: Job) -> Budget | None:
@@ -167,7 +150,7 @@ def check(job: Job, plan: LaunchPlan) -> list[Finding]:
         Finding(
             "note",
             f"kill timers: mlaunch SIGKILLs {format_duration(grace)} after SIGTERM; a platform's own timer "
-            f"(Kubernetes terminationGracePeriodSeconds) should be ≥ {int(chain['termination_grace_period_seconds'])}s",
+            f"(Kubernetes terminationGracePeriodSeconds) should be ≥ {chain.termination_grace_period_seconds}s",
         )
     )
     missing = _preload_missing(job)

@@ -13,11 +13,10 @@ the grace-budget monitor, warm standby workers for restarts when job.yaml lists
 from __future__ import annotations
 
 import os
-import signal
-import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchers.config.job import Job
@@ -25,29 +24,22 @@ from launchers.elastic import staging
 from launchers.engines import get_engine
 from launchers.engines.base import Engine, check_entry_exists
 from launchers.errors import UserError
+from launchers.log import say
 from launchers.plan import LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
 from launchers.run import signals as early_signals
-from launchers.run.supervisor import (
-    Failure,
-    Outcome,
-    SignalRouter,
-    StandbyPool,
-    Supervisor,
-    Watchdog,
-    become_subreaper,
-    signal_name,
-)
+from launchers.run.labels import process_labels
+from launchers.run.outcome import Failure, Outcome, signal_name
+from launchers.run.procs import become_subreaper
+from launchers.run.signal_router import SignalRouter
+from launchers.run.standby_pool import StandbyPool
+from launchers.run.supervisor import Supervisor
+from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from launchers.run.flash_save import FlashResult
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
-
-
-def say(message: str) -> None:
-    sys.stderr.write(f"mlaunch: {message}\n")
-    sys.stderr.flush()
 
 
 def resolve_engine_name(job: Job, engine: str | None) -> str:
@@ -85,21 +77,6 @@ def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> La
     return plan
 
 
-def process_labels(plan: LaunchPlan) -> dict[int, str]:
-    """Output prefixes: ``rank N``, or ``node K rank N`` when several nodes run here."""
-    several = len(plan.nodes) > 1
-    labels: dict[int, str] = {}
-    index = 0
-    for node in plan.nodes:
-        for proc in node.processes:
-            base = proc.label or (f"rank {proc.rank}" if proc.role == "worker" else f"{proc.role} {proc.rank}")
-            if several and not base.startswith("node "):
-                base = f"node {node.index} {base}"
-            labels[index] = base
-            index += 1
-    return labels
-
-
 def finished_summary(outcome: Outcome, total: int) -> str:
     """What a succeeded run says: service processes (ps, schedulers) stopped after the workers are not "exited 0"."""
     codes = list(outcome.exit_codes.values())
@@ -126,10 +103,9 @@ def run_job(
 
     for warning in prelaunch_warnings(job):
         say(f"warning: {warning}")
-    prepare: Callable[[Job, LaunchPlan], Any] | None = getattr(engine, "prepare", None)
     stop = early_signals.first_stop()
     if stop is not None:  # stopped while loading and planning: launch nothing
-        say(f"stopped by {signal.Signals(stop).name} before anything was launched")
+        say(f"stopped by {signal_name(stop)} before anything was launched")
         return 128 + stop
     run_id = uuid.uuid4().hex
     become_subreaper()
@@ -139,7 +115,7 @@ def run_job(
         standbys = StandbyPool(job.preload, run_id=run_id, watchdog=watchdog, delay=STANDBY_DELAY)
     try:
         with SignalRouter() as signals:
-            return _attempts(job, engine, cluster, plan, prepare, run_id, signals, watchdog, standbys)
+            return _attempts(job, cluster, plan, _Run(engine, run_id, signals, watchdog, standbys))
     finally:
         if standbys is not None:
             standbys.close()
@@ -147,70 +123,88 @@ def run_job(
         watchdog.close()
 
 
-def _attempts(
-    job: Job,
-    engine: Engine,
-    cluster: Cluster,
-    plan: LaunchPlan,
-    prepare: Callable[[Job, LaunchPlan], Any] | None,
-    run_id: str,
-    signals: SignalRouter,
-    watchdog: Watchdog,
-    standbys: StandbyPool | None = None,
-) -> int:
+@dataclass
+class _Run:
+    """What every attempt of one ``mlaunch run`` shares."""
+
+    engine: Engine
+    run_id: str
+    signals: SignalRouter
+    watchdog: Watchdog
+    standbys: StandbyPool | None = None
+
+
+def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
+    """Attempt after attempt, per the restart policy; the exit code mlaunch should exit with."""
     from launchers.run.grace_budget import Monitor
 
     attempt = 0
     policy = plan.policy
-    monitor = Monitor(run_id, policy.grace_period, say, declared_save=job.checkpoint.save_time)
+    monitor = Monitor(run.run_id, policy.grace_period, say, declared_save=job.checkpoint.save_time)
     while True:
-        cleanup = prepare(job, plan) if prepare else None
-        say(plan.headline() + (f"  attempt {attempt}" if attempt else ""))
-        flash = FlashHook(run_id, attempt, plan, policy.grace_period)
-        try:
-            outcome = Supervisor(
-                plan.processes,
-                grace_period=policy.grace_period,
-                run_id=run_id,
-                signals=signals,
-                watchdog=watchdog,
-                labels=process_labels(plan),
-                log_mode="wb" if attempt == 0 else "ab",
-                standbys=standbys,
-                on_failure=flash,
-                tick=monitor,
-                reserve=flash.reserve,
-            ).run()
-        finally:
-            if callable(cleanup):
-                cleanup()
-        if outcome.status == "signalled":
-            flash.after_stop(outcome)
-        roots = flash.checkpoint_dirs(job)
-        staging.unlink_run(run_id)  # this attempt's staged state is persisted or obsolete
-        if outcome.status == "succeeded":
-            say(f"job finished: {finished_summary(outcome, len(plan.processes))}")
-            return 0
-        if outcome.status == "signalled":
-            assert outcome.signal is not None
-            code = stop_exit_code(outcome, roots)
-            say(f"stopped by {signal_name(outcome.signal)}; exit code {code}")
+        outcome, roots = _attempt(job, plan, attempt, policy.grace_period, run, monitor)
+        code = _run_exit_code(outcome, plan, roots)
+        if code is not None:
             return code
-        report_failure(outcome, plan.processes)
         if attempt >= policy.max_restarts:
             if policy.max_restarts:
                 say(f"giving up after {attempt} restart(s) (restart.max_restarts: {policy.max_restarts})")
             return outcome.exit_code
         delay = min(policy.backoff * (2**attempt), policy.max_backoff)
         attempt += 1
-        warm = f" from {standbys.ready_count()} warm standbys" if standbys is not None else ""
+        warm = f" from {run.standbys.ready_count()} warm standbys" if run.standbys is not None else ""
         say(f"restarting the group ({attempt}/{policy.max_restarts}) in {delay:g}s{warm}")
-        received = [s for s in signals.wait(delay) if s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)]
+        received = [s for s in run.signals.wait(delay) if s in early_signals.STOP_SIGNALS]
         if received:
             say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
             return 128 + received[0]
-        cluster = engine.restart_cluster(cluster, attempt)
-        plan = plan_attempt(engine, job, cluster, attempt)
+        cluster = run.engine.restart_cluster(cluster, attempt)
+        plan = plan_attempt(run.engine, job, cluster, attempt)
+
+
+def _attempt(
+    job: Job, plan: LaunchPlan, attempt: int, grace: float, run: _Run, monitor: Callable[[], None]
+) -> tuple[Outcome, set[str]]:
+    """Supervise one attempt, then persist what its ranks staged; its outcome and checkpoint directories."""
+    cleanup = run.engine.prepare(job, plan)
+    say(plan.headline() + (f"  attempt {attempt}" if attempt else ""))
+    flash = FlashHook(run.run_id, attempt, plan, grace)
+    try:
+        outcome = Supervisor(
+            plan.processes,
+            grace_period=grace,
+            run_id=run.run_id,
+            signals=run.signals,
+            watchdog=run.watchdog,
+            labels=process_labels(plan),
+            log_mode="wb" if attempt == 0 else "ab",
+            standbys=run.standbys,
+            on_failure=flash,
+            tick=monitor,
+            reserve=flash.reserve,
+        ).run()
+    finally:
+        if cleanup is not None:
+            cleanup()
+    if outcome.status == "signalled":
+        flash.after_stop(outcome)
+    roots = flash.checkpoint_dirs(job)
+    staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
+    return outcome, roots
+
+
+def _run_exit_code(outcome: Outcome, plan: LaunchPlan, roots: set[str]) -> int | None:
+    """mlaunch's exit code when the attempt ends the run (success, a stop); None after a failure."""
+    if outcome.status == "succeeded":
+        say(f"job finished: {finished_summary(outcome, len(plan.processes))}")
+        return 0
+    if outcome.status == "signalled":
+        assert outcome.signal is not None
+        code = stop_exit_code(outcome, roots)
+        say(f"stopped by {signal_name(outcome.signal)}; exit code {code}")
+        return code
+    report_failure(outcome, plan.processes)
+    return None
 
 
 class FlashHook:

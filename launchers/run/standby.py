@@ -8,7 +8,7 @@ and blocks on its stdin. When the group restarts, the supervisor writes the work
 env and cwd there; the standby becomes that worker: same pid, same output pipes, the script
 run as ``__main__`` exactly as ``python -u script.py args...`` would run it.
 
-Protocol (supervisor side in ``launchers.run.supervisor.StandbyPool``):
+Protocol (supervisor side in ``launchers.run.standby_pool.StandbyPool``):
 - ``MLAUNCH_STANDBY_READY_FD``: a pipe the standby writes ``R`` to once every module is
   imported (EOF without ``R``: an import failed, the standby is not used);
 - stdin: one JSON object ``{"argv": [...], "env": {...}, "cwd": "...", "wait_for_store":

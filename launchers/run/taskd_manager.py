@@ -11,8 +11,8 @@ fails to start exits non-zero, which stops the job (TaskD was asked for).
 ``start_taskd_manager`` may block (the manager's service loop) or return at once; it runs
 in a daemon thread so either way the main thread answers SIGTERM promptly.
 
-Standard library only besides ``taskd`` itself: run it as ``python -m launchers.run.taskd_manager
---job-id ID --node-nums N --proc-per-node P``.
+Standard library (and ``launchers.log``) only besides ``taskd`` itself: run it as
+``python -m launchers.run.taskd_manager --job-id ID --node-nums N --proc-per-node P``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
+from launchers.log import say
 
-def _say(message: str) -> None:
-    sys.stderr.write(f"taskd-manager: {message}\n")
-    sys.stderr.flush()
+WHO = "taskd-manager"  # the prefix of this process's messages
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -55,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         from taskd.api import init_taskd_manager, start_taskd_manager
     except ImportError as exc:
-        _say(f"cannot import taskd.api ({exc}); install MindCluster's TaskD wheel in this interpreter")
+        say(f"cannot import taskd.api ({exc}); install MindCluster's TaskD wheel in this interpreter", who=WHO)
         return 2
     config = {"job_id": args.job_id, "node_nums": args.node_nums, "proc_per_node": args.proc_per_node}
     if not init_taskd_manager(config):
-        _say(f"init_taskd_manager({config}) failed")
+        say(f"init_taskd_manager({config}) failed", who=WHO)
         return 1
     outcome: dict[str, object] = {}
 
@@ -71,12 +70,12 @@ def run(args: argparse.Namespace) -> int:
 
     thread = threading.Thread(target=start, name="taskd-manager", daemon=True)
     thread.start()
-    _say(f"started for job {args.job_id}: {args.node_nums} nodes × {args.proc_per_node} processes")
+    say(f"started for job {args.job_id}: {args.node_nums} nodes × {args.proc_per_node} processes", who=WHO)
     while not stop.wait(0.2):
         if "error" in outcome or outcome.get("ok") is False:
-            _say(f"start_taskd_manager failed: {outcome.get('error', 'returned False')}")
+            say(f"start_taskd_manager failed: {outcome.get('error', 'returned False')}", who=WHO)
             return 1
-    _say("stopping (signal received)")
+    say("stopping (signal received)", who=WHO)
     return 0
 
 

@@ -31,7 +31,8 @@ def entrypoint(
     """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
     from launchers.config.job import load_job
     from launchers.generate.entrypoint import ENTRYPOINT_NAME, advise, engine_of, render_entrypoint
-    from launchers.generate.prestart import PRESTART_NAME, note, output_path, write_script
+    from launchers.generate.prestart import PRESTART_NAME, output_path, write_script
+    from launchers.log import say
 
     job = load_job(job_file)
     name = engine_of(job, engine)
@@ -40,7 +41,7 @@ def entrypoint(
     prestart_path = prestart.expanduser().resolve() if prestart else job.code_path / PRESTART_NAME
     write_script(path, render_entrypoint(job, name, script, prestart_path))
     for message in advise(job, script, prestart_path):
-        note(message)
+        say(f"note: {message}")
     if path is not None:
         typer.echo(str(path))
 

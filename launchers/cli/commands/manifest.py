@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-TARGET_NAMES = ("volcano", "pytorchjob", "tfjob", "mpijob", "ascendjob")
-
 
 def manifest(
     job_file: Annotated[Path, typer.Argument(help="the job.yaml file", show_default=False)],
@@ -38,11 +36,11 @@ def manifest(
     """
     from launchers.config.job import load_job
     from launchers.errors import UserError
-    from launchers.generate.k8s.manifests import build, render
+    from launchers.generate.k8s.manifests import TARGETS, build, render
     from launchers.run.runner import resolve_engine_name
 
-    if target not in TARGET_NAMES:
-        raise UserError(f"unknown --target {target!r}; expected one of: {', '.join(TARGET_NAMES)}")
+    if target not in TARGETS:
+        raise UserError(f"unknown --target {target!r}; expected one of: {', '.join(TARGETS)}")
     job = load_job(job_file)
     engine_name = resolve_engine_name(job, engine)
     built = build(job, target, engine_name)

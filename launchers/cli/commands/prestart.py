@@ -22,7 +22,8 @@ def prestart(
       mlaunch wheel -o dist && mlaunch prestart job.yaml -o ma_pre_start.sh
     """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
     from launchers.config.job import load_job
-    from launchers.generate.prestart import PRESTART_NAME, advise, note, output_path, render_prestart, write_script
+    from launchers.generate.prestart import PRESTART_NAME, advise, output_path, render_prestart, write_script
+    from launchers.log import say
 
     job = load_job(job_file)
     path = output_path(job, out, PRESTART_NAME)
@@ -30,7 +31,7 @@ def prestart(
     text = render_prestart(job, script)
     write_script(path, text)
     for message in advise(job, script):
-        note(message)
+        say(f"note: {message}")
     if path is not None:
         typer.echo(str(path))
 

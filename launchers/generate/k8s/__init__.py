@@ -1,1 +1,1 @@
-"""Kubernetes manifests: the shared pod template and one module per target."""
+"""Kubernetes manifests: the registry (``manifests``), one module per target, the shared pod and parts."""

@@ -1,14 +1,15 @@
 """The pod every manifest target shares: container, command, volumes, resources, grace, names.
 
-``launchers.generate.k8s.manifests`` wraps one or more of these pod templates in each operator's job
-kind. What is here is the contract between the manifest and mlaunch inside the pod:
+Each target module (``volcano``, ``pytorchjob``, ``tfjob``, ``mpijob``, ``ascendjob``) wraps one or
+more of these pod templates in its operator's job kind. What is here is the contract between the
+manifest and mlaunch inside the pod:
 
 - the container runs ``mlaunch --engine E <job.yaml>`` (or the generated entrypoint), with
   code_dir at ``kubernetes.code_mount`` as its working directory, so every path in job.yaml
   resolves in the container as it does on the user's machine;
-- ``terminationGracePeriodSeconds`` = ``checkpoint.grace_period`` + ``kubernetes.termination_margin``,
-  so the kubelet's SIGKILL never comes before mlaunch's own SIGKILL at the end of the grace
-  period (the workers' dying checkpoint fits in between);
+- ``terminationGracePeriodSeconds`` = ``checkpoint.grace_period`` + ``kubernetes.termination_margin``
+  (``launchers.config.timers``), so the kubelet's SIGKILL never comes before mlaunch's own SIGKILL
+  at the end of the grace period (the workers' dying checkpoint fits in between);
 - ``/dev/shm`` is a memory-backed ``emptyDir`` of ``shm_size`` (data loaders, staged checkpoints);
 - nothing from job.yaml's ``env`` or the caller's environment is copied: mlaunch applies
   job.yaml's env inside the pod, and secrets are referenced by name (``envFrom``) only.
@@ -16,7 +17,6 @@ kind. What is here is the contract between the manifest and mlaunch inside the p
 
 from __future__ import annotations
 
-import math
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from launchers.config.job import Job, VolumeOptions
+from launchers.config.timers import timer_chain
 from launchers.errors import UserError
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "mlaunch"}
@@ -36,7 +37,8 @@ QUANTITY = re.compile(
 RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
-def _where(job: Job) -> str:
+def where(job: Job) -> str:
+    """``<job.yaml>: `` to start a message about one of its settings."""
     return f"{job.source}: " if job.source else ""
 
 
@@ -51,7 +53,7 @@ def k8s_name(job: Job, longest_suffix: str) -> str:
     budget = 63 - len(longest_suffix)
     if not DNS_LABEL.match(name) or len(name) > budget:
         raise UserError(
-            f"{_where(job)}job name {name!r} cannot name Kubernetes objects: expected lowercase letters, digits "
+            f"{where(job)}job name {name!r} cannot name Kubernetes objects: expected lowercase letters, digits "
             f"and '-', starting with a letter, at most {budget} characters (pods are named {name}{longest_suffix}); "
             "set `name:` in job.yaml"
         )
@@ -61,7 +63,7 @@ def k8s_name(job: Job, longest_suffix: str) -> str:
 def check_namespace(job: Job) -> str:
     namespace = job.kubernetes.namespace
     if not NAMESPACE.match(namespace) or len(namespace) > 63:
-        raise UserError(f"{_where(job)}kubernetes.namespace {namespace!r} is not a valid namespace name")
+        raise UserError(f"{where(job)}kubernetes.namespace {namespace!r} is not a valid namespace name")
     return namespace
 
 
@@ -75,7 +77,7 @@ def labels(name: str) -> dict[str, str]:
 
 
 @dataclass
-class ContainerLayout:
+class ContainerPaths:
     """Maps paths on this machine (resolved from job.yaml) to their place in the container."""
 
     job: Job
@@ -98,7 +100,7 @@ class ContainerLayout:
                 local.relative_to(self.job.code_path)
             except ValueError:
                 raise UserError(
-                    f"{_where(self.job)}{key}: {value} is outside code_dir ({self.job.code_path}); the pods see only "
+                    f"{where(self.job)}{key}: {value} is outside code_dir ({self.job.code_path}); the pods see only "
                     f"code_dir (at {self.code_mount}): use a path inside code_dir, or an absolute path that exists in "
                     "the pods (kubernetes.output can mount a volume there)"
                 ) from None
@@ -109,7 +111,7 @@ class ContainerLayout:
         given = self.job.kubernetes.job_file
         if given:
             if not given.startswith("/"):
-                raise UserError(f"{_where(self.job)}kubernetes.job_file must be an absolute path in the container")
+                raise UserError(f"{where(self.job)}kubernetes.job_file must be an absolute path in the container")
             return given
         source = self.job.source
         if source is None:
@@ -138,23 +140,18 @@ class ContainerLayout:
 # ----------------------------------------------------------------------------------------
 
 
-def grace_seconds(job: Job) -> int:
-    """terminationGracePeriodSeconds: mlaunch's grace period plus a margin for its own SIGKILL and exit."""
-    return int(math.ceil(job.checkpoint.grace_period + job.kubernetes.termination_margin))
-
-
-def command(job: Job, engine: str, layout: ContainerLayout) -> list[str]:
+def command(job: Job, engine: str, paths: ContainerPaths) -> list[str]:
     """The container's command: the generated entrypoint when job.yaml names one, else mlaunch itself."""
     entrypoint = job.kubernetes.entrypoint
     if entrypoint:
-        return ["bash", layout.setting("kubernetes.entrypoint", entrypoint)]
-    return ["mlaunch", "--engine", engine, layout.job_file]
+        return ["bash", paths.setting("kubernetes.entrypoint", entrypoint)]
+    return ["mlaunch", "--engine", engine, paths.job_file]
 
 
 def _quantity(job: Job, key: str, value: str) -> str:
     if not QUANTITY.match(value):
         raise UserError(
-            f"{_where(job)}kubernetes.{key}: {value!r} is not a Kubernetes quantity; expected e.g. 8, 7500m, 64Gi"
+            f"{where(job)}kubernetes.{key}: {value!r} is not a Kubernetes quantity; expected e.g. 8, 7500m, 64Gi"
         )
     return value
 
@@ -170,7 +167,7 @@ def resources(job: Job, *, accelerators: bool = True) -> dict[str, Any]:
     if accelerators and k8s.accelerator:
         if not RESOURCE_NAME.match(k8s.accelerator):
             raise UserError(
-                f"{_where(job)}kubernetes.accelerator: {k8s.accelerator!r} is not a resource name; expected e.g. "
+                f"{where(job)}kubernetes.accelerator: {k8s.accelerator!r} is not a resource name; expected e.g. "
                 "nvidia.com/gpu or huawei.com/Ascend910"
             )
         amounts[k8s.accelerator] = k8s.accelerator_count or job.procs_per_node
@@ -193,34 +190,23 @@ class Mounts:
             mount["readOnly"] = True
         self.mounts.append(mount)
 
+    def add_volume(self, name: str, volume: VolumeOptions, path: str, *, create: bool) -> None:
+        """A PVC, or a hostPath that must exist (code) or is created when missing (output), at ``path``."""
+        if volume.pvc is not None:
+            source: dict[str, Any] = {"persistentVolumeClaim": {"claimName": volume.pvc}}
+        else:
+            source = {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate" if create else "Directory"}}
+        self.add(name, source, path, sub_path=volume.sub_path, read_only=volume.read_only)
 
-def _volume_source(volume: VolumeOptions, *, create: bool) -> dict[str, Any]:
-    """A PVC, or a hostPath that must exist (code) or is created when missing (output)."""
-    if volume.pvc is not None:
-        return {"persistentVolumeClaim": {"claimName": volume.pvc}}
-    return {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate" if create else "Directory"}}
 
-
-def volumes(job: Job, layout: ContainerLayout) -> Mounts:
+def volumes(job: Job, paths: ContainerPaths) -> Mounts:
     """code (PVC/hostPath), output/checkpoint (PVC/hostPath), and the memory-backed /dev/shm."""
     k8s = job.kubernetes
     found = Mounts()
     if k8s.code.given:
-        found.add(
-            "code",
-            _volume_source(k8s.code, create=False),
-            k8s.code.mount_path or layout.code_mount,
-            sub_path=k8s.code.sub_path,
-            read_only=k8s.code.read_only,
-        )
+        found.add_volume("code", k8s.code, k8s.code.mount_path or paths.code_mount, create=False)
     if k8s.output.given:
-        found.add(
-            "output",
-            _volume_source(k8s.output, create=True),
-            k8s.output.mount_path or layout.checkpoint_dir,
-            sub_path=k8s.output.sub_path,
-            read_only=k8s.output.read_only,
-        )
+        found.add_volume("output", k8s.output, k8s.output.mount_path or paths.checkpoint_dir, create=True)
     found.add(
         "dshm", {"emptyDir": {"medium": "Memory", "sizeLimit": _quantity(job, "shm_size", k8s.shm_size)}}, SHM_MOUNT
     )
@@ -256,17 +242,17 @@ def pod_template(
     k8s = job.kubernetes
     if not k8s.image:
         raise UserError(
-            f"{_where(job)}kubernetes.image is not set; a manifest needs the container image that has mlaunch and "
+            f"{where(job)}kubernetes.image is not set; a manifest needs the container image that has mlaunch and "
             "the job's frameworks, e.g. kubernetes: {image: registry.example.com/team/train:1.0}"
         )
-    layout = ContainerLayout(job, k8s.code_mount)
-    mounts = volumes(job, layout)
+    paths = ContainerPaths(job, k8s.code_mount)
+    mounts = volumes(job, paths)
     env = [downward_env("POD_IP", "status.podIP"), *spec.env]
     container: dict[str, Any] = {
         "name": spec.name,
         "image": k8s.image,
-        "command": spec.command or command(job, engine, layout),
-        "workingDir": layout.workdir,
+        "command": spec.command or command(job, engine, paths),
+        "workingDir": paths.workdir,
         "env": env,
     }
     if k8s.env_from_secrets:
@@ -278,7 +264,7 @@ def pod_template(
         container["resources"] = res
     container["volumeMounts"] = [*mounts.mounts, *spec.extra.mounts]
     pod_spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": grace_seconds(job),
+        "terminationGracePeriodSeconds": timer_chain(job).termination_grace_period_seconds,
         "containers": [container],
         "volumes": [*mounts.volumes, *spec.extra.volumes],
     }

@@ -1,0 +1,96 @@
+"""The whole job.yaml as one model: ``Job``, its sections, the paths it resolves, its JSON Schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, PrivateAttr, field_validator
+
+from launchers.config.engine_sections import AscendOptions, MpiOptions, PytorchOptions, TensorflowOptions
+from launchers.config.fields import EngineName, Scalar, Section, check_env_names
+from launchers.config.high_availability import HighAvailabilityOptions
+from launchers.config.kubernetes import KubernetesOptions
+from launchers.config.sections import CheckpointOptions, PrestartOptions, RestartOptions
+
+
+class Job(Section):
+    """The whole job.yaml."""
+
+    name: str | None = Field(None, description="job name; default: the file's directory name")
+    engine: EngineName | None = Field(None, description="default engine; --engine on the command line wins")
+    entry: str = Field(..., description="the start file (relative to code_dir): .py runs with python, .sh with bash")
+    args: list[Scalar] = Field(default_factory=list, description="arguments given to the start file")
+    code_dir: str = Field(".", description="code directory, relative to this file")
+    python: str | None = Field(None, description="interpreter for .py start files; default: the one running mlaunch")
+    nodes: int = Field(1, ge=1, description="nodes (simulated on one machine when no platform is detected)")
+    procs_per_node: int = Field(1, ge=1, description="processes (devices) per node")
+    env: dict[str, Scalar] = Field(default_factory=dict, description="extra environment for every process")
+    log_dir: str = Field("output/logs", description="per-rank log files, relative to this file")
+    preload: list[str] = Field(default_factory=list, description="modules warm standby workers import ahead")
+    prestart: PrestartOptions = Field(default_factory=lambda: PrestartOptions())
+    checkpoint: CheckpointOptions = Field(default_factory=lambda: CheckpointOptions())
+    restart: RestartOptions = Field(default_factory=lambda: RestartOptions())
+    pytorch: PytorchOptions = Field(default_factory=lambda: PytorchOptions())
+    tensorflow: TensorflowOptions = Field(default_factory=lambda: TensorflowOptions())
+    ascend: AscendOptions = Field(default_factory=lambda: AscendOptions())
+    mpi: MpiOptions = Field(default_factory=lambda: MpiOptions())
+    high_availability: HighAvailabilityOptions = Field(default_factory=lambda: HighAvailabilityOptions())
+    kubernetes: KubernetesOptions = Field(default_factory=lambda: KubernetesOptions())
+
+    _source: Path | None = PrivateAttr(None)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env_names(value)
+
+    @field_validator("entry")
+    @classmethod
+    def _entry_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("entry must name the start file, e.g. train.py")
+        return value
+
+    # -- paths -------------------------------------------------------------------------
+    @property
+    def source(self) -> Path | None:
+        """The job.yaml this job came from (None when built in code)."""
+        return self._source
+
+    @property
+    def base_dir(self) -> Path:
+        """Directory relative paths in job.yaml are resolved against (the file's own directory)."""
+        return self._source.parent if self._source else Path.cwd()
+
+    def resolve(self, path: str) -> Path:
+        """Resolve a job.yaml path: absolute stays, relative is taken from the file's directory."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    @property
+    def code_path(self) -> Path:
+        return self.resolve(self.code_dir)
+
+    @property
+    def entry_path(self) -> Path:
+        p = Path(self.entry).expanduser()
+        return p if p.is_absolute() else (self.code_path / p).resolve()
+
+    @property
+    def log_path(self) -> Path:
+        return self.resolve(self.log_dir)
+
+    @property
+    def job_name(self) -> str:
+        if self.name:
+            return self.name
+        return self.base_dir.name or "job"
+
+
+def job_json_schema() -> dict[str, Any]:
+    """JSON Schema of job.yaml for editors (``mlaunch schema``)."""
+    schema = Job.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "mlaunch job.yaml"
+    return schema

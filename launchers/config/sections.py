@@ -1,0 +1,74 @@
+"""The run sections of job.yaml: ``prestart:`` (what is installed first), ``checkpoint:`` and ``restart:``."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from launchers.config.fields import Duration, Scalar, Section, check_env_names
+from launchers.config.secrets import looks_secret
+
+
+class PrestartOptions(Section):
+    """``prestart:`` — what the generated ma_pre_start.sh installs and exports."""
+
+    dir: str | None = Field(
+        None,
+        description="directory the pre-start enters and installs from; relative to code_dir, or absolute "
+        "(e.g. /home/ma-user/modelarts/inputs/data_url_0); default: code_dir",
+    )
+    wheels: list[str] = Field(
+        default_factory=list,
+        description="wheel files or globs (e.g. dist/mlaunch-*.whl), relative to prestart.dir; installed in order",
+    )
+    requirements: str | None = Field(None, description="requirements file for pip install -r, relative to prestart.dir")
+    commands: list[str] = Field(
+        default_factory=list, description="extra shell commands, run after the installs (each by bash -c)"
+    )
+    env: dict[str, Scalar] = Field(
+        default_factory=dict, description="exported, and persisted for the start file; no secrets here"
+    )
+    passthrough: list[str] = Field(
+        default_factory=list,
+        description="env names (secrets: *_KEY, *TOKEN*...) passed on from the platform env, never written or echoed",
+    )
+    cleanup: bool = Field(False, description="remove the wheel files it installed from prestart.dir afterwards")
+    offline: bool = Field(False, description="pip --no-index: install only from the wheels and find_links")
+    find_links: list[str] = Field(
+        default_factory=list, description="directories of wheels for pip --find-links, relative to prestart.dir"
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        check_env_names(value)
+        secrets = [name for name in value if looks_secret(name)]
+        if secrets:
+            raise ValueError(
+                f"{', '.join(secrets)} looks like a secret; mlaunch never writes secrets into generated scripts. "
+                "Set it in the platform's job environment and list its name under prestart.passthrough"
+            )
+        return value
+
+    @field_validator("passthrough")
+    @classmethod
+    def _passthrough_names(cls, value: list[str]) -> list[str]:
+        check_env_names(dict.fromkeys(value, ""))
+        return value
+
+
+class CheckpointOptions(Section):
+    """``checkpoint:`` — where dying checkpoints go and how long a save may take."""
+
+    dir: str = "output/ckpt"
+    grace_period: Duration = Field(30.0, description="SIGTERM → SIGKILL budget for workers to save and exit")
+    keep: int = Field(3, ge=1, description="committed checkpoints to keep")
+    step_time: Duration | None = Field(None, description="declared time of one training step (grace budget)")
+    save_time: Duration | None = Field(None, description="declared time of one save (grace budget)")
+
+
+class RestartOptions(Section):
+    """``restart:`` — how often a failed group is started again."""
+
+    max_restarts: int = Field(0, ge=0)
+    backoff: Duration = Field(1.0, description="wait before the first restart; doubles each time")
+    max_backoff: Duration = Field(60.0)

@@ -1,0 +1,96 @@
+"""How an attempt ended: exit codes, the first failure, the outcome the runner acts on.
+
+Exit codes are shell-style wherever mlaunch reports one: a process killed by signal N has
+exit code 128+N (``os.waitstatus_to_exitcode`` says -N).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from launchers.plan import ProcessSpec
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def exit_status(status: int) -> tuple[int, int | None]:
+    """waitpid status → (shell-style exit code, the signal that killed the process or None)."""
+    try:
+        code = os.waitstatus_to_exitcode(status)
+    except ValueError:  # neither exited nor killed (stopped): no exit code of its own
+        return 1, None
+    if code < 0:
+        return 128 - code, -code
+    return code, None
+
+
+@dataclass
+class Failure:
+    label: str
+    rank: int
+    pid: int
+    exit_code: int
+    signal: int | None
+    tail: list[str]
+    log: str | None
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            how = f"was killed by {signal_name(self.signal)} (exit code {self.exit_code})"
+        else:
+            how = f"exited with code {self.exit_code}"
+        return f"{self.label} (pid {self.pid}) {how}"
+
+
+def launch_failure(spec: ProcessSpec, label: str, exc: OSError) -> Failure:
+    """A process that could not be started: 127 when its program is missing, else 126 (as a shell says)."""
+    code = 127 if isinstance(exc, FileNotFoundError) else 126
+    return Failure(label, spec.rank, 0, code, None, [f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"], spec.log)
+
+
+@dataclass
+class Outcome:
+    status: Literal["succeeded", "failed", "signalled"]
+    exit_code: int
+    failure: Failure | None = None
+    signal: int | None = None
+    exit_codes: dict[str, int] = field(default_factory=dict)  # label → exit code
+    grace_expired: bool = False  # workers were still alive when the grace period ended (SIGKILLed)
+    stop_started: float | None = None  # time.monotonic() when the stop (SIGTERM to the workers) began
+
+
+class Ended(Protocol):
+    """A supervised process as the outcome sees it."""
+
+    label: str
+    returncode: int | None
+
+
+def outcome_of(
+    processes: Iterable[Ended],
+    failure: Failure | None,
+    sig: int | None,
+    *,
+    grace_expired: bool,
+    stop_started: float | None,
+) -> Outcome:
+    """The first failure wins; else a stop signal mlaunch received; else success."""
+    codes = {p.label: p.returncode for p in processes if p.returncode is not None}
+    if sig is not None and failure is None:
+        outcome = Outcome("signalled", 128 + sig, signal=sig, exit_codes=codes)
+    elif failure is not None:
+        outcome = Outcome("failed", failure.exit_code or 1, failure=failure, signal=sig, exit_codes=codes)
+    else:
+        outcome = Outcome("succeeded", 0, exit_codes=codes)
+    outcome.grace_expired = grace_expired
+    outcome.stop_started = stop_started
+    return outcome

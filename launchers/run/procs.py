@@ -1,0 +1,105 @@
+"""Starting and ending processes: own process groups, the parent-death signal, the subreaper.
+
+A worker and a warm standby are started the same way (``start_process``): in their own
+session/process group, so a signal reaches them *and* whatever they started; with SIGKILL
+as their parent-death signal, so they never outlive mlaunch; with their output on pipes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+_libc: ctypes.CDLL | None = None
+
+
+def _prctl(option: int, value: int) -> bool:
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        return int(_libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Orphaned grandchildren are re-parented to us (and reaped by us) instead of to init."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def process_env(extra: Mapping[str, str], run_id: str) -> dict[str, str]:
+    """mlaunch's environment, plus the process's own, plus the run's marker (what the watchdog looks for)."""
+    env = dict(os.environ)
+    env.update(extra)
+    if run_id:
+        env["MLAUNCH_RUN_ID"] = run_id
+    return env
+
+
+def start_process(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    parent: int,
+    *,
+    stdin: int = subprocess.DEVNULL,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Own session/process group, SIGKILL when mlaunch dies, output to pipes."""
+
+    def child_setup() -> None:
+        # Die with mlaunch even if it is SIGKILLed; if it already died, do not run at all.
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(137)
+
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=child_setup,  # noqa: PLW1509 - the supervisor loop is single-threaded
+        close_fds=True,
+        pass_fds=pass_fds,
+    )
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """``sig`` to the process group led by ``pid`` (to the process alone where the group is not ours)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def reap_unknown() -> None:
+    """Reap any exited child (used between attempts, when no supervisor loop runs)."""
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids of ``pid``'s children (empty when they cannot be listed)."""
+    import psutil  # only at the end of an attempt: off mlaunch's start-up path
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []

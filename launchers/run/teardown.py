@@ -1,0 +1,141 @@
+"""Stopping a group of processes: the stop signal, the grace period, then SIGKILL.
+
+The first failure, or a stop signal to mlaunch, sends SIGTERM (or that signal) to every
+process group and starts the grace period; whatever is still alive at its end is SIGKILLed.
+On a stop by signal ``reserve`` keeps the end of the grace period for the agent-side save
+of what the workers staged; SIGINT twice kills at once; SIGUSR1/SIGUSR2 are forwarded as is.
+
+After a failure the failure hook runs while the other workers are frozen with SIGSTOP (they
+cannot overwrite the state it reads, nor take the CPU it needs); then they get SIGTERM and
+SIGCONT — or SIGKILL when the hook says there is nothing left for them to save.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+from launchers.run.outcome import Failure, signal_name
+from launchers.run.procs import signal_group
+from launchers.run.signal_router import FORWARD_SIGNALS
+from launchers.run.streams import Worker
+
+
+class Teardown:
+    """The stop state of one attempt and the grace clock (``kill_at``) the supervision loop honours."""
+
+    def __init__(
+        self,
+        grace_period: float,
+        live: Callable[[], list[Worker]],
+        announce: Callable[[str], None],
+        reserve: Callable[[], float] | None = None,
+    ) -> None:
+        self.grace_period = grace_period
+        self.live = live
+        self.announce = announce
+        self.reserve = reserve
+        self.signal: int | None = None  # the stop signal mlaunch received, if any
+        self.stopping = False
+        self.stop_started: float | None = None
+        self.grace_expired = False
+        self.kill_at: float | None = None
+        self.kill_after = grace_period
+
+    def signal_groups(self, sig: int) -> None:
+        """``sig`` to every live process's group."""
+        for worker in self.live():
+            signal_group(worker.pid, sig)
+
+    def stop_all(self, sig: int, kill_after: float | None = None) -> None:
+        """``sig`` to every group; SIGKILL after ``kill_after`` seconds (the grace period)."""
+        if self.stop_started is None:
+            self.stop_started = time.monotonic()
+        self.stopping = True
+        self.signal_groups(sig)
+        if self.kill_at is None:
+            self.kill_after = self.grace_period if kill_after is None else kill_after
+            self.kill_at = time.monotonic() + self.kill_after
+
+    def timeout(self, longest: float) -> float:
+        """How long the loop may wait: ``longest``, or less when the grace period ends sooner."""
+        if self.kill_at is None:
+            return longest
+        return max(0.0, min(longest, self.kill_at - time.monotonic()))
+
+    def enforce_grace(self) -> None:
+        """SIGKILL whatever is still alive once the grace period is over."""
+        if self.kill_at is None or time.monotonic() < self.kill_at:
+            return
+        live = self.live()
+        if live:
+            self.grace_expired = True
+            if self.kill_after < self.grace_period:
+                what = (
+                    f"{self.kill_after:.3g}s of the {self.grace_period:g}s grace period are over "
+                    "(the rest is kept for the agent-side save)"
+                )
+            else:
+                what = f"grace period of {self.grace_period:g}s is over"
+            self.announce(f"{what}; SIGKILL to " + ", ".join(w.label for w in live))
+        self.signal_groups(signal.SIGKILL)
+        self.kill_at = None
+
+    def on_signal(self, sig: int) -> None:
+        """A signal to mlaunch: forward a notice; stop on the first stop signal; SIGINT twice kills."""
+        if sig == signal.SIGCHLD:
+            return
+        if sig in FORWARD_SIGNALS:
+            self.announce(f"forwarding {signal_name(sig)} to {len(self.live())} processes")
+            self.signal_groups(sig)
+            return
+        if self.signal is None and not self.stopping:
+            self.signal = sig
+            reserve = self._agent_reserve()
+            kept = f" ({reserve:.3g}s of the grace period kept for the agent-side save)" if reserve else ""
+            self.announce(
+                f"received {signal_name(sig)}; forwarding it to {len(self.live())} processes, "
+                f"SIGKILL in {self.grace_period - reserve:.3g}s{kept}"
+            )
+            self.stop_all(sig, kill_after=self.grace_period - reserve)
+        elif self.signal is None:
+            self.signal = sig  # already stopping after a failure: keep the failure's exit code
+        elif sig == signal.SIGINT and self.kill_at is not None:
+            self.announce("second interrupt: SIGKILL now")
+            self.signal_groups(signal.SIGKILL)
+            self.kill_at = None
+        else:
+            self.announce(f"received {signal_name(sig)} again; already stopping (SIGINT twice kills at once)")
+
+    def _agent_reserve(self) -> float:
+        """Seconds at the end of the grace period kept for the agent-side save (0 when nothing is staged)."""
+        if self.reserve is None:
+            return 0.0
+        try:
+            return max(0.0, min(float(self.reserve()), self.grace_period / 2))
+        except Exception as exc:  # noqa: BLE001 - an estimate must never block a stop
+            self.announce(f"reserve estimate failed (ignored): {exc!r}")
+            return 0.0
+
+    def after_failure(self, failure: Failure, hook: Callable[[Failure], str | None] | None) -> None:
+        """Stop the others after ``failure``, running ``hook`` first while they are frozen (SIGSTOP)."""
+        if hook is None:
+            self.stop_all(signal.SIGTERM)
+            return
+        self.signal_groups(signal.SIGSTOP)
+        kill_now = None
+        try:
+            kill_now = hook(failure)
+        except Exception as exc:  # noqa: BLE001 - the teardown goes on whatever the hook did
+            self.announce(f"failure hook error (ignored): {exc!r}")
+        finally:
+            live = self.live()
+            if kill_now and live:
+                # The hook saved what these processes could have saved (the agent-side
+                # flash save committed their newest step): waiting out the grace period
+                # would only delay the restart.
+                self.announce(f"{kill_now}; SIGKILL to " + ", ".join(w.label for w in live))
+                self.signal_groups(signal.SIGKILL)
+            self.stop_all(signal.SIGTERM)
+            self.signal_groups(signal.SIGCONT)

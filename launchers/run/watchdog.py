@@ -1,0 +1,119 @@
+"""The watchdog: survives a SIGKILL of mlaunch and cleans up after it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+from launchers.elastic import staging
+from launchers.run.signal_router import FORWARD_SIGNALS
+from launchers.run.signals import STOP_SIGNALS
+
+
+class Watchdog:
+    """A forked helper that kills the job's processes when mlaunch's pipe end closes.
+
+    Forked before any thread exists (fork is cheap, no interpreter start-up). It ignores
+    the stop signals (so a Ctrl-C aimed at mlaunch's terminal group does not take it away
+    early) and only reads: ``+PGID``/``-PGID`` lines. On EOF — mlaunch exited normally or
+    was killed — it SIGKILLs the groups still listed and every process whose environment
+    carries this run's marker (grandchildren that escaped into their own session).
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.pid = 0
+        self._fd = -1
+
+    def start(self) -> Watchdog:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            try:
+                os.close(write_fd)
+                for sig in (*STOP_SIGNALS, *FORWARD_SIGNALS):
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.set_wakeup_fd(-1)
+                _watchdog_main(read_fd, self.run_id, os.getppid())
+            finally:
+                os._exit(0)
+        os.close(read_fd)
+        self.pid = pid
+        self._fd = write_fd
+        return self
+
+    def _send(self, line: str) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._fd, line.encode())
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"+{pgid}\n")
+
+    def unwatch(self, pgid: int) -> None:
+        self._send(f"-{pgid}\n")
+
+    def close(self, wait: float = 5.0) -> None:
+        """Let the watchdog do its final sweep and exit."""
+        if self._fd < 0:
+            return
+        os.close(self._fd)
+        self._fd = -1
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid:
+                return
+            time.sleep(0.01)
+
+
+def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
+    groups: set[int] = set()
+    buf = b""
+    while True:
+        try:
+            data = os.read(read_fd, 4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not data:
+            break
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line[:1] == b"+":
+                groups.add(int(line[1:]))
+            elif line[:1] == b"-":
+                groups.discard(int(line[1:]))
+    for pgid in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+    kill_marked_processes(run_id, exclude={os.getpid(), parent})
+    staging.unlink_run(run_id)  # shared memory outlives processes: free it whatever happened
+
+
+def kill_marked_processes(run_id: str, exclude: Iterable[int] = ()) -> list[int]:
+    """SIGKILL every process whose initial environment has ``MLAUNCH_RUN_ID=<run_id>``."""
+    import psutil  # only in the watchdog's final sweep: off mlaunch's start-up path
+
+    skip = set(exclude)
+    killed: list[int] = []
+    for proc in psutil.process_iter():
+        if proc.pid in skip:
+            continue
+        try:
+            if proc.environ().get("MLAUNCH_RUN_ID") != run_id:
+                continue
+        except psutil.Error:
+            continue
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGKILL)
+            killed.append(proc.pid)
+    return killed
