@@ -170,10 +170,19 @@ class LaunchPlan:
         )
 
 
+def process_label(proc: ProcessSpec, node: int | None = None) -> str:
+    """What a process is called in output prefixes and messages: its own label, else
+    ``rank N`` (a worker), ``<role> N`` or ``<role>``; ``node K …`` first when given."""
+    if proc.label:
+        base = proc.label
+    elif proc.role == "worker":
+        base = f"rank {proc.rank}"
+    else:
+        base = f"{proc.role} {proc.rank}" if proc.rank >= 0 else proc.role
+    return base if node is None or base.startswith("node ") else f"node {node} {base}"
+
+
 def proc_title(proc: ProcessSpec) -> str:
-    """Short human name of a process: 'rank 3', 'ps 0', 'agent (node 1)'."""
-    if proc.role == "worker":
-        return f"rank {proc.rank} (local {proc.local_rank})"
-    if proc.rank >= 0:
-        return f"{proc.role} {proc.rank}"
-    return proc.role
+    """The plan view's name of a process: its label, plus the local rank for a worker."""
+    title = process_label(proc)
+    return f"{title} (local {proc.local_rank})" if proc.role == "worker" else title

@@ -30,19 +30,20 @@ import copy
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from launchers.config.high_availability import TFT_CONTROLLER_PORT
 from launchers.config.job import Job
 from launchers.elastic.replicas import ReplicaConfigError, format_groups, replica_count, require_replicas
 from launchers.errors import UserError
 from launchers.plan import LaunchPlan, ProcessSpec
+from launchers.platform.address import split_host_port
 from launchers.platform.cluster import Cluster
 
-TFT_DEFAULT_PORT = 30051
+TFT_DEFAULT_PORT = TFT_CONTROLLER_PORT
 TASKD_PORT = 9601  # TaskD manager's gRPC port (MgrPort ":9601"); exposed on every pod as `taskd-port`
 TASKD_ROLE = "taskd-manager"
 TASKD_FLAG_ENV = "MLAUNCH_TASKD"  # tells launchers.elastic.taskd.start_worker that TaskD is on
@@ -110,11 +111,7 @@ def controller_address(job: Job, cluster: Cluster) -> tuple[str, int]:
     """The TFT controller: job.yaml's ``controller`` (HOST[:PORT]), else node 0 on port 30051."""
     given = job.high_availability.controller
     if given:
-        match = re.fullmatch(r"(\[[^\]]+\]|[^:]+)(?::(\d+))?", given)
-        if not match:  # job.yaml validated the form already; this guards callers building a Job in code
-            raise UserError(f"high_availability.controller={given!r}: expected HOST:PORT or HOST")
-        port = match.group(2)
-        return match.group(1).strip("[]"), int(port) if port else TFT_DEFAULT_PORT
+        return split_host_port(given, "high_availability.controller", default_port=TFT_DEFAULT_PORT)
     node0 = cluster.hosts[0] if cluster.hosts else cluster.master_addr
     return node0, TFT_DEFAULT_PORT
 

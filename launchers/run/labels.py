@@ -1,16 +1,8 @@
-"""What a supervised process is called: its output prefix and its name in mlaunch's messages."""
+"""Which label each supervised process gets: its output prefix and its name in mlaunch's messages."""
 
 from __future__ import annotations
 
-from launchers.plan import LaunchPlan, ProcessSpec
-
-
-def process_label(proc: ProcessSpec, node: int | None = None) -> str:
-    """The process's own label, else ``rank N`` (a worker) or ``<role> N``; ``node K …`` first when given."""
-    base = proc.label or (f"rank {proc.rank}" if proc.role == "worker" else f"{proc.role} {proc.rank}")
-    if node is not None and not base.startswith("node "):
-        base = f"node {node} {base}"
-    return base
+from launchers.plan import LaunchPlan, process_label
 
 
 def process_labels(plan: LaunchPlan) -> dict[int, str]:

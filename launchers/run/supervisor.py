@@ -44,8 +44,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from launchers.log import say
-from launchers.plan import ProcessSpec
-from launchers.run.labels import process_label
+from launchers.plan import ProcessSpec, process_label
 from launchers.run.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of
 from launchers.run.procs import children_of, process_env, start_process
 from launchers.run.signal_router import SignalRouter
