@@ -86,6 +86,7 @@ class Policy:
     max_restarts: int = 0
     backoff: float = 1.0
     max_backoff: float = 60.0
+    stop_timeout: float | None = None  # SIGTERM → SIGKILL of a failure-triggered stop; None: the grace period
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,6 +94,7 @@ class Policy:
             "max_restarts": self.max_restarts,
             "backoff": self.backoff,
             "max_backoff": self.max_backoff,
+            "stop_timeout": self.stop_timeout,
         }
 
 
@@ -109,6 +111,7 @@ class LaunchPlan:
     master_port: int = 0
     attempt: int = 0
     notes: list[str] = field(default_factory=list)  # warnings worth showing before launch
+    control_port: int = 0  # the job-wide control plane's port on master_addr (0: none, one node or simulated)
 
     @classmethod
     def for_cluster(

@@ -35,10 +35,13 @@ def test_the_launchers_import_of_staging_leaves_guard_and_checkpoint_unloaded() 
 def test_the_documented_api_and_submodules_are_reachable() -> None:
     seen = _python(
         "import json\nfrom launchers import elastic\nfrom launchers.elastic import *\n"
-        "print(json.dumps({'install': callable(elastic.install), 'ckpt': elastic.Checkpointer.__name__,"
+        "print(json.dumps({'install': callable(elastic.install),"
+        " 'beat': callable(elastic.heartbeat), 'ckpt': elastic.Checkpointer.__name__,"
         " 'code': EXIT_CODE, 'star': sorted(n for n in elastic.__all__ if n in globals()),"
         " 'guard': elastic.guard.Guard is elastic.Guard, 'missing': hasattr(elastic, 'no_such_name')}))"
     )
     assert seen["install"] is True and seen["ckpt"] == "Checkpointer" and seen["code"] == 143
-    assert seen["star"] == sorted(["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "install"])
+    assert seen["star"] == sorted(
+        ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "heartbeat", "install"]
+    )
     assert seen["guard"] is True and seen["missing"] is False

@@ -275,9 +275,11 @@ def test_check_reports_mpi_tools_and_secret(tmp_path: Path) -> None:
 def test_example_runs_locally_and_sums(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     job = tmp_path / "job.yaml"
+    # the example's own name/code_dir/log_dir lines are replaced: a key given twice is an error
+    example = (EXAMPLES / "mpi" / "job.yaml").read_text().splitlines()
+    kept = [line for line in example if not line.startswith(("name:", "code_dir:", "log_dir:"))]
     job.write_text(
-        (EXAMPLES / "mpi" / "job.yaml").read_text()
-        + f"code_dir: {EXAMPLES / 'mpi'}\nlog_dir: {tmp_path / 'logs'}\nname: local-{os.getpid()}\n"
+        "\n".join(kept) + f"\ncode_dir: {EXAMPLES / 'mpi'}\nlog_dir: {tmp_path / 'logs'}\nname: local-{os.getpid()}\n"
     )
     result = run_mlaunch(["--engine", "mpi", str(job)], timeout=120)
     assert result.returncode == 0, result.stderr

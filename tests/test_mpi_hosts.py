@@ -352,29 +352,7 @@ def test_a_host_with_another_host_key_is_refused(tmp_path: Path, hosts: list[Hos
     assert re.search(rf"refused to trust 1 host\(s\): {re.escape(hosts[2].name)}: presented host key", head.out), (
         head.out
     )
-    # Plain ssh with the job's pinned known_hosts refuses that host too (host 2's sshd is still up).
-    ssh = hosts[1].run(
-        [
-            "ssh",
-            *_ssh_options(tmp_path, job.keys),
-            hosts[2].name,
-            "true",
-        ],
-        env=clean_env(),
-    )
-    assert ssh.returncode == 255 and "Host key verification failed" in ssh.stderr, ssh.stderr
+    # The head's failure is job-wide: the peers (the rogue one included) end with it, their sshd too.
     job.wait(timeout=30)
     assert all(n.code != 0 for n in job.nodes), job.dump()
     assert_hosts_empty(hosts)
-
-
-def _ssh_options(tmp_path: Path, keys: Path) -> list[str]:
-    """ssh options as mlaunch gives mpirun, with copies of the job key made private for ssh."""
-    from bootstrap.keys import known_hosts_line, write_private
-    from bootstrap.runtime import NodeFiles, ssh_client_args
-
-    layout = NodeFiles(tmp_path / "client")
-    layout.dir.mkdir(mode=0o700)
-    write_private(layout.client_key, (keys / "id_ed25519").read_bytes())
-    write_private(layout.known_hosts, known_hosts_line((keys / "ssh_host_ed25519_key.pub").read_text()).encode())
-    return ssh_client_args(layout, 36666, connect_timeout=5)

@@ -215,11 +215,12 @@ def test_services_are_stopped_when_required_processes_finish() -> None:
 
 
 def test_missing_interpreter_fails_cleanly(tmp_path: Path) -> None:
+    """A missing interpreter is a user error found before anything starts (exit 2, not 127)."""
     job = tmp_path / "job.yaml"
     job.write_text(f"entry: {BEHAVE}\npython: /nonexistent/python\nprocs_per_node: 2\n")
     result = run_mlaunch(["--engine", "pytorch", str(job)], timeout=60)
-    assert result.returncode == 127
-    assert "cannot start '/nonexistent/python'" in result.stderr
+    assert result.returncode == 2
+    assert "nothing was launched" in result.stderr and "/nonexistent/python does not exist" in result.stderr
     assert "Traceback" not in result.stderr
 
 

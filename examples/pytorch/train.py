@@ -14,7 +14,8 @@ time and resumed without losing a step:
 - every step is staged to shared memory, so if a rank is killed (kill -9) mlaunch itself
   persists the newest step every rank staged;
 - the next run resumes from the newest committed checkpoint — model, optimizer (momentum),
-  LR scheduler, the Python/NumPy/torch random streams and the data-loader position — and
+  LR scheduler, the Python/NumPy/torch random streams, the batches the loop consumed and
+  DDP's gradient bucket layout — and
   ends with the same ``final-checksum`` as a run that was never interrupted.
 The checkpoint directory is ``--ckpt-dir``, else ``$MLAUNCH_CHECKPOINT_DIR`` (mlaunch sets it
 from job.yaml's ``checkpoint.dir``), else ``output/ckpt``. A run that finishes removes its
@@ -45,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
     parser.add_argument("--ckpt-dir", default=None, help="default: $MLAUNCH_CHECKPOINT_DIR, else output/ckpt")
     parser.add_argument("--save-every", type=int, default=0, help="also save a checkpoint every N steps (0: off)")
     parser.add_argument("--no-stage", action="store_true", help="do not stage steps for mlaunch's agent-side save")
@@ -98,19 +100,23 @@ def main() -> None:
     np.random.seed(args.seed + rank)
     dataset = Synthetic(64 * args.batch_size * world, args.seed)
     sampler = elastic_torch.ResumableSampler(dataset, rank=rank, num_replicas=world, seed=args.seed)
-    # its own generator: creating an iterator must not draw from the global torch stream
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=args.batch_size,
-        sampler=sampler,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(args.seed),
+    # Two worker processes prefetch batches ahead; ResumableLoader records the batches this
+    # loop consumed (not those prefetched), so a resume continues with the next unseen one.
+    # Its own generator: creating an iterator must not draw from the global torch stream.
+    loader = elastic_torch.ResumableLoader(
+        torch.utils.data.DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=args.workers,
+            persistent_workers=args.workers > 0,
+            generator=torch.Generator().manual_seed(args.seed),
+        )
     )
-    # One gradient bucket per parameter: DDP re-buckets gradients after its first iteration,
-    # in the order they became ready, and with more than two ranks a float sum depends on
-    # its order — a resumed process (whose first iteration is a later step) would differ in
-    # the last bits. Per-parameter buckets keep every step's sums identical.
-    model = DistributedDataParallel(make_model(), bucket_cap_mb_list=[0])
+    # DDP's default gradient buckets: capture/restore carry the layout DDP rebuilt after its
+    # first iteration, so a resumed process reduces in the same order (bit-identical sums).
+    model = DistributedDataParallel(make_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.5)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=8, gamma=0.7)
     loss_fn = nn.MSELoss()
@@ -118,7 +124,7 @@ def main() -> None:
     start = 0
     state = ckpt.load_latest()
     if state is not None:
-        start = elastic_torch.restore(state, model=model, optimizer=optimizer, scheduler=scheduler, data=sampler)
+        start = elastic_torch.restore(state, model=model, optimizer=optimizer, scheduler=scheduler, data=loader)
         if rank == 0:
             print(f"resumed from step {ckpt.loaded_step} ({ckpt.loaded.path if ckpt.loaded else ''})", flush=True)
 
@@ -144,7 +150,7 @@ def main() -> None:
         if rank == 0:
             print(f"step {step} loss {reduced.item() / world:.6f}", flush=True)
 
-        snapshot = elastic_torch.capture(step, model=model, optimizer=optimizer, scheduler=scheduler, data=sampler)
+        snapshot = elastic_torch.capture(step, model=model, optimizer=optimizer, scheduler=scheduler, data=loader)
         if not args.no_stage:
             ckpt.stage(step, snapshot)  # mlaunch persists it if this process is killed
         if guard.should_stop(step):  # any rank's signal: every rank stops here, at the same step

@@ -19,13 +19,13 @@ CheckFn = Callable[[Job, LaunchPlan], list[Finding]]
 
 
 def _entry(job: Job, plan: LaunchPlan) -> list[Finding]:
-    from launchers.engines.base import check_entry_exists
+    """The run path's own preflight (code_dir, start file, python, command lines, log/checkpoint dirs)."""
+    from launchers.run.preflight import preflight_errors
 
-    try:
-        check_entry_exists(job)
-    except UserError as exc:
-        return [Finding("error", str(exc))]
-    return [Finding("ok", f"start file {job.entry_path} exists")]
+    problems = preflight_errors(job, plan)
+    if problems:
+        return [Finding("error", problem) for problem in problems]
+    return [Finding("ok", f"start file {job.entry_path} exists; python, code_dir, log and checkpoint dirs are usable")]
 
 
 def _plan_summary(job: Job, plan: LaunchPlan) -> list[Finding]:

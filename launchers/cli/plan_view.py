@@ -31,6 +31,8 @@ def plan_lines(plan: LaunchPlan) -> list[tuple[str, str]]:
     cwds = {p.cwd for p in plan.processes}
     lines: list[tuple[str, str]] = [("bold", plan.headline())]
     lines += [("yellow", f"note: {note}") for note in plan.notes]
+    if plan.control_port:
+        lines.append(("", f"control plane: {plan.master_addr}:{plan.control_port} (node 0 hosts it, every node joins)"))
     for node in plan.nodes:
         lines.append(("bold cyan", f"node {node.index}  host {node.host}"))
         for step in node.bootstrap:

@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from launchers.config.fields import Duration, Port, Scalar, Section, to_str
+from launchers.config.fields import CommandScalar, Count, Duration, PathText, Port, Section, to_str
+from launchers.config.limits import MAX_NODES
 from launchers.config.secrets import looks_secret
 
 
@@ -29,21 +30,32 @@ class PytorchOptions(Section):
     nnodes: str | None = Field(None, description="torchrun style: node count or elastic range, e.g. '2:3'")
     rdzv_backend: str = "c10d"
     rdzv_id: str | None = None
-    max_restarts: int | None = Field(None, ge=0, description="torchrun style: torchrun's own --max-restarts")
+    max_restarts: Count | None = Field(None, description="torchrun style: torchrun's own --max-restarts")
 
     @field_validator("nnodes", mode="before")
     @classmethod
     def _nnodes(cls, value: Any) -> Any:
-        value = to_str(value)
-        if value is not None and not re.fullmatch(r"\d+(:\d+)?", str(value)):
+        if isinstance(value, bool) or not isinstance(value, (int, str, type(None))):
             raise ValueError("expected a node count like '2' or an elastic range like '2:3'")
-        return value
+        value = to_str(value)
+        if value is None:
+            return value
+        match = re.fullmatch(r"([0-9]{1,6})(?::([0-9]{1,6}))?", value.strip())
+        if not match:
+            raise ValueError("expected a node count like '2' or an elastic range like '2:3'")
+        low = int(match.group(1))
+        high = int(match.group(2) or low)
+        if not 1 <= low <= high <= MAX_NODES:
+            raise ValueError(f"expected MIN:MAX with 1 ≤ MIN ≤ MAX ≤ {MAX_NODES} (or a count ≥ 1)")
+        return value.strip()
 
 
 class TensorflowOptions(Section):
     """``tensorflow:`` — ps/worker placement (owned by the TensorFlow engine)."""
 
-    ps: int = Field(1, ge=0, description="parameter servers per node, each beside a worker as on ModelArts")
+    ps: int = Field(
+        1, ge=0, le=64, description="parameter servers per node (0..64), each beside a worker as on ModelArts"
+    )
     output: Literal["flags", "tf_config", "both"] = Field(
         "both",
         description="flags: --ps_hosts/--worker_hosts/--job_name/--task_index; tf_config: TF_CONFIG env",
@@ -80,7 +92,7 @@ class AscendOptions(Section):
         "(a MS_SCHED scheduler on node 0 plus MS_WORKER processes). MA_RUN_METHOD=msrun or MindCluster's MS_* "
         "env select msrun when this key is not set",
     )
-    rank_table: str | None = Field(None, description="path of the rank table; default: $RANK_TABLE_FILE")
+    rank_table: PathText | None = Field(None, description="path of the rank table; default: $RANK_TABLE_FILE")
     wait_timeout: Duration = Field(600.0, description="how long to wait while the rank table says 'initializing'")
     sched_port: Port = Field(8118, description="msrun: MS_SCHED_PORT (a free port when simulated, unless set)")
     workdir: Literal["rank", "code"] = Field(
@@ -101,12 +113,12 @@ class MpiOptions(Section):
     flavour: Literal["openmpi", "horovod", "mindspore-gpu"] = "openmpi"
     sshd_port: Port = 36666
     interfaces: list[str] = Field(default_factory=list, description="NICs for btl/oob_tcp_if_include")
-    keys_dir: str | None = Field(
+    keys_dir: PathText | None = Field(
         None, description="job secret directory made by `mlaunch keys DIR` (else $MLAUNCH_SSH_KEYS)"
     )
     hosts: list[str] = Field(default_factory=list, description="hosts when the platform names none")
     peer_timeout: Duration = Field(300.0, description="one deadline for every peer's sshd to accept the job key")
-    extra_args: list[Scalar] = Field(default_factory=list, description="more mpirun options, before the program")
+    extra_args: list[CommandScalar] = Field(default_factory=list, description="more mpirun options, before the program")
     export: list[str] = Field(
         default_factory=list, description="extra env names (or globs such as MA_*) passed to every rank; no secrets"
     )

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from launchers.config.fields import Section
+from launchers.config.limits import MAX_COUNT, MAX_WORLD_SIZE
 from launchers.platform.address import AddressError, split_host_port
 
 TFT_CONTROLLER_PORT = 30051  # the TFT controller's port when high_availability.controller names a host alone
@@ -28,11 +29,13 @@ class HighAvailabilityOptions(Section):
     controller: str | None = Field(
         None, description="HOST:PORT (or HOST) of the TFT controller → MS_TFT_IP/MS_TFT_PORT; default node 0:30051"
     )
-    dp: int = Field(1, ge=1, description="data-parallel size (data_parallel)")
-    tp: int = Field(1, ge=1, description="tensor/model-parallel size (model_parallel)")
-    pp: int = Field(1, ge=1, description="pipeline stages (pipeline_stage)")
-    optimizer_shard: int = Field(1, ge=1, description="optimizer_weight_shard_size (1 = optimizer parallel off)")
-    sink_size: int = Field(1, ge=1, description="MindSpore data sink size; MindIO TFT works only with 1")
+    dp: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="data-parallel size (data_parallel)")
+    tp: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="tensor/model-parallel size (model_parallel)")
+    pp: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="pipeline stages (pipeline_stage)")
+    optimizer_shard: int = Field(
+        1, ge=1, le=MAX_WORLD_SIZE, description="optimizer_weight_shard_size (1 = optimizer parallel off)"
+    )
+    sink_size: int = Field(1, ge=1, le=MAX_COUNT, description="MindSpore data sink size; MindIO TFT works only with 1")
     taskd: bool = Field(False, description="start MindCluster's TaskD manager on node 0 and preload libtaskd.so")
     mindspeed_flags: bool = Field(
         False, description="append --enable-high-availability --enable-hbmfault-repair to the start file's args"

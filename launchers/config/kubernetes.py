@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from launchers.config.fields import Duration, Scalar, Section
+from launchers.config.limits import MAX_PROCS_PER_NODE
 
 
 class VolumeOptions(Section):
@@ -51,7 +52,9 @@ class KubernetesOptions(Section):
     cpu: Scalar | None = Field(None, description="CPU request = limit per pod, e.g. 8 or 7500m")
     memory: str | None = Field(None, description="memory request = limit per pod, e.g. 64Gi")
     accelerator: str | None = Field(None, description="resource name, e.g. nvidia.com/gpu or huawei.com/Ascend910")
-    accelerator_count: int | None = Field(None, ge=1, description="accelerators per pod; default procs_per_node")
+    accelerator_count: int | None = Field(
+        None, ge=1, le=MAX_PROCS_PER_NODE, description="accelerators per pod; default procs_per_node"
+    )
     shm_size: str = Field("16Gi", description="size of the memory-backed /dev/shm (data loaders, staged checkpoints)")
     queue: str = Field("default", description="Volcano queue (also the Kubeflow/MindCluster scheduling queue)")
     node_selector: dict[str, str] = Field(default_factory=dict, description="e.g. {accelerator-type: module-910b-8}")

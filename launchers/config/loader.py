@@ -14,23 +14,40 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from launchers.config.limits import MAX_JOB_FILE_BYTES
 from launchers.config.model import Job
 from launchers.config.textfile import read_text
+from launchers.config.yaml_strict import StrictYAMLError, load_strict
 from launchers.errors import JobFileError
 
 
 def load_job(path: str | Path) -> Job:
     """Read and validate job.yaml; every user mistake raises ``JobFileError`` naming file and line."""
     source = Path(path)
-    text = read_text(source, "job file", JobFileError, f"{source} is a directory; give the path of a job.yaml file")
+    text = read_text(
+        source,
+        "job file",
+        JobFileError,
+        f"{source} is a directory; give the path of a job.yaml file",
+        max_bytes=MAX_JOB_FILE_BYTES,
+    )
     return parse_job(text, source)
 
 
 def parse_job(text: str, source: Path) -> Job:
-    """Validate job.yaml text; ``source`` names the file in messages and anchors relative paths."""
+    """Validate job.yaml text; ``source`` names the file in messages and anchors relative paths.
+
+    The text is parsed once by the strict loader (``config/yaml_strict.py``): YAML 1.2 core
+    values, no duplicate keys, bounded depth, size and numbers.
+    """
+    if len(text) > MAX_JOB_FILE_BYTES:
+        raise JobFileError(f"{source} is larger than {MAX_JOB_FILE_BYTES:,} bytes; a job file is a few lines")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.load(text, Loader=yaml.SafeLoader)
+        data, node = load_strict(text)
+    except StrictYAMLError as exc:
+        mark = exc.problem_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise JobFileError(f"{source}{where}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -5,29 +5,47 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from launchers.config.engine_sections import AscendOptions, MpiOptions, PytorchOptions, TensorflowOptions
-from launchers.config.fields import EngineName, Scalar, Section, check_env_names
+from launchers.config.fields import (
+    CommandScalar,
+    CommandText,
+    EngineName,
+    EnvValue,
+    PathText,
+    Section,
+    check_env_names,
+)
 from launchers.config.high_availability import HighAvailabilityOptions
 from launchers.config.kubernetes import KubernetesOptions
+from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE, MAX_WORLD_SIZE
+from launchers.config.monitor import ControlOptions, MonitorOptions
 from launchers.config.sections import CheckpointOptions, PrestartOptions, RestartOptions
 
 
 class Job(Section):
     """The whole job.yaml."""
 
-    name: str | None = Field(None, description="job name; default: the file's directory name")
+    name: CommandText | None = Field(None, description="job name; default: the file's directory name")
     engine: EngineName | None = Field(None, description="default engine; --engine on the command line wins")
-    entry: str = Field(..., description="the start file (relative to code_dir): .py runs with python, .sh with bash")
-    args: list[Scalar] = Field(default_factory=list, description="arguments given to the start file")
-    code_dir: str = Field(".", description="code directory, relative to this file")
-    python: str | None = Field(None, description="interpreter for .py start files; default: the one running mlaunch")
-    nodes: int = Field(1, ge=1, description="nodes (simulated on one machine when no platform is detected)")
-    procs_per_node: int = Field(1, ge=1, description="processes (devices) per node")
-    env: dict[str, Scalar] = Field(default_factory=dict, description="extra environment for every process")
-    log_dir: str = Field("output/logs", description="per-rank log files, relative to this file")
-    preload: list[str] = Field(default_factory=list, description="modules warm standby workers import ahead")
+    entry: PathText = Field(
+        ..., description="the start file (relative to code_dir): .py runs with python, .sh with bash"
+    )
+    args: list[CommandScalar] = Field(default_factory=list, description="arguments given to the start file")
+    code_dir: PathText = Field(".", description="code directory, relative to this file")
+    python: PathText | None = Field(
+        None, description="interpreter for .py start files; default: the one running mlaunch"
+    )
+    nodes: int = Field(
+        1, ge=1, le=MAX_NODES, description="nodes (simulated on one machine when no platform is detected); 1..65536"
+    )
+    procs_per_node: int = Field(
+        1, ge=1, le=MAX_PROCS_PER_NODE, description="processes (devices) per node; 1..1024, nodes × this ≤ 65536"
+    )
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="extra environment for every process")
+    log_dir: PathText = Field("output/logs", description="per-rank log files, relative to this file")
+    preload: list[CommandText] = Field(default_factory=list, description="modules warm standby workers import ahead")
     prestart: PrestartOptions = Field(default_factory=lambda: PrestartOptions())
     checkpoint: CheckpointOptions = Field(default_factory=lambda: CheckpointOptions())
     restart: RestartOptions = Field(default_factory=lambda: RestartOptions())
@@ -37,6 +55,8 @@ class Job(Section):
     mpi: MpiOptions = Field(default_factory=lambda: MpiOptions())
     high_availability: HighAvailabilityOptions = Field(default_factory=lambda: HighAvailabilityOptions())
     kubernetes: KubernetesOptions = Field(default_factory=lambda: KubernetesOptions())
+    monitor: MonitorOptions = Field(default_factory=lambda: MonitorOptions())
+    control: ControlOptions = Field(default_factory=lambda: ControlOptions())
 
     _source: Path | None = PrivateAttr(None)
 
@@ -44,6 +64,17 @@ class Job(Section):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         return check_env_names(value)
+
+    @field_validator("procs_per_node")
+    @classmethod
+    def _world_size(cls, value: int, info: ValidationInfo) -> int:
+        nodes = info.data.get("nodes")
+        if isinstance(nodes, int) and nodes * value > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"nodes × procs_per_node = {nodes} × {value} = {nodes * value} ranks; "
+                f"at most {MAX_WORLD_SIZE} ranks in total"
+            )
+        return value
 
     @field_validator("entry")
     @classmethod

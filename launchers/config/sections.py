@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from launchers.config.fields import Duration, Scalar, Section, check_env_names
+from launchers.config.fields import Count, Duration, EnvValue, PathText, PositiveCount, Section, check_env_names
 from launchers.config.secrets import looks_secret
 
 
@@ -24,7 +24,7 @@ class PrestartOptions(Section):
     commands: list[str] = Field(
         default_factory=list, description="extra shell commands, run after the installs (each by bash -c)"
     )
-    env: dict[str, Scalar] = Field(
+    env: dict[str, EnvValue] = Field(
         default_factory=dict, description="exported, and persisted for the start file; no secrets here"
     )
     passthrough: list[str] = Field(
@@ -59,9 +59,9 @@ class PrestartOptions(Section):
 class CheckpointOptions(Section):
     """``checkpoint:`` — where dying checkpoints go and how long a save may take."""
 
-    dir: str = "output/ckpt"
+    dir: PathText = "output/ckpt"
     grace_period: Duration = Field(30.0, description="SIGTERM → SIGKILL budget for workers to save and exit")
-    keep: int = Field(3, ge=1, description="committed checkpoints to keep")
+    keep: PositiveCount = Field(3, description="committed checkpoints to keep; 1..1000000")
     step_time: Duration | None = Field(None, description="declared time of one training step (grace budget)")
     save_time: Duration | None = Field(None, description="declared time of one save (grace budget)")
 
@@ -69,6 +69,12 @@ class CheckpointOptions(Section):
 class RestartOptions(Section):
     """``restart:`` — how often a failed group is started again."""
 
-    max_restarts: int = Field(0, ge=0)
+    max_restarts: Count = Field(0, description="0..1000000")
     backoff: Duration = Field(1.0, description="wait before the first restart; doubles each time")
     max_backoff: Duration = Field(60.0)
+    stop_timeout: Duration = Field(
+        3.0,
+        description="after a rank fails (crash, hang), SIGTERM → SIGKILL for the other ranks (capped by "
+        "checkpoint.grace_period): survivors of a peer's crash cannot finish a collective, so they must not hold "
+        "the restart for the whole grace period; a stop by signal (preemption) keeps the grace period",
+    )

@@ -13,6 +13,9 @@
             ckpt.save(step, state_dict)     # every rank writes its shard; rank 0 commits after all are written
             guard.exit()                    # exit code 143
 
+A script that calls neither ``should_stop`` nor ``stage`` reports progress for mlaunch's hang
+detection (``monitor.hang_timeout``) with ``elastic.heartbeat(step)`` once per step.
+
 ``launchers.elastic.pytorch`` captures and restores model, optimizer, LR scheduler, RNG
 states and a data position so a resumed run continues bit-identically;
 ``launchers.elastic.mindspore`` has an ``ExceptionCheckpoint`` callback.
@@ -25,13 +28,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launchers.elastic.checkpoint import Checkpointer, CheckpointError
     from launchers.elastic.guard import EXIT_CODE, GracefulExit, Guard, install
+    from launchers.elastic.progress import heartbeat
 
-__all__ = ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "install"]
+__all__ = ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "heartbeat", "install"]
 
 # The launcher itself imports ``launchers.elastic.staging`` (agent-side flash save) on every
 # start; loading the checkpoint and guard machinery only when a training script asks for it
@@ -43,7 +48,13 @@ _WHERE = {
     "GracefulExit": "guard",
     "Guard": "guard",
     "install": "guard",
+    "heartbeat": "progress",
 }
+
+if os.environ.get("MLAUNCH_RUN_ID"):  # a rank under mlaunch: its stacks on demand (see ``progress``)
+    from launchers.elastic import progress as _progress
+
+    _progress.install_stack_dump()
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,9 @@ Without a process group but with several ranks (``RANK``/``WORLD_SIZE`` set, no 
 rank 0 commits once every rank's shard and ``.done`` file is there, as DLRover's agents do.
 
 ``load_latest()`` returns this rank's state from the newest committed step (all ranks agree
-on the step when a group is up), or None. ``stage(step, state)`` copies the state into this
+on the step when a group is up), or None. Loading runs no code: a shard's header is JSON and a
+state holds plain data, unless the ``Checkpointer`` is created with ``trusted=True`` (then any
+picklable object can be saved, and is unpickled on load). ``stage(step, state)`` copies the state into this
 rank's shared-memory segment so mlaunch can persist it if the process dies.
 """
 
@@ -29,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import collective, durable, layout, shardfile, staging
+from launchers.elastic import collective, durable, layout, plain, progress, shardfile, staging
 
 DEFAULT_DIR = "output/ckpt"
 DEFAULT_KEEP = 3
 _DONE_WAIT = 600.0
+_UNTRUSTED = "needs trusted=True: "
 
 
 class CheckpointError(RuntimeError):
@@ -73,6 +76,7 @@ class Checkpointer:
         *,
         keep: int | None = None,
         replicas: Sequence[int] | None = None,
+        trusted: bool = False,
     ) -> None:
         chosen = dir if dir is not None else os.environ.get("MLAUNCH_CHECKPOINT_DIR") or DEFAULT_DIR
         self.dir = Path(chosen).expanduser().absolute()
@@ -84,6 +88,9 @@ class Checkpointer:
         # ranks holding the same state as this one (a replica group): a dying checkpoint
         # written by one member per group still resumes every member
         self.replicas = list(replicas or [])
+        # trusted=True: save any picklable object and unpickle it on load, which runs code the
+        # checkpoint chose — only for directories nobody else can write (see shardfile)
+        self.trusted = trusted
         self.loaded: layout.Committed | None = None  # what load_latest() resumed from
         self.last_saved: Path | None = None
 
@@ -102,6 +109,8 @@ class Checkpointer:
 
         Uncommitted directories are ignored (and, on rank 0, removed). If this rank cannot
         read its shard of the newest step, every rank falls back to an older one together.
+        A shard that would need ``trusted=True`` (pickled objects, or an older mlaunch's pickled
+        header) raises ``CheckpointError`` on every rank instead: starting over would hide it.
         """
         coll = self._coll()
         rank, world = coll.rank(), coll.world_size()
@@ -113,9 +122,11 @@ class Checkpointer:
             candidates = [c for c in candidates if c.step <= newest]
         for item in candidates:
             state, error = self._read_shard(item, rank)
-            ok = 1 if error is None else 0
+            ok = 1 if error is None else -1 if error.startswith(_UNTRUSTED) else 0
             if world > 1:
                 ok = coll.all_reduce([ok], "min")[0]
+            if ok < 0:
+                raise CheckpointError(f"cannot load step {item.step}: {error or 'another rank needs trusted=True'}")
             if ok:
                 self.loaded = item
                 staging.update_status(rank, world, committed_step=item.step)
@@ -133,7 +144,9 @@ class Checkpointer:
             if str(source) not in item.manifest["shards"] or not path.exists():
                 continue
             try:
-                state, _meta = shardfile.read_file(path)
+                state, _meta = shardfile.read_file(path, trusted=self.trusted)
+            except shardfile.UntrustedShard as exc:
+                return None, f"{_UNTRUSTED}{path}: {exc}"
             except (OSError, ValueError) as exc:
                 return None, f"{path}: {exc}"
             return state, None
@@ -168,13 +181,14 @@ class Checkpointer:
         Not collective and cheap (one memcpy of the tensors). It is a no-op outside mlaunch
         (nobody would read it) and after a failure to reserve shared memory (warned once).
         """
+        progress.report(step)  # hang detection (monitor.hang_timeout)
         coll = self._coll()
         rank, world = coll.rank(), coll.world_size()
         seg = staging.process_segment(rank, world)
         if seg is None:
             return False
         try:
-            enc = shardfile.encode(state, self._meta(step, rank, world, "stage"))
+            enc = shardfile.encode(state, self._meta(step, rank, world, "stage"), trusted=self.trusted)
             seg.set_target(str(self.dir), self.keep)
             seg.stage(step, enc)
         except (OSError, ValueError, BufferError) as exc:
@@ -220,11 +234,11 @@ class Checkpointer:
             raise CheckpointError(f"cannot create {job.tmp}")
         return True
 
-    def _write_shard(self, job: _Save, state: Any, writer: Writer | None) -> tuple[OSError | None, int]:
+    def _write_shard(self, job: _Save, state: Any, writer: Writer | None) -> tuple[Exception | None, int]:
         """Step 2: this rank's shard, written and fsynced (with its directory); (error, size).
 
-        A failure (disk full...) is returned, not raised, so that every rank still takes part
-        in the agreement that follows; the partial shard is removed.
+        A failure (disk full, a state that is not plain data...) is returned, not raised, so that
+        every rank still takes part in the agreement that follows; the partial shard is removed.
         """
         size = 0
         shard = job.tmp / layout.shard_name(job.rank, job.ext)
@@ -236,15 +250,15 @@ class Checkpointer:
                     os.fsync(fh.fileno())
             else:
                 meta = self._meta(job.step, job.rank, job.world, "save")
-                size = shardfile.write_file(shard, shardfile.encode(state, meta))
+                size = shardfile.write_file(shard, shardfile.encode(state, meta, trusted=self.trusted))
             durable.fsync_dir(job.tmp)
-        except OSError as exc:
+        except (OSError, plain.UnsafeState) as exc:
             with contextlib.suppress(OSError):
                 shard.unlink()
             return exc, size
         return None, size
 
-    def _commit_everywhere(self, job: _Save, error: OSError | None, size: int) -> Path | None:
+    def _commit_everywhere(self, job: _Save, error: Exception | None, size: int) -> Path | None:
         """Step 3: rank 0 commits if every rank wrote; its directory (None on the other ranks).
 
         Raises ``CheckpointError`` on every rank alike when the step was not committed.
@@ -283,7 +297,7 @@ class Checkpointer:
         return layout.commit(job.tmp, job.final, job.step, job.world, sizes, ext=job.ext, source="save")
 
     @staticmethod
-    def _agree_committed(job: _Save, committed: bool, error: OSError | None) -> bool:
+    def _agree_committed(job: _Save, committed: bool, error: Exception | None) -> bool:
         """Step 4: whether the step was committed, the same answer on every rank of a group."""
         if job.grouped:
             return bool(job.coll.all_reduce([1 if committed else 0], "max")[0])
@@ -295,6 +309,7 @@ class Checkpointer:
         """After the commit: rank 0 prunes to the newest ``keep``; status and the message."""
         if job.rank == 0:
             with contextlib.suppress(OSError):
+                layout.finish_renames(self.dir, before=job.step)  # a save killed after its commit
                 layout.rotate(self.dir, self.keep)
         seconds = time.monotonic() - started
         staging.update_status(

@@ -92,9 +92,9 @@ def create_synced(
     The one place that decides how a shard file comes to exist on disk, whether its bytes come
     from process memory (``shardfile.write_file``) or from a staged slot (``copy_range_to_file``).
     """
-    _slow_storage_stub()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
+        _slow_storage_stub()  # after the file exists: tests kill a writer while its shard is partial
         size = fill(fd)
         check()
         os.fsync(fd)

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
-from launchers.elastic import collective, staging
+from launchers.elastic import collective, progress, staging
 
 EXIT_CODE = 143
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -97,6 +97,7 @@ class Guard:
         warm-up loops). With ``torch.distributed`` (or MindSpore) initialised it is one
         all-reduce(MAX) of one integer; otherwise it is the local flag.
         """
+        progress.report(step)
         self._measure_step()
         if self.stop_step is not None:
             return True

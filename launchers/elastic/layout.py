@@ -38,7 +38,7 @@ from typing import Any
 from launchers.elastic.durable import fsync_dir
 
 MARKER = "COMMITTED"
-_STEP_DIR = re.compile(r"^step_(\d+)(?:\.(?:[A-Za-z0-9_-]+))?(\.tmp)?$")
+_STEP_DIR = re.compile(r"^step_(\d+)(?:\.(?!tmp$)[A-Za-z0-9_-]+)?(\.tmp)?$")  # ".tmp" alone is no suffix
 
 
 def step_name(step: int) -> str:
@@ -224,3 +224,29 @@ def rotate(root: Path, keep: int) -> list[int]:
         remove_tree(item.path)
         removed.append(item.step)
     return removed
+
+
+def finish_renames(root: Path, before: int) -> list[Path]:
+    """Rename committed ``step_N.tmp`` of steps < ``before`` to ``step_N`` (a save killed after its commit).
+
+    A save killed between writing the marker and the rename leaves a committed directory
+    under its temporary name: it counts (``committed``), and the next successful save, run
+    by rank 0 after every rank is done reading, finishes the rename (or drops the twin when
+    ``step_N`` exists too), so no temporary directory outlives that save. Only the names
+    ``save`` uses: mlaunch's agent renames its own ``.flash-*.tmp`` directories.
+    """
+    done = []
+    for step, is_tmp, path in _step_dirs(root):
+        if not is_tmp or step >= before or path.name != step_name(step) + ".tmp" or read_marker(path) is None:
+            continue
+        final = root / step_name(step)
+        with contextlib.suppress(OSError):
+            if read_marker(final) is not None:
+                remove_tree(path)
+            else:
+                if final.exists():
+                    remove_tree(final)
+                os.rename(path, final)
+                fsync_dir(root)
+            done.append(path)
+    return done

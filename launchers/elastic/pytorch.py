@@ -7,7 +7,15 @@ collects them into one state dict (tensors are not copied: staging and saving co
 ``restore`` puts them back and returns the step to continue from.
 
 ``ResumableSampler`` is a ``DataLoader`` sampler whose shuffling depends only on (seed,
-epoch) and which can start in the middle of an epoch, so "data position" is two integers.
+epoch) and which can start in the middle of an epoch, so "data position" is two integers;
+``ResumableLoader`` wraps the DataLoader so that position is what the loop consumed, also
+with worker processes that prefetch ahead.
+
+A ``DistributedDataParallel`` model resumes bit-identically with DDP's default buckets:
+``capture`` records the gradient bucket layout DDP rebuilt after its first iteration (the
+order in which gradients became ready), and ``restore`` starts the resumed DDP with that
+layout (``ddp_buckets``); without it, a resumed process's first step would reduce in the
+constructor's order, and a float sum over more than two ranks depends on the order.
 
 Import this module only from training code: it imports torch.
 """
@@ -19,6 +27,9 @@ from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from launchers.elastic import ddp_buckets
 
 try:  # NumPy is optional for torch; its RNG is captured when it is there
     import numpy as _np
@@ -61,12 +72,18 @@ def capture(
 ) -> dict[str, Any]:
     """One state dict for ``Checkpointer.stage/save``: the state *after* ``step`` finished.
 
+    With a DDP ``model`` the first call after DDP's first backward is collective (it runs
+    the bucket rebuild DDP's next forward would run): call it on every rank, as ``save``.
+
     ``data`` is whatever locates the next batch: an int, a ``ResumableSampler`` (its
     ``state_dict()`` is taken) or any object with ``state_dict()``.
     """
     state: dict[str, Any] = {"step": step, "rng": rng_state()}
     if model is not None:
         state["model"] = _unwrap(model).state_dict()
+        buckets = ddp_buckets.layout(model) if isinstance(model, DistributedDataParallel) else None
+        if buckets is not None:
+            state["ddp_buckets"] = buckets
     if optimizer is not None:
         state["optimizer"] = optimizer.state_dict()
     if scheduler is not None:
@@ -89,6 +106,8 @@ def restore(
     """Load what ``capture`` saved; returns the first step to run (saved step + 1)."""
     if model is not None and "model" in state:
         _unwrap(model).load_state_dict(state["model"])
+    if isinstance(model, DistributedDataParallel) and state.get("ddp_buckets"):
+        ddp_buckets.set_layout(model, state["ddp_buckets"])
     if optimizer is not None and "optimizer" in state:
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and "scheduler" in state:
@@ -148,3 +167,42 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class ResumableLoader:
+    """A ``DataLoader`` over a ``ResumableSampler`` whose position is what the loop *consumed*.
+
+    With worker processes (``num_workers > 0``) the DataLoader takes indices from its sampler
+    ``num_workers × prefetch_factor`` batches ahead, so the sampler's own position is past the
+    step being saved. Iterate this wrapper instead of the loader and pass it as ``data=`` to
+    ``capture``/``restore``: it counts the batches handed to the training loop, and a resume
+    continues with the first batch the loop never received, whatever ``num_workers``,
+    ``prefetch_factor`` or ``persistent_workers``. (torchdata's ``StatefulDataLoader`` solves
+    the same problem the same way.) Needs a fixed ``batch_size`` and an in-order loader.
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader[Any]) -> None:
+        sampler = loader.sampler
+        if not isinstance(sampler, ResumableSampler) or loader.batch_size is None:
+            raise TypeError("ResumableLoader needs DataLoader(..., sampler=ResumableSampler(...), batch_size=N)")
+        self.loader, self.sampler, self.batch_size = loader, sampler, int(loader.batch_size)
+        self.epoch, self.position = sampler.epoch, sampler.position  # consumed so far
+
+    def __iter__(self) -> Iterator[Any]:
+        # the sampler restarts from what was consumed, not from where prefetching left it
+        self.sampler.load_state_dict(self.state_dict())
+        epoch, total = self.epoch, len(self.sampler._indices())
+        for batch in self.loader:
+            self.position = min(self.position + self.batch_size, total)
+            yield batch
+        self.epoch, self.position = epoch + 1, 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.sampler.load_state_dict(state)

@@ -8,13 +8,17 @@ data, no second copy.
 
 Layout (little endian)::
 
-    MAGIC (8) | header length H (u64) | data length D (u64) | header (H bytes, pickle) |
+    MAGIC (8) | header length H (u64) | data length D (u64) | header (H bytes, UTF-8 JSON) |
     zero padding to 64 | data (D bytes; each tensor/array at a 64-byte aligned offset)
 
-The header holds the state's *skeleton* — the user's nested dicts/lists/tuples with every
-tensor or numpy array replaced by a ``TensorRef`` — plus a table of blobs (kind, dtype,
-shape, offset, size) and the caller's metadata (step, rank...). Anything that is not a
-container, tensor or array (ints, strings, RNG tuples, scheduler state) is pickled as is.
+The header is data only, as in safetensors: the state's *skeleton* — the user's nested
+dicts/lists/tuples as JSON (``plain``), with every tensor or numpy array replaced by
+``{"$ref": i}`` — plus a table of blobs (kind, dtype, shape, offset, size) and the caller's
+metadata (step, rank...). Reading a shard parses JSON and copies bytes: it runs no code the
+file could choose. Other objects are refused unless the writer passed ``trusted=True``; then
+each is pickled into a blob of its own, which only a reader that passes ``trusted=True``
+unpickles. Shards of mlaunch before this format (magic ``MLCKPT01``) have a pickled header:
+they are read only with ``trusted=True``, and otherwise refused with a message saying so.
 
 Torch and numpy are used only if the caller's process already imported them (a state
 holding tensors came from a process that did); this module imports neither.
@@ -23,6 +27,7 @@ holding tensors came from a process that did); this module imports neither.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import pickle
 import struct
@@ -32,6 +37,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from launchers.elastic import plain
+
 # How the bytes reach the disk lives in ``durable``; the names imported "as" themselves stay
 # reachable here, where the writers of shard files (mlaunch's flash save, tests) find them.
 from launchers.elastic.durable import SLOW_WRITE_ENV as SLOW_WRITE_ENV
@@ -40,7 +47,9 @@ from launchers.elastic.durable import copy_range_to_file as copy_range_to_file
 from launchers.elastic.durable import create_synced, write_all
 from launchers.elastic.durable import fsync_dir as fsync_dir
 
-MAGIC = b"MLCKPT01"
+MAGIC = b"MLCKPT02"
+LEGACY_MAGIC = b"MLCKPT01"  # pickled header: read only when trusted
+FORMAT = 2
 PREFIX = struct.Struct("<8sQQ")
 ALIGN = 64
 
@@ -49,16 +58,27 @@ class ShardFormatError(ValueError):
     """The bytes are not a shard image (wrong magic, truncated, or unknown version)."""
 
 
+class UntrustedShard(ShardFormatError):
+    """The shard holds pickled objects (or a pickled header): it is read only with ``trusted=True``."""
+
+
+LEGACY_ADVICE = (
+    "it was written by an older mlaunch, whose shard header is a pickle: loading it could run code "
+    "that whoever could write the checkpoint directory chose. If you wrote it yourself, load it once "
+    "with Checkpointer(..., trusted=True) (the next save writes the new, data-only format); otherwise delete it"
+)
+
+
 @dataclass(frozen=True)
 class TensorRef:
-    """Placeholder for blob ``index`` inside a pickled skeleton."""
+    """Placeholder for blob ``index`` inside the pickled skeleton of a legacy (MLCKPT01) shard."""
 
     index: int
 
 
 @dataclass
 class Blob:
-    kind: str  # "torch" | "numpy"
+    kind: str  # "torch" | "numpy" | "pickle" (a trusted object)
     dtype: str
     shape: tuple[int, ...]
     offset: int  # from the start of the data section
@@ -126,11 +146,7 @@ def _numpy_view(array: Any, keep: list[Any]) -> tuple[str, tuple[int, ...], memo
 
 
 def _map_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:
-    """``obj`` with its containers copied and ``leaf`` applied to everything else.
-
-    The containers are dict, OrderedDict, list and tuple exactly (a subclass is a leaf); the
-    same walk takes a state apart (``encode``) and puts it back together (``decode``).
-    """
+    """``obj`` with its containers copied and ``leaf`` applied to the rest (legacy shards' skeletons)."""
     kind = type(obj)
     if kind is dict or kind is OrderedDict:
         return kind((k, _map_leaves(v, leaf)) for k, v in obj.items())
@@ -141,8 +157,12 @@ def _map_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(obj)
 
 
-def encode(state: Any, meta: dict[str, Any] | None = None) -> Encoded:
-    """Split ``state`` into a header (skeleton + blob table + meta) and the blobs' memory."""
+def encode(state: Any, meta: dict[str, Any] | None = None, *, trusted: bool = False) -> Encoded:
+    """Split ``state`` into a header (skeleton + blob table + meta) and the blobs' memory.
+
+    Raises ``plain.UnsafeState`` (a TypeError) for an object that is not plain data, unless
+    ``trusted``: then it is pickled into a blob.
+    """
     torch = sys.modules.get("torch")
     np = sys.modules.get("numpy")
     blobs: list[Blob] = []
@@ -150,28 +170,37 @@ def encode(state: Any, meta: dict[str, Any] | None = None) -> Encoded:
     keep: list[Any] = []
     offset = 0
 
-    def add(kind: str, got: tuple[str, tuple[int, ...], memoryview]) -> TensorRef:
+    def add(kind: str, got: tuple[str, tuple[int, ...], memoryview]) -> dict[str, Any]:
         nonlocal offset
         dtype, shape, view = got
         blobs.append(Blob(kind, dtype, shape, offset, view.nbytes))
         views.append(view)
         offset = _align(offset + view.nbytes)
-        return TensorRef(len(blobs) - 1)
+        return {"$ref": len(blobs) - 1}
 
-    def leaf(obj: Any) -> Any:
+    def leaf(obj: Any, where: str) -> Any:
+        got = None
         if torch is not None and isinstance(obj, torch.Tensor):
             got = _torch_view(obj, keep)
-            return add("torch", got) if got is not None else obj
-        if np is not None and isinstance(obj, np.ndarray):
+            kind = "torch"
+        elif np is not None and isinstance(obj, np.ndarray):
             got = _numpy_view(obj, keep)
-            return add("numpy", got) if got is not None else obj
-        return obj
+            kind = "numpy"
+        if got is not None:
+            return add(kind, got)
+        if not trusted:
+            plain.refuse(obj, where)
+        ref = add("pickle", ("", (), memoryview(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))))
+        return {**ref, "type": f"{type(obj).__module__}.{type(obj).__qualname__}"}
 
-    skeleton = _map_leaves(state, leaf)
-    header = pickle.dumps(
-        {"format": 1, "meta": dict(meta or {}), "skeleton": skeleton, "blobs": blobs},
-        protocol=pickle.HIGHEST_PROTOCOL,
-    )
+    skeleton = plain.to_json(state, leaf)
+    table = [[b.kind, b.dtype, list(b.shape), b.offset, b.nbytes] for b in blobs]
+    header = json.dumps(
+        {"format": FORMAT, "meta": dict(meta or {}), "skeleton": skeleton, "blobs": table},
+        ensure_ascii=False,
+        allow_nan=False,
+        separators=(",", ":"),
+    ).encode()
     prefix = PREFIX.pack(MAGIC, len(header), offset)
     return Encoded(prefix + header, blobs, views, offset, keep)
 
@@ -226,7 +255,7 @@ def read_prefix(data: bytes | bytearray | memoryview) -> tuple[int, int]:
     if len(data) < PREFIX.size:
         raise ShardFormatError("too short to be a shard")
     magic, hlen, dlen = PREFIX.unpack_from(data, 0)
-    if magic != MAGIC:
+    if magic not in (MAGIC, LEGACY_MAGIC):
         raise ShardFormatError(f"bad magic {magic!r}")
     return hlen, dlen
 
@@ -236,48 +265,95 @@ def image_size(data: bytes | bytearray | memoryview) -> int:
     return _align(PREFIX.size + hlen) + dlen
 
 
-def read_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+def read_header(data: bytes | bytearray | memoryview, *, trusted: bool = False) -> dict[str, Any]:
+    """The parsed header; a legacy (pickled) one only when ``trusted``, else ``UntrustedShard``."""
     hlen, _ = read_prefix(data)
     if len(data) < PREFIX.size + hlen:
         raise ShardFormatError("truncated header")
-    header: dict[str, Any] = pickle.loads(bytes(data[PREFIX.size : PREFIX.size + hlen]))
-    if header.get("format") != 1:
-        raise ShardFormatError(f"unknown shard format {header.get('format')!r}")
+    raw = bytes(data[PREFIX.size : PREFIX.size + hlen])
+    if bytes(data[:8]) == LEGACY_MAGIC:
+        if not trusted:
+            raise UntrustedShard(LEGACY_ADVICE)
+        legacy: dict[str, Any] = pickle.loads(raw)  # trusted by the caller
+        if legacy.get("format") != 1:
+            raise ShardFormatError(f"unknown shard format {legacy.get('format')!r}")
+        return legacy
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise ShardFormatError(f"header is not JSON: {exc}") from None
+    if type(header) is not dict or header.get("format") != FORMAT:
+        raise ShardFormatError(f"unknown shard format {header.get('format') if type(header) is dict else header!r}")
     return header
 
 
-def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_meta(path: str | os.PathLike[str], *, trusted: bool = False) -> dict[str, Any]:
     """Only the metadata of a shard file (cheap: reads the header, not the data)."""
     with open(path, "rb") as fh:
         head = fh.read(PREFIX.size)
         hlen, _ = read_prefix(head)
-        meta: dict[str, Any] = read_header(head + fh.read(hlen))["meta"]
+        meta: dict[str, Any] = read_header(head + fh.read(hlen), trusted=trusted)["meta"]
         return meta
 
 
-def decode(data: bytearray | memoryview) -> tuple[Any, dict[str, Any]]:
-    """Rebuild (state, meta) from an image; tensors/arrays get their own memory (copies)."""
-    header = read_header(data)
+def decode(data: bytearray | memoryview, *, trusted: bool = False) -> tuple[Any, dict[str, Any]]:
+    """Rebuild (state, meta) from an image; tensors/arrays get their own memory (copies).
+
+    Pickled objects (saved with ``trusted=True``) are unpickled only when ``trusted``.
+    """
+    header = read_header(data, trusted=trusted)
     hlen, dlen = read_prefix(data)
     start = _align(PREFIX.size + hlen)
     if len(data) < start + dlen:
         raise ShardFormatError(f"truncated data: {len(data)} bytes, expected {start + dlen}")
-    blobs: list[Blob] = header["blobs"]
-    values: list[Any] = []
     data = memoryview(data)  # slices below must not copy
-    for blob in blobs:
-        begin = start + blob.offset
-        raw = data[begin : begin + blob.nbytes]
-        values.append(_materialize(blob, raw))
-    state = _map_leaves(header["skeleton"], lambda obj: values[obj.index] if type(obj) is TensorRef else obj)
-    return state, header["meta"]
+    if header["format"] == 1:  # legacy, trusted
+        values = [_materialize(b, data[start + b.offset : start + b.offset + b.nbytes]) for b in header["blobs"]]
+        state = _map_leaves(header["skeleton"], lambda obj: values[obj.index] if type(obj) is TensorRef else obj)
+        return state, header["meta"]
+    blobs = [_blob(row, dlen) for row in header["blobs"]]
+
+    def ref(tag: dict[str, Any]) -> Any:
+        index = tag["$ref"]
+        if type(index) is not int or not 0 <= index < len(blobs):
+            raise ShardFormatError(f"bad blob reference {index!r}")
+        blob = blobs[index]
+        if blob.kind == "pickle" and not trusted:
+            raise UntrustedShard(
+                f"the checkpoint holds a pickled {tag.get('type', 'object')}: unpickling runs code, so it is "
+                "loaded only with Checkpointer(..., trusted=True) (for checkpoints you wrote yourself)"
+            )
+        return _materialize(blob, data[start + blob.offset : start + blob.offset + blob.nbytes])
+
+    try:
+        return plain.from_json(header["skeleton"], ref), dict(header["meta"])
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ShardFormatError(f"malformed header: {exc!r}") from None
+
+
+def _blob(row: Any, dlen: int) -> Blob:
+    try:
+        kind, dtype, shape, offset, nbytes = row
+        blob = Blob(str(kind), str(dtype), tuple(int(n) for n in shape), int(offset), int(nbytes))
+    except (TypeError, ValueError) as exc:
+        raise ShardFormatError(f"malformed blob entry {row!r}: {exc}") from None
+    if blob.offset < 0 or blob.nbytes < 0 or blob.offset + blob.nbytes > dlen or min(blob.shape, default=0) < 0:
+        raise ShardFormatError(f"blob {row!r} lies outside the data section ({dlen} bytes)")
+    return blob
 
 
 def _materialize(blob: Blob, raw: Any) -> Any:
+    count = 1
+    for n in blob.shape:
+        count *= n
     if blob.kind == "torch":
         import torch
 
-        dtype = getattr(torch, blob.dtype)
+        dtype = getattr(torch, blob.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ShardFormatError(f"not a torch dtype: {blob.dtype!r}")
+        if count * dtype.itemsize != blob.nbytes:
+            raise ShardFormatError(f"blob of {blob.nbytes} bytes does not hold {blob.shape} {blob.dtype}")
         if blob.nbytes == 0:
             return torch.empty(blob.shape, dtype=dtype)
         flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
@@ -285,11 +361,16 @@ def _materialize(blob: Blob, raw: Any) -> Any:
     if blob.kind == "numpy":
         import numpy as np
 
-        return np.frombuffer(bytearray(raw), dtype=np.dtype(blob.dtype)).reshape(blob.shape)
+        np_dtype = np.dtype(blob.dtype)
+        if np_dtype.hasobject or count * np_dtype.itemsize != blob.nbytes:
+            raise ShardFormatError(f"blob of {blob.nbytes} bytes does not hold {blob.shape} {blob.dtype}")
+        return np.frombuffer(bytearray(raw), dtype=np_dtype).reshape(blob.shape)
+    if blob.kind == "pickle":
+        return pickle.loads(bytes(raw))  # only reached when the reader trusts the checkpoint
     raise ShardFormatError(f"unknown blob kind {blob.kind!r}")
 
 
-def read_file(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+def read_file(path: str | os.PathLike[str], *, trusted: bool = False) -> tuple[Any, dict[str, Any]]:
     """(state, meta) of a shard file (mapped, so each tensor is copied once, from the page cache)."""
     import mmap
 
@@ -303,7 +384,10 @@ def read_file(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
         expected = image_size(view)
         if size < expected:
             raise ShardFormatError(f"{path}: truncated ({size} bytes, expected {expected})")
-        return decode(view)
+        return decode(view, trusted=trusted)
     finally:
-        view.release()
-        mm.close()
+        try:
+            view.release()
+            mm.close()
+        except BufferError:  # an error's traceback still holds slices: the GC closes the map
+            pass

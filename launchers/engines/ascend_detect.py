@@ -23,6 +23,7 @@ from launchers.platform.ascend_device import per_device_start
 from launchers.platform.cluster import (
     LOOPBACK,
     Cluster,
+    check_simulated_size,
     detect,
     env_int,
     free_port,
@@ -224,6 +225,7 @@ def _cross_check(table: RankTable, env: Mapping[str, str], path: Path) -> None:
 
 
 def _simulated_table(job: Job, env: Mapping[str, str], rest: list[str], job_id: str) -> AscendCluster:
+    check_simulated_size(job)
     nodes, devices = job.nodes, job.procs_per_node
     table = parse_rank_table(generate_rank_table(nodes, devices), "simulated rank table")
     table_file = str(rank_table_dir(job) / f"hccl_{nodes}s_{nodes * devices}p.json")

@@ -71,6 +71,7 @@ def policy_of(job: Job) -> Policy:
         max_restarts=job.restart.max_restarts,
         backoff=job.restart.backoff,
         max_backoff=job.restart.max_backoff,
+        stop_timeout=job.restart.stop_timeout,
     )
 
 

@@ -80,7 +80,10 @@ def keys_source(job: Job, env: Mapping[str, str]) -> Path:
             "`mlaunch keys DIR`, then set `mpi: {keys_dir: DIR}` in job.yaml or mount DIR and set "
             f"{KEYS_ENV}=DIR"
         )
-    found = problems(path)
+    try:
+        found = problems(path)
+    except OSError as exc:  # a path the OS refuses outright (too long, a loop)
+        found = [f"{path!s:.200} cannot be read ({exc.strerror or exc})"]
     if found:
         raise UserError(
             f"the job's ssh secret ({origin}) is not usable: {'; '.join(found)}. Create one with `mlaunch keys DIR`"

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from launchers.config.job import Job
+from launchers.config.limits import MAX_WORLD_SIZE
 from launchers.engines.base import Cleanup, base_env, entry_argv, log_file, policy_of, script_args
 from launchers.errors import PlatformError
 from launchers.plan import LaunchPlan, NodePlan, ProcessSpec
@@ -98,13 +99,41 @@ def place_tasks(job: Job, nnodes: int, procs: int, hosts: list[str], ports: list
     return cluster, tasks
 
 
+MAX_SIMULATED_TASKS = 4096  # a simulation binds one free loopback port per task
+
+
 def _free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
+    """``count`` distinct free loopback ports, in a bounded number of tries (else a PlatformError)."""
+    if count > MAX_SIMULATED_TASKS:
+        raise PlatformError(
+            f"a simulated TensorFlow job of {count} tasks needs as many free ports on {LOOPBACK}; "
+            f"simulation runs at most {MAX_SIMULATED_TASKS} tasks (lower nodes, procs_per_node or tensorflow.ps)"
+        )
+    ports: dict[int, None] = {}
+    for _ in range(4 * count + 64):
+        if len(ports) == count:
+            break
+        ports[free_port()] = None
+    if len(ports) == count:
+        return list(ports)
+    raise PlatformError(f"could not find {count} distinct free ports on {LOOPBACK}; too many ports in use")
+
+
+def _check_runnable(cluster: Mapping[str, list[str]], task_type: str, source: str) -> None:
+    """A cluster mlaunch can run: a worker or chief, this task one of chief/worker/ps, a bounded size."""
+    if task_type == "evaluator":
+        raise PlatformError(
+            f"this task is an evaluator ({source}); mlaunch runs chief, worker and ps tasks — start the "
+            "evaluator's own script directly, outside the training cluster"
+        )
+    if not cluster.get("worker") and not cluster.get("chief"):
+        raise PlatformError(
+            f"{source} lists no worker or chief tasks ({', '.join(sorted(cluster)) or 'nothing'}); "
+            "a TensorFlow cluster needs at least one worker"
+        )
+    total = sum(len(hosts) for hosts in cluster.values())
+    if total > MAX_WORLD_SIZE:
+        raise PlatformError(f"{source} lists {total} tasks; mlaunch runs at most {MAX_WORLD_SIZE}")
 
 
 class TensorflowEngine:
@@ -155,6 +184,7 @@ class TensorflowEngine:
     ) -> TensorflowCluster:
         merged = merge(sightings)
         task_type, index = resolve_task(merged, env)
+        _check_runnable(merged.cluster, task_type, merged.source)
         first = (merged.cluster.get("chief") or merged.cluster.get("worker") or [""])[0]
         host, port = split_host_port(first, "chief/worker 0", default_port=job.tensorflow.port) if first else ("", 0)
         all_hosts = [h for role in ("chief", "worker", "ps") for h in merged.cluster.get(role, [])]

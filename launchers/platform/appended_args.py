@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from launchers.config.limits import MAX_NODES
 from launchers.errors import PlatformError
 from launchers.platform.address import parse_tcp_url
+from launchers.platform.numbers import parse_int
 from launchers.platform.sighting import Sighting
 
 PYTORCH_PLATFORM_ARGS = ("init_method", "rank", "world_size")
@@ -68,14 +70,14 @@ def from_args(args: Mapping[str, str]) -> Sighting | None:
         host, port = parse_tcp_url(args["init_method"])
         s.put("master_addr", host, f"--init_method={args['init_method']}")
         s.put("master_port", port, f"--init_method={args['init_method']}")
-    for name, fact, minimum in (("world_size", "nnodes", 1), ("rank", "node_rank", 0)):
+    for name, fact, minimum, meaning in (
+        ("world_size", "nnodes", 1, "the number of nodes"),
+        ("rank", "node_rank", 0, "this node's index"),
+    ):
         if name in args:
-            try:
-                value = int(args[name])
-            except ValueError:
-                raise PlatformError(f"platform argument --{name}={args[name]!r} is not an integer") from None
-            if value < minimum:
-                raise PlatformError(f"platform argument --{name}={value} must be ≥ {minimum}")
+            value = parse_int(
+                args[name], f"platform argument --{name}", minimum=minimum, maximum=MAX_NODES, meaning=meaning
+            )
             s.put(fact, value, f"--{name}={value}")
     if "rank" in args and "world_size" not in args:
         raise PlatformError(

@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from launchers.errors import PlatformError
+from launchers.config.limits import MAX_PROCS_PER_NODE, MAX_WORLD_SIZE
+from launchers.platform.numbers import parse_int
 
 NODE_LEADER_ENV = "MLAUNCH_NODE_LEADER"
 
@@ -27,10 +28,12 @@ def per_device_start(env: Mapping[str, str] | None = None) -> tuple[int, int] | 
     rank = env.get("RANK_ID", "").strip()
     if not device or not rank:
         return None
-    for name, value in (("ASCEND_DEVICE_ID", device), ("RANK_ID", rank)):
-        if not value.isdigit():
-            raise PlatformError(f"platform env {name}={value!r} is not a whole number ≥ 0")
-    return int(device), int(rank)
+    return (
+        parse_int(
+            device, "platform env ASCEND_DEVICE_ID", maximum=MAX_PROCS_PER_NODE - 1, meaning="a device index ≥ 0"
+        ),
+        parse_int(rank, "platform env RANK_ID", maximum=MAX_WORLD_SIZE - 1, meaning="a rank ≥ 0"),
+    )
 
 
 def is_node_leader(env: Mapping[str, str] | None = None) -> bool:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launchers.config.job import Job
+from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE, MAX_SIMULATED_RANKS, MAX_WORLD_SIZE
 from launchers.errors import PlatformError
 from launchers.platform.appended_args import PYTORCH_PLATFORM_ARGS, from_args, split_platform_args
 from launchers.platform.modelarts_env import from_modelarts_env, from_volcano_env, normalise_vj_name
@@ -112,7 +113,7 @@ def collect_sightings(env: Mapping[str, str], args: Mapping[str, str]) -> list[S
     # MA_NUM_GPUS alone does not make a platform (a laptop may have it set), but on a platform
     # node whose topology came from elsewhere (appended args) it still sets processes per node.
     if sightings and not any(s.source == "modelarts" for s in sightings):
-        gpus = env_int(env, "MA_NUM_GPUS", meaning="accelerators per node")
+        gpus = env_int(env, "MA_NUM_GPUS", maximum=MAX_PROCS_PER_NODE, meaning="accelerators per node")
         if gpus:
             extra = Sighting("modelarts")
             extra.put("nproc", gpus, f"MA_NUM_GPUS={gpus}")
@@ -144,6 +145,7 @@ def detect(
     node_rank = _node_rank(facts, nnodes, sources)
     nproc, notes = _procs_per_node(job, facts, nnodes)
     hosts = list(facts.get("hosts", []))  # type: ignore[call-overload]
+    check_world_size(nnodes, nproc, sources)
     return Cluster(
         source=sources,
         simulated=False,
@@ -159,6 +161,16 @@ def detect(
         platform_args=dict(args),
         env=dict(env),
     )
+
+
+def check_world_size(nnodes: int, nproc: int, sources: str) -> None:
+    """The platform's shape within the documented limits (a plan for more would not finish in bounded time)."""
+    if nnodes > MAX_NODES or nproc > MAX_PROCS_PER_NODE or nnodes * nproc > MAX_WORLD_SIZE:
+        raise PlatformError(
+            f"the platform ({sources}) asks for {nnodes} nodes × {nproc} processes = {nnodes * nproc} ranks; "
+            f"mlaunch runs at most {MAX_NODES} nodes, {MAX_PROCS_PER_NODE} processes per node and "
+            f"{MAX_WORLD_SIZE} ranks in total"
+        )
 
 
 def _node_rank(facts: dict[str, object], nnodes: int, sources: str) -> int:
@@ -214,8 +226,19 @@ def _master_addr(facts: dict[str, object], hosts: list[str], nnodes: int, source
     return master_addr
 
 
+def check_simulated_size(job: Job) -> None:
+    """A local simulation runs every rank on this machine: at most ``MAX_SIMULATED_RANKS`` of them."""
+    ranks = job.nodes * job.procs_per_node
+    if ranks > MAX_SIMULATED_RANKS:
+        raise PlatformError(
+            f"nodes × procs_per_node = {job.nodes} × {job.procs_per_node} = {ranks} ranks, all on this machine "
+            f"(no platform detected, so the job is simulated); a simulation runs at most {MAX_SIMULATED_RANKS}"
+        )
+
+
 def local_cluster(job: Job, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Cluster:
     """Simulate the platform: job.yaml's nodes × procs_per_node on loopback, a free port."""
+    check_simulated_size(job)
     return Cluster(
         source="local-simulation",
         simulated=True,

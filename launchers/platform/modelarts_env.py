@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE
 from launchers.errors import PlatformError
 from launchers.platform.sighting import Sighting, env_int
 
@@ -49,7 +50,7 @@ def from_modelarts_env(env: Mapping[str, str]) -> Sighting | None:
     if not any(k in env for k in ("MA_NUM_HOSTS", "MA_VJ_NAME")):
         return None
     s = Sighting("modelarts")
-    nnodes = env_int(env, "MA_NUM_HOSTS", minimum=1, meaning="the number of nodes")
+    nnodes = env_int(env, "MA_NUM_HOSTS", minimum=1, maximum=MAX_NODES, meaning="the number of nodes")
     if nnodes is not None:
         s.put("nnodes", nnodes, f"MA_NUM_HOSTS={nnodes}")
     hosts = modelarts_hosts(env, nnodes)
@@ -66,7 +67,7 @@ def from_modelarts_env(env: Mapping[str, str]) -> Sighting | None:
     index, origin = task_index(env)
     if index is not None:
         s.put("node_rank", index, origin)
-    gpus = env_int(env, "MA_NUM_GPUS", meaning="accelerators per node")
+    gpus = env_int(env, "MA_NUM_GPUS", maximum=MAX_PROCS_PER_NODE, meaning="accelerators per node")
     if gpus:
         s.put("nproc", gpus, f"MA_NUM_GPUS={gpus}")
     return s

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from launchers.atomic import write_atomic
+from launchers.config.limits import MAX_JSON_BYTES
 from launchers.config.textfile import read_text
+from launchers.platform.numbers import parse_json
 from launchers.platform.ranktable_model import STATUS_READY, STATUS_WAIT, RankTable, RankTableError, gc_paused
 from launchers.platform.ranktable_parse import parse_rank_table
 
@@ -17,13 +19,14 @@ from launchers.platform.ranktable_parse import parse_rank_table
 def read_rank_table_json(path: Path) -> Any:
     """The file's JSON; unreadable or invalid JSON is a ``RankTableError`` naming the file."""
     text = read_text(
-        path, "rank table", RankTableError, f"rank table {path} is a directory; expected the hccl.json file"
+        path,
+        "rank table",
+        RankTableError,
+        f"rank table {path} is a directory; expected the hccl.json file",
+        max_bytes=MAX_JSON_BYTES,
     )
-    try:
-        with gc_paused():
-            return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RankTableError(f"rank table {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    with gc_paused():
+        return parse_json(text, f"rank table {path}", error=RankTableError)
 
 
 def load_rank_table(

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from launchers.config.limits import MAX_WORLD_SIZE
 from launchers.platform.ranktable_model import (
     STATUS_READY,
     STATUS_WAIT,
@@ -50,17 +51,21 @@ def _keyed(raw: Any, where: str, key: str) -> tuple[Mapping[str, Any], str]:
     return entry, _required(entry.get(key), where, key)
 
 
+_DIGITS = re.compile(r"[0-9]{1,10}")  # ASCII only: "²".isdigit() is True, int("²") fails
+_MAX_ID = 2**32 - 1  # device, rank and server ids; super_device_id values are large (37748736)
+
+
 def _integer(value: Any, where: str, name: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
         number = int(value.strip())
     elif value is None:
         raise RankTableError(f"{where}: field {name!r} is missing")
     else:
         raise RankTableError(f"{where}: field {name!r} is {value!r}; expected a whole number ≥ 0 (string or int)")
-    if number < 0:
-        raise RankTableError(f"{where}: field {name!r} is {number}; expected a whole number ≥ 0")
+    if not 0 <= number <= _MAX_ID:
+        raise RankTableError(f"{where}: field {name!r} is {number}; expected a whole number from 0 to {_MAX_ID}")
     return number
 
 
@@ -96,6 +101,8 @@ def _parse_rank_table(data: Any, path: str) -> RankTable:
     else:
         table = _parse_v1(top, path, status)
     validate(table)
+    if table.rank_size > MAX_WORLD_SIZE:
+        raise RankTableError(f"{path}: {table.rank_size} devices; mlaunch runs at most {MAX_WORLD_SIZE} ranks in total")
     return table
 
 

@@ -8,10 +8,10 @@ error names both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launchers.errors import PlatformError
+from launchers.platform.numbers import env_int as env_int  # the one integer reader, re-exported
 
 
 @dataclass
@@ -23,22 +23,6 @@ class Sighting:
     def put(self, fact: str, value: object, origin: str) -> None:
         self.facts[fact] = value
         self.origins[fact] = origin
-
-
-def env_int(env: Mapping[str, str], name: str, *, minimum: int = 0, meaning: str = "") -> int | None:
-    """Integer env var or None; a malformed value is a PlatformError saying what was expected."""
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise PlatformError(
-            f"platform env {name}={raw!r} is not an integer; expected {meaning or 'a whole number'}"
-        ) from None
-    if value < minimum:
-        raise PlatformError(f"platform env {name}={raw!r} must be ≥ {minimum} ({meaning or 'a count'})")
-    return value
 
 
 _FACT_WORDS = {

@@ -16,15 +16,15 @@ one side has none), or detection stops with a ``PlatformError`` naming both.
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launchers.config.limits import MAX_WORLD_SIZE
 from launchers.errors import PlatformError
 from launchers.platform.address import address_host
-from launchers.platform.sighting import env_int
+from launchers.platform.numbers import env_int, parse_int, parse_json
 
 TF_PLATFORM_ARGS = ("ps_hosts", "worker_hosts", "task_index", "job_name", "task_name")
 ROLES = ("chief", "worker", "ps", "evaluator")
@@ -53,14 +53,12 @@ def parse_host_list(raw: str, what: str) -> list[str]:
     return hosts
 
 
-def _index(raw: str, what: str) -> int:
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise PlatformError(f"{what}={raw!r} is not an integer; expected the task's index from 0") from None
-    if value < 0:
-        raise PlatformError(f"{what}={value} must be ≥ 0")
-    return value
+def _index(raw: object, what: str) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)
+    if not isinstance(raw, str):
+        raise PlatformError(f"{what}={raw!r} is not an integer; expected the task's index from 0")
+    return parse_int(raw, what, maximum=MAX_WORLD_SIZE - 1, meaning="the task's index from 0")
 
 
 def _role(raw: str, what: str) -> str:
@@ -101,10 +99,7 @@ def _cluster_from_json(raw: Any, where: str) -> dict[str, list[str]]:
     cluster: dict[str, list[str]] = {}
     for role, hosts in raw.items():
         if isinstance(hosts, dict):  # Kubeflow's sparse form {"0": "h:p", "1": ...}
-            try:
-                indexed = {int(k): str(v) for k, v in hosts.items()}
-            except ValueError:
-                raise PlatformError(f"{where}: cluster.{role} has a non-integer index") from None
+            indexed = {_index(k, f"{where}: cluster.{role} index"): v for k, v in hosts.items()}
             if sorted(indexed) != list(range(len(indexed))):
                 raise PlatformError(
                     f"{where}: cluster.{role} is sparse ({sorted(indexed)}); mlaunch needs indices 0..n-1"
@@ -120,10 +115,7 @@ def from_tf_config(env: Mapping[str, str]) -> TfSighting | None:
     raw = env.get("TF_CONFIG", "").strip()
     if not raw:
         return None
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise PlatformError(f"platform env TF_CONFIG is not valid JSON ({exc.msg} at char {exc.pos})") from None
+    data = parse_json(raw, "platform env TF_CONFIG")
     if not isinstance(data, dict):
         raise PlatformError("platform env TF_CONFIG must be a JSON object with 'cluster' and 'task'")
     s = TfSighting("TF_CONFIG", _cluster_from_json(data.get("cluster"), "platform env TF_CONFIG"))
@@ -132,7 +124,7 @@ def from_tf_config(env: Mapping[str, str]) -> TfSighting | None:
         if not isinstance(task, dict) or "type" not in task:
             raise PlatformError('platform env TF_CONFIG: \'task\' must be an object like {"type": "worker", ...}')
         s.task_type = _role(str(task["type"]), "TF_CONFIG task.type")
-        s.task_index = _index(str(task.get("index", 0)), "TF_CONFIG task.index")
+        s.task_index = _index(task.get("index", 0), "TF_CONFIG task.index")
     s.extras = {k: v for k, v in data.items() if k not in ("cluster", "task")}
     return s
 

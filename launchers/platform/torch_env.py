@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE
 from launchers.errors import PlatformError
 from launchers.platform.address import parse_tcp_url
 from launchers.platform.sighting import Sighting, env_int
@@ -36,7 +37,7 @@ def from_torch_env(env: Mapping[str, str]) -> Sighting | None:
 
 def _mindcluster(env: Mapping[str, str]) -> Sighting:
     s = Sighting("mindcluster")
-    local = env_int(env, "LOCAL_WORLD_SIZE", minimum=1, meaning="NPUs per pod")
+    local = env_int(env, "LOCAL_WORLD_SIZE", minimum=1, maximum=MAX_PROCS_PER_NODE, meaning="NPUs per pod")
     world = env_int(env, "WORLD_SIZE", minimum=1, meaning="total NPUs (MindCluster counts devices)")
     assert local is not None
     s.put("nproc", local, f"LOCAL_WORLD_SIZE={local}")
@@ -63,11 +64,12 @@ def _kubeflow(env: Mapping[str, str]) -> Sighting:
             s.put("node_rank", rank, f"RANK={rank}")
     else:
         s.put("node_rank", rank, f"PET_NODE_RANK={rank}")
-    nproc = env.get("PET_NPROC_PER_NODE", "").strip()
-    if nproc and nproc.isdigit():
-        s.put("nproc", int(nproc), f"PET_NPROC_PER_NODE={nproc}")
-    elif nproc and nproc not in ("auto", "gpu", "cpu"):
-        raise PlatformError(f"platform env PET_NPROC_PER_NODE={nproc!r}: expected a number of processes")
+    nproc = env.get("PET_NPROC_PER_NODE")
+    if nproc is not None and nproc.strip() not in ("auto", "gpu", "cpu"):
+        count = env_int(
+            env, "PET_NPROC_PER_NODE", minimum=1, maximum=MAX_PROCS_PER_NODE, meaning="a number of processes per node"
+        )
+        s.put("nproc", count, f"PET_NPROC_PER_NODE={count}")
     world = env_int(env, "WORLD_SIZE", minimum=1, meaning="pods × processes per node")
     if world is not None:
         s.put("world_size_env", world, f"WORLD_SIZE={world}")
@@ -77,16 +79,16 @@ def _kubeflow(env: Mapping[str, str]) -> Sighting:
 def _put_pet_nnodes(s: Sighting, env: Mapping[str, str]) -> None:
     """``PET_NNODES``: a node count, or an elastic ``MIN:MAX`` (then MIN nodes, and the range kept)."""
     spec = env.get("PET_NNODES", "").strip()
-    if not spec:
+    if not spec and "PET_NNODES" not in env:
         return
-    if re.fullmatch(r"\d+:\d+", spec):
+    if re.fullmatch(r"[0-9]{1,9}:[0-9]{1,9}", spec):
         lo, hi = (int(x) for x in spec.split(":"))
-        if lo < 1 or hi < lo:
-            raise PlatformError(f"platform env PET_NNODES={spec!r}: expected MIN:MAX with 1 ≤ MIN ≤ MAX")
+        if lo < 1 or hi < lo or hi > MAX_NODES:
+            raise PlatformError(f"platform env PET_NNODES={spec!r}: expected MIN:MAX with 1 ≤ MIN ≤ MAX ≤ {MAX_NODES}")
         s.put("nnodes_spec", spec, f"PET_NNODES={spec}")
         s.put("nnodes", lo, f"PET_NNODES={spec}")
     else:
-        nn = env_int(env, "PET_NNODES", minimum=1, meaning="the number of nodes or MIN:MAX")
+        nn = env_int(env, "PET_NNODES", minimum=1, maximum=MAX_NODES, meaning="the number of nodes or MIN:MAX")
         s.put("nnodes", nn, f"PET_NNODES={nn}")
 
 
@@ -108,8 +110,6 @@ def _add_master(s: Sighting, env: Mapping[str, str]) -> None:
         s.put("master_port", rdzv_port, f"PET_RDZV_ENDPOINT={endpoint}")
     if env.get("MASTER_ADDR") and "master_addr" not in s.facts:
         s.put("master_addr", env["MASTER_ADDR"].strip(), f"MASTER_ADDR={env['MASTER_ADDR']}")
-    port = env_int(env, "MASTER_PORT", minimum=1, meaning="a TCP port")
+    port = env_int(env, "MASTER_PORT", minimum=1, maximum=65535, meaning="a TCP port (1..65535)")
     if port is not None and "master_port" not in s.facts:
-        if port > 65535:
-            raise PlatformError(f"platform env MASTER_PORT={port} is not a TCP port (1..65535)")
         s.put("master_port", port, f"MASTER_PORT={port}")

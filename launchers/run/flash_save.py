@@ -21,6 +21,10 @@ Several nodes (each node's mlaunch persists its own ranks), the protocol chosen:
    ``node_<n>.done`` (tmp + fsync + rename) listing them;
 3. node 0 waits for every node's done file and commits: marker last, then the rename.
 
+With the job's control plane (``exchange``, ``launchers.run.control``) steps 1 and 3 meet
+there instead of in files: the candidates and the shard sizes are gathered by node 0's hub
+and handed to every node at once, and a lost node ends the wait at once.
+
 The key is the restart attempt and that attempt's rendezvous port, the same on every node.
 All waits end at a deadline; what is not committed by then is removed by node 0 and ignored
 by readers. In local simulation one mlaunch acts for every node and the waits return at once.
@@ -45,6 +49,7 @@ _STALE = 600.0  # candidate files older than this (seconds) belong to an earlier
 AGREE_WAIT = 5.0  # how long a node waits for the others to report (their workers fail at about the same time)
 
 T = TypeVar("T")
+Exchange = Callable[[str, Any, float], Mapping[int, Any]]  # (topic, value, deadline) → every node's value
 
 
 class TornSlot(RuntimeError):
@@ -75,6 +80,7 @@ class _Share:
     key: str
     attempt: int
     deadline: float
+    exchange: Exchange | None = None
 
     @property
     def ranks(self) -> list[int]:
@@ -108,6 +114,7 @@ def persist(
     nnodes: int,
     key: str,
     deadline: float,
+    exchange: Exchange | None = None,
 ) -> FlashResult:
     """Persist and (on node 0) commit the newest step every rank of ``rank_nodes`` staged.
 
@@ -115,7 +122,7 @@ def persist(
     ``time.monotonic()`` value after which nothing more is written (and nothing committed).
     """
     started = time.monotonic()
-    share = _Share(rank_nodes, nnodes, key, attempt, deadline)
+    share = _Share(rank_nodes, nnodes, key, attempt, deadline, exchange)
     readers: dict[int, staging.SegmentReader] = {}
     for path in staging.run_segments(run_id):
         with contextlib.suppress(OSError, ValueError):
@@ -124,6 +131,9 @@ def persist(
     try:
         staged = _staged(readers, share)
         if isinstance(staged, FlashResult):
+            if share.others_write and share.exchange is not None:  # the other nodes need not wait for us
+                with contextlib.suppress(RuntimeError):
+                    share.exchange(f"cand/{share.key}", [], 0.0)
             return staged
         step = _decide(staged, share)
         if isinstance(step, FlashResult):
@@ -131,6 +141,8 @@ def persist(
         return _write(readers, staged, step, share, started)
     except shardfile.DeadlineExceeded:
         return FlashResult("failed", "the deadline passed before every shard was written; nothing committed")
+    except RuntimeError as exc:  # the control plane's ExchangeFailed: a node was lost or late
+        return FlashResult("failed", f"{exc}; nothing committed")
     except TornSlot as exc:
         return FlashResult("failed", f"{exc}; nothing committed")
     except OSError as exc:
@@ -165,7 +177,14 @@ def _staged(readers: dict[int, staging.SegmentReader], share: _Share) -> _Staged
 def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
     """The step to persist: the newest every rank (every node) staged, if newer than the committed one."""
     common = set.intersection(*(set(s) for s in staged.slots.values()))
-    if share.others_write:
+    if share.others_write and share.exchange is not None:
+        both = set.intersection(
+            *(set(v) for v in share.exchange(f"cand/{share.key}", sorted(common), share.deadline).values())
+        )
+        decision = max(both) if both else None
+        if decision is None:
+            return FlashResult("nothing", "the nodes have no staged step in common")
+    elif share.others_write:
         wait = min(share.deadline, time.monotonic() + AGREE_WAIT)
         decision = _agree(staged.root, share.key, share.nodes, share.nnodes, common, wait)
         if decision is None:
@@ -192,7 +211,13 @@ def _write(
         sizes = _copy_slots(readers, staged.slots, step, tmp, share.deadline)
         nbytes = sum(sizes.values())
         all_sizes = sizes
-        if share.others_write:
+        if share.others_write and share.exchange is not None:
+            gathered = share.exchange(f"done/{share.key}", {str(r): n for r, n in sizes.items()}, share.deadline)
+            all_sizes = {int(r): int(n) for done in gathered.values() for r, n in done.items()}
+            if 0 not in share.nodes:
+                kept = True
+                return FlashResult("written", f"wrote step {step}; node 0 commits", step, nbytes=nbytes)
+        elif share.others_write:
             for node in share.nodes:
                 mine = {str(r): sizes[r] for r in share.ranks if share.rank_nodes[r] == node}
                 layout.write_json_atomic(tmp / f"node_{node}.done", {"node": node, "sizes": mine, "time": time.time()})

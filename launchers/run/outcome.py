@@ -42,8 +42,11 @@ class Failure:
     signal: int | None
     tail: list[str]
     log: str | None
+    cause: str = ""  # how it failed when it did not exit by itself (e.g. "made no progress for 5m")
 
     def describe(self) -> str:
+        if self.cause:
+            return f"{self.label} (pid {self.pid}) {self.cause}"
         if self.signal is not None:
             how = f"was killed by {signal_name(self.signal)} (exit code {self.exit_code})"
         else:

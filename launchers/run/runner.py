@@ -20,24 +20,29 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchers.config.job import Job
-from launchers.elastic import staging
+from launchers.elastic import progress, staging
 from launchers.engines import get_engine
-from launchers.engines.base import Engine, check_entry_exists
+from launchers.engines.base import Engine
 from launchers.errors import UserError
 from launchers.log import say
 from launchers.plan import LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
 from launchers.run import signals as early_signals
+from launchers.run.control import control_port
+from launchers.run.hang import HangMonitor
 from launchers.run.labels import process_labels
 from launchers.run.outcome import Failure, Outcome, signal_name
+from launchers.run.preflight import check_launchable
 from launchers.run.procs import become_subreaper
+from launchers.run.rank_env import add_rank_env, clear_error_files, error_file_lines
 from launchers.run.signal_router import SignalRouter
 from launchers.run.standby_pool import StandbyPool
 from launchers.run.supervisor import Supervisor
 from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from launchers.run.flash_save import FlashResult
+    from launchers.run.control import JobEvents
+    from launchers.run.flash_save import Exchange, FlashResult
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
 
@@ -74,6 +79,9 @@ def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> La
         from launchers.engines.high_availability import apply_high_availability
 
         plan = apply_high_availability(job, cluster, plan)
+    add_rank_env(job, plan)
+    if plan.nnodes > 1 and not plan.simulated:  # the port of attempt 0's rendezvous: the same for every attempt
+        plan.control_port = control_port(job, cluster.master_port - attempt)
     return plan
 
 
@@ -96,7 +104,7 @@ def run_job(
 ) -> int:
     """Run this node's share of the job; return the exit code mlaunch should exit with."""
     engine, cluster, plan = make_plan(job, engine_name, extra_args, env, simulate=simulate)
-    check_entry_exists(job)
+    check_launchable(job, plan)  # the same checks as `mlaunch check`: nothing starts on bad input
     for note in plan.notes:
         say(f"note: {note}")
     from launchers.run.grace_budget import prelaunch_warnings
@@ -108,18 +116,25 @@ def run_job(
         say(f"stopped by {signal_name(stop)} before anything was launched")
         return 128 + stop
     run_id = uuid.uuid4().hex
+    from launchers.run.control import open_job_events
+
+    events = open_job_events(job, cluster)
     become_subreaper()
     watchdog = Watchdog(run_id).start()
     standbys = None
     if job.preload and job.restart.max_restarts > 0:
         standbys = StandbyPool(job.preload, run_id=run_id, watchdog=watchdog, delay=STANDBY_DELAY)
+    code = 1
     try:
         with SignalRouter() as signals:
-            return _attempts(job, cluster, plan, _Run(engine, run_id, signals, watchdog, standbys))
+            code = _attempts(job, cluster, plan, _Run(engine, run_id, signals, watchdog, events, standbys))
+            return code
     finally:
+        events.close(code)
         if standbys is not None:
             standbys.close()
         staging.unlink_run(run_id)
+        progress.unlink_run(run_id)
         watchdog.close()
 
 
@@ -131,12 +146,14 @@ class _Run:
     run_id: str
     signals: SignalRouter
     watchdog: Watchdog
+    events: JobEvents
     standbys: StandbyPool | None = None
 
 
 def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
     """Attempt after attempt, per the restart policy; the exit code mlaunch should exit with."""
     from launchers.run.grace_budget import Monitor
+    from launchers.run.job_wide import job_exit_code, meet_before_restart
 
     attempt = 0
     policy = plan.policy
@@ -146,10 +163,13 @@ def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
         code = _run_exit_code(outcome, plan, roots)
         if code is not None:
             return code
+        code, lost = job_exit_code(run.events, attempt, outcome)
+        if lost:
+            return code
         if attempt >= policy.max_restarts:
             if policy.max_restarts:
                 say(f"giving up after {attempt} restart(s) (restart.max_restarts: {policy.max_restarts})")
-            return outcome.exit_code
+            return code
         delay = min(policy.backoff * (2**attempt), policy.max_backoff)
         attempt += 1
         warm = f" from {run.standbys.ready_count()} warm standbys" if run.standbys is not None else ""
@@ -158,6 +178,8 @@ def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
         if received:
             say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
             return 128 + received[0]
+        if not meet_before_restart(run.events, attempt, job.monitor.node_timeout + 5):
+            return code
         cluster = run.engine.restart_cluster(cluster, attempt)
         plan = plan_attempt(run.engine, job, cluster, attempt)
 
@@ -168,7 +190,9 @@ def _attempt(
     """Supervise one attempt, then persist what its ranks staged; its outcome and checkpoint directories."""
     cleanup = run.engine.prepare(job, plan)
     say(plan.headline() + (f"  attempt {attempt}" if attempt else ""))
-    flash = FlashHook(run.run_id, attempt, plan, grace)
+    clear_error_files(plan)
+    run.events.start_generation(attempt)
+    flash = FlashHook(run.run_id, attempt, plan, grace, run.events.exchange if run.events.networked else None)
     try:
         outcome = Supervisor(
             plan.processes,
@@ -182,6 +206,9 @@ def _attempt(
             on_failure=flash,
             tick=monitor,
             reserve=flash.reserve,
+            job_events=run.events,
+            hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
+            stop_timeout=plan.policy.stop_timeout,
         ).run()
     finally:
         if cleanup is not None:
@@ -190,6 +217,7 @@ def _attempt(
         flash.after_stop(outcome)
     roots = flash.checkpoint_dirs(job)
     staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
+    progress.unlink_run(run.run_id)
     return outcome, roots
 
 
@@ -210,8 +238,11 @@ def _run_exit_code(outcome: Outcome, plan: LaunchPlan, roots: set[str]) -> int |
 class FlashHook:
     """The agent-side flash save of one attempt (see ``launchers.run.flash_save``)."""
 
-    def __init__(self, run_id: str, attempt: int, plan: LaunchPlan, grace: float) -> None:
+    def __init__(
+        self, run_id: str, attempt: int, plan: LaunchPlan, grace: float, exchange: Exchange | None = None
+    ) -> None:
         self.run_id = run_id
+        self.exchange = exchange  # the control plane's, when other nodes' mlaunch save their own ranks
         self.attempt = attempt
         self.grace = grace
         self.nnodes = plan.nnodes
@@ -269,7 +300,7 @@ class FlashHook:
     def persist(self, deadline: float, when: str) -> FlashResult | None:
         from launchers.run.flash_save import persist
 
-        if not self.rank_nodes or not staging.run_segments(self.run_id):
+        if not self.rank_nodes or (not staging.run_segments(self.run_id) and self.exchange is None):
             return None
         self.done = True
         result = persist(
@@ -279,6 +310,7 @@ class FlashHook:
             nnodes=self.nnodes,
             key=self.key,
             deadline=deadline,
+            exchange=self.exchange,
         )
         if result.status in ("committed", "written", "failed"):
             where = f" ({result.path})" if result.path else ""
@@ -340,4 +372,5 @@ def report_failure(outcome: Outcome, processes: list[ProcessSpec]) -> None:
         where = f" (full log: {failure.log})" if failure.log else ""
         lines.append(f"last lines of {failure.label}{where}:")
         lines.extend(f"    {line}" for line in failure.tail[-10:])
+    lines.extend(error_file_lines(processes, failure.rank))
     say("\n".join(lines))

@@ -51,11 +51,11 @@ class OutputStreams:
         self._selector = selectors.DefaultSelector()
         self._by_fd: dict[int, tuple[Worker, bool]] = {}
         self._workers: list[Worker] = []
-        self._wake_fd = -1
+        self._wake_fds: set[int] = set()
 
     def wake_on(self, fd: int) -> None:
-        """Also wake ``wait`` when ``fd`` (the signal pipe) is readable; its data is left for its owner."""
-        self._wake_fd = fd
+        """Also wake ``wait`` when ``fd`` (signals, the control plane) is readable; its data is left for its owner."""
+        self._wake_fds.add(fd)
         self._selector.register(fd, selectors.EVENT_READ, None)
 
     def add(self, worker: Worker) -> None:
@@ -68,12 +68,17 @@ class OutputStreams:
             self._by_fd[fd] = (worker, is_err)
             self._selector.register(fd, selectors.EVENT_READ, None)
 
-    def wait(self, timeout: float) -> None:
-        """Up to ``timeout`` seconds: stream what arrives, return once something did (or a signal)."""
+    def wait(self, timeout: float) -> bool:
+        """Up to ``timeout`` seconds: stream what arrives, return once something did (or a signal).
+
+        True when some process's output arrived."""
+        got = False
         for key, _ in self._selector.select(timeout):
             fd = int(key.fd)
-            if fd != self._wake_fd:
+            if fd not in self._wake_fds:
                 self._read(fd)
+                got = True
+        return got
 
     def drain(self, worker: Worker) -> None:
         """Read what an exited process left in its pipes (so its last lines are not lost)."""
@@ -94,9 +99,9 @@ class OutputStreams:
         for worker in self._workers:
             if worker.log:
                 worker.log.close()
-        if self._wake_fd >= 0:
+        for fd in self._wake_fds:
             with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(self._wake_fd)
+                self._selector.unregister(fd)
         self._selector.close()
 
     def _read(self, fd: int) -> None:

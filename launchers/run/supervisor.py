@@ -26,7 +26,9 @@ other workers are frozen with SIGSTOP (the runner persists the ranks' staged sta
 then they get SIGTERM and SIGCONT — or SIGKILL when the hook says there is nothing left for
 them to save; ``reserve`` says how much of the grace period to keep, on a stop by signal, for
 persisting staged state of workers that never finish (hung, blocked in a collective);
-``tick`` runs about twice a second (the grace-budget monitor); a ``StandbyPool``
+``tick`` runs about twice a second (the grace-budget monitor); ``hang`` (a ``HangMonitor``)
+is polled every pass: a rank that reported progress and then none for ``monitor.hang_timeout``
+makes every process dump its stacks to its log, then it is a failure; a ``StandbyPool``
 hands warm, pre-imported processes the workers' argv/env instead of starting cold ones.
 The watchdog's final sweep also unlinks the run's shared-memory staging segments.
 """
@@ -41,10 +43,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from launchers.log import say
 from launchers.plan import ProcessSpec, process_label
+from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of
 from launchers.run.procs import children_of, process_env, start_process
 from launchers.run.signal_router import SignalRouter
@@ -52,6 +55,9 @@ from launchers.run.standby_pool import StandbyPool
 from launchers.run.streams import OutputStreams, Worker
 from launchers.run.teardown import Teardown
 from launchers.run.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from launchers.run.control import JobEvents
 
 
 class Supervisor:
@@ -74,6 +80,9 @@ class Supervisor:
         on_failure: Callable[[Failure], str | None] | None = None,
         tick: Callable[[], None] | None = None,
         reserve: Callable[[], float] | None = None,
+        job_events: JobEvents | None = None,
+        hang: HangMonitor | None = None,
+        stop_timeout: float | None = None,
     ) -> None:
         self.processes = processes
         self.run_id = run_id
@@ -85,7 +94,8 @@ class Supervisor:
         self.workers: list[Worker] = []
         self._by_pid: dict[int, Worker] = {}
         self.streams = OutputStreams(out or sys.stdout.buffer, err or sys.stderr.buffer)
-        self.teardown = Teardown(grace_period, self._live, self.announce, reserve)
+        self.teardown = Teardown(grace_period, self._live, self.announce, reserve, stop_timeout=stop_timeout)
+        self.hang = hang
         self._failure: Failure | None = None
         self._parent_pid = os.getpid()
         self.standbys = standbys
@@ -96,6 +106,7 @@ class Supervisor:
         self._started = time.monotonic()
         self._next_tick = 0.0
         self._standbys_announced = False
+        self.job_events = job_events  # the control plane: failures and lost nodes elsewhere in the job
 
     def run(self) -> Outcome:
         try:
@@ -117,6 +128,8 @@ class Supervisor:
     def _start_all(self) -> None:
         if self.signals.active:
             self.streams.wake_on(self.signals.read_fd)
+        if self.job_events is not None and self.job_events.wake_fd is not None:
+            self.streams.wake_on(self.job_events.wake_fd)
         for index, spec in enumerate(self.processes):
             for sig in self.signals.drain():
                 self.teardown.on_signal(sig)
@@ -169,6 +182,8 @@ class Supervisor:
             for sig in self.signals.drain():
                 self.teardown.on_signal(sig)
             self._reap()
+            self._job_event()
+            self._check_hang()
             self.teardown.enforce_grace()
             now = time.monotonic()
             self._refill_standbys(now)
@@ -201,6 +216,46 @@ class Supervisor:
             except Exception as exc:  # noqa: BLE001 - a monitor must never stop supervision
                 self.announce(f"monitor error (ignored): {exc!r}")
 
+    def _job_event(self) -> None:
+        """Another node's first failure stops this node's ranks too (flash save first); a lost node stops them now."""
+        if self.job_events is None:
+            return
+        from launchers.run.control import Lost
+
+        event = self.job_events.poll()
+        if event is None or self.teardown.stopping:
+            return
+        live = self._live()
+        if isinstance(event, Lost):
+            # No flash save: what the remaining ranks staged is not one consistent step of the job.
+            self._failure = Failure(f"node {event.node}", -1, 0, 1, None, [event.describe()], None)
+            self.announce(f"{event.describe()}; stopping the {len(live)} processes here")
+            self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 2.0))
+            return
+        self._failure = event.as_failure()
+        self.announce(f"job-wide failure: {event.describe()}; stopping the {len(live)} processes here")
+        self.teardown.after_failure(self._failure, self.on_failure)
+
+    def _check_hang(self) -> None:
+        """Ranks without progress for ``monitor.hang_timeout``: their stacks, then a failure like any other."""
+        if self.hang is None or self.teardown.stopping or self._failure is not None:
+            return
+        stale = self.hang.stale(self._live())
+        if not stale:
+            return
+        self._failure = self.hang.failure(stale)
+        self.announce(f"{self._failure.describe()}; writing every process's stacks to its log")
+        self.dump_stacks()
+        if self.job_events is not None:
+            self.job_events.report_failure(self._failure)  # a hang here is a failure of the whole job
+        others = self._live()
+        self.announce(f"stopping the {len(others)} processes after {self._failure.label} hung")
+        self.teardown.after_failure(self._failure, self.on_failure)
+
+    def dump_stacks(self) -> None:
+        """Every live process writes its threads' Python stacks to its log (see ``launchers.run.hang``)."""
+        dump_stacks(self._live(), run_id=self.run_id, pump=self.streams.wait, announce=self.announce)
+
     def _reap(self) -> None:
         while True:
             try:
@@ -232,6 +287,8 @@ class Supervisor:
             self._failure = Failure(
                 worker.label, worker.spec.rank, worker.pid, code, sig, list(worker.tail), worker.spec.log
             )
+            if self.job_events is not None:
+                self.job_events.report_failure(self._failure)  # every node hears it before this one saves
             others = self._live()
             if others:
                 self.announce(f"{self._failure.describe()}; stopping the other {len(others)} processes")

@@ -8,6 +8,14 @@ of what the workers staged; SIGINT twice kills at once; SIGUSR1/SIGUSR2 are forw
 After a failure the failure hook runs while the other workers are frozen with SIGSTOP (they
 cannot overwrite the state it reads, nor take the CPU it needs); then they get SIGTERM and
 SIGCONT — or SIGKILL when the hook says there is nothing left for them to save.
+
+A stop caused by a failure (a rank crashed or hung) gives the others ``stop_timeout``
+(``restart.stop_timeout``), not the whole grace period: after a peer's crash the survivors
+cannot finish a collective, so a trainer whose SIGTERM handler waits in one would otherwise
+hold the restart for the grace period. A stop by signal (a preemption) keeps the grace period.
+The stop signal reaches every process group in one loop, with no wait between them; after a
+failure they are frozen first, so the SIGTERM is pending in all of them when one SIGCONT loop
+wakes them together.
 """
 
 from __future__ import annotations
@@ -31,8 +39,11 @@ class Teardown:
         live: Callable[[], list[Worker]],
         announce: Callable[[str], None],
         reserve: Callable[[], float] | None = None,
+        *,
+        stop_timeout: float | None = None,
     ) -> None:
         self.grace_period = grace_period
+        self.stop_timeout = stop_timeout
         self.live = live
         self.announce = announce
         self.reserve = reserve
@@ -42,6 +53,7 @@ class Teardown:
         self.grace_expired = False
         self.kill_at: float | None = None
         self.kill_after = grace_period
+        self.after_failure_stop = False  # the stop follows a failure: ``stop_timeout`` applies
 
     def signal_groups(self, sig: int) -> None:
         """``sig`` to every live process's group."""
@@ -71,7 +83,9 @@ class Teardown:
         live = self.live()
         if live:
             self.grace_expired = True
-            if self.kill_after < self.grace_period:
+            if self.after_failure_stop:
+                what = f"stop timeout of {self.kill_after:g}s after the failure is over (restart.stop_timeout)"
+            elif self.kill_after < self.grace_period:
                 what = (
                     f"{self.kill_after:.3g}s of the {self.grace_period:g}s grace period are over "
                     "(the rest is kept for the agent-side save)"
@@ -118,10 +132,19 @@ class Teardown:
             self.announce(f"reserve estimate failed (ignored): {exc!r}")
             return 0.0
 
+    def failure_kill_after(self) -> float:
+        """Seconds from the SIGTERM of a failure-triggered stop to SIGKILL."""
+        if self.stop_timeout is None:
+            return self.grace_period
+        return min(self.stop_timeout, self.grace_period)
+
     def after_failure(self, failure: Failure, hook: Callable[[Failure], str | None] | None) -> None:
         """Stop the others after ``failure``, running ``hook`` first while they are frozen (SIGSTOP)."""
-        if hook is None:
-            self.stop_all(signal.SIGTERM)
+        self.after_failure_stop = self.kill_at is None
+        if hook is None:  # frozen, signalled, woken: the SIGTERM lands in every process at once
+            self.signal_groups(signal.SIGSTOP)
+            self.stop_all(signal.SIGTERM, kill_after=self.failure_kill_after())
+            self.signal_groups(signal.SIGCONT)
             return
         self.signal_groups(signal.SIGSTOP)
         kill_now = None
@@ -137,5 +160,5 @@ class Teardown:
                 # would only delay the restart.
                 self.announce(f"{kill_now}; SIGKILL to " + ", ".join(w.label for w in live))
                 self.signal_groups(signal.SIGKILL)
-            self.stop_all(signal.SIGTERM)
+            self.stop_all(signal.SIGTERM, kill_after=self.failure_kill_after())
             self.signal_groups(signal.SIGCONT)

@@ -8,7 +8,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from launchers.elastic import staging
+from launchers.elastic import progress, staging
 from launchers.run.signal_router import FORWARD_SIGNALS
 from launchers.run.signals import STOP_SIGNALS
 
@@ -97,6 +97,7 @@ def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
             os.killpg(pgid, signal.SIGKILL)
     kill_marked_processes(run_id, exclude={os.getpid(), parent})
     staging.unlink_run(run_id)  # shared memory outlives processes: free it whatever happened
+    progress.unlink_run(run_id)
 
 
 def kill_marked_processes(run_id: str, exclude: Iterable[int] = ()) -> list[int]:

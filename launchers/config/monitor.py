@@ -1,0 +1,36 @@
+"""The job-wide sections of job.yaml: ``monitor:`` (what makes a node or a rank count as failed) and ``control:``."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from launchers.config.fields import Duration, Section
+
+CONTROL_PORT_OFFSET = 1000  # the control plane's default port: the master (rendezvous) port + this
+
+
+class MonitorOptions(Section):
+    """``monitor:`` — how mlaunch notices a node that stopped answering, or a rank that stopped making progress."""
+
+    node_timeout: Duration = Field(
+        30.0,
+        description="a node whose mlaunch sends nothing for this long (killed, link down) is declared lost; "
+        "the other nodes stop their ranks and exit non-zero (several real nodes only)",
+    )
+    hang_timeout: Duration | None = Field(
+        None,
+        description="a rank that reported progress (launchers.elastic: guard.should_stop, ckpt.stage, heartbeat) "
+        "and then none for this long is hung: every rank dumps its Python stacks to its log, then it is a failure "
+        "(flash save, restart or exit); off when unset; ranks that never report are not judged",
+    )
+
+
+class ControlOptions(Section):
+    """``control:`` — the job-wide control plane node 0's mlaunch hosts and every node's mlaunch joins."""
+
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=f"TCP port on the master address; default: the rendezvous (master) port + {CONTROL_PORT_OFFSET}",
+    )

@@ -1,0 +1,110 @@
+"""The one door for numbers and JSON the platform gives: env variables, arguments, rank tables, TF_CONFIG.
+
+- ``parse_int``: ASCII digits only (``str.isdigit()`` takes "²" and "٣", ``int()`` takes
+  "٣" and "1_0"), at most 9 of them, range-checked; the message names the variable.
+- ``env_int``: ``parse_int`` on one env variable. Unset is ``None``; set but empty is an error
+  (no platform documents an empty count or rank), unless the caller says empty means unset.
+- ``parse_json``: size- and depth-bounded JSON with the position of a syntax error, never a
+  ``RecursionError`` or ``ValueError`` from a huge number.
+
+Stdlib only: cheap to import on the run path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from launchers.config.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH
+from launchers.errors import PlatformError
+
+_DIGITS = re.compile(r"[0-9]{1,9}")
+MAX_PLATFORM_INT = 999_999_999
+
+
+def parse_int(
+    raw: str,
+    what: str,
+    *,
+    minimum: int = 0,
+    maximum: int = MAX_PLATFORM_INT,
+    meaning: str = "",
+    error: type[PlatformError] = PlatformError,
+) -> int:
+    """``raw`` as an int in ``minimum..maximum``; otherwise ``error`` naming ``what`` (e.g. ``platform env RANK``)."""
+    text = raw.strip(" \t")
+    expected = meaning or "a whole number"
+    if not _DIGITS.fullmatch(text):
+        sign = text.startswith("-") and _DIGITS.fullmatch(text[1:])
+        if sign:
+            raise error(f"{what}={raw!r} must be ≥ {minimum} ({expected})")
+        raise error(f"{what}={raw!r} is not an integer; expected {expected} (digits 0-9)")
+    value = int(text)
+    if value < minimum:
+        raise error(f"{what}={raw!r} must be ≥ {minimum} ({expected})")
+    if value > maximum:
+        raise error(f"{what}={raw!r} must be ≤ {maximum} ({expected})")
+    return value
+
+
+def env_int(
+    env: Mapping[str, str],
+    name: str,
+    *,
+    minimum: int = 0,
+    maximum: int = MAX_PLATFORM_INT,
+    meaning: str = "",
+    empty_is_unset: bool = False,
+) -> int | None:
+    """Integer env var or None when unset; malformed, empty or out of range → PlatformError naming it."""
+    raw = env.get(name)
+    if raw is None:
+        return None
+    if not raw.strip():
+        if empty_is_unset:
+            return None
+        raise PlatformError(f"platform env {name} is set but empty; expected {meaning or 'a whole number'}")
+    return parse_int(raw, f"platform env {name}", minimum=minimum, maximum=maximum, meaning=meaning)
+
+
+def _depth_ok(text: str) -> bool:
+    """Whether brackets nest at most ``MAX_JSON_DEPTH`` deep (strings skipped), without recursion."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return True
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return False
+        elif char in "]}":
+            depth -= 1
+    return True
+
+
+def parse_json(text: str, what: str, *, error: type[PlatformError] = PlatformError) -> Any:
+    """JSON from the platform (TF_CONFIG, a rank table); ``error`` naming ``what`` and the position otherwise."""
+    if len(text) > MAX_JSON_BYTES:
+        raise error(f"{what} is larger than {MAX_JSON_BYTES:,} characters")
+    if not _depth_ok(text):
+        raise error(f"{what} nests more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(
+            f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}, char {exc.pos}: {exc.msg})"
+        ) from None
+    except (ValueError, RecursionError) as exc:  # a number of 5,000 digits
+        raise error(f"{what} has a value JSON cannot hold ({exc})") from None

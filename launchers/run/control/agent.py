@@ -1,0 +1,201 @@
+"""A node's agent on the control plane: a thread with a pyzmq DEALER socket joined to node 0's hub.
+
+The thread heartbeats, receives what the hub relays and wakes the supervisor's loop (a
+byte on ``wake_fd``). Only that thread touches the DEALER socket: the supervisor's thread
+hands it what to send through an in-process PUSH/PULL pair, so a report leaves at once.
+The hub is lost to an agent that hears nothing from it for ``node_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from launchers.log import say
+from launchers.run.control.events import ExchangeFailed, JobEvents, Lost, RemoteFailure
+from launchers.run.control.hub import HEARTBEAT, Hub
+from launchers.run.control.wire import seal, unseal
+from launchers.run.outcome import Failure
+
+CLOSE_WAIT = 10.0  # node 0 keeps the hub this long at most for the other nodes to leave
+
+
+class NetworkEvents(JobEvents):
+    def __init__(
+        self, *, node: int, nnodes: int, master_addr: str, port: int, secret: bytes, node_timeout: float
+    ) -> None:
+        super().__init__()
+        self.node = node
+        self.nnodes = nnodes
+        self.secret = secret
+        self.node_timeout = node_timeout
+        self.host = socket.gethostname()
+        self.context: zmq.Context[Any] = zmq.Context()
+        self.hub: Hub | None = None
+        if node == 0:
+            self.hub = Hub(self.context, port, secret, nnodes, node_timeout)
+            self.hub.start()
+        self._inbox = f"inproc://mlaunch-agent-{secrets.token_hex(4)}"
+        self._push = self.context.socket(zmq.PUSH)
+        self._push.bind(self._inbox)
+        read_fd, self._wake_w = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(self._wake_w, False)
+        self.wake_fd: int | None = read_fd
+        self._wake_r = read_fd
+        self._cond = threading.Condition()
+        self._events: list[RemoteFailure | Lost] = []
+        self._results: dict[str, dict[int, Any]] = {}
+        self._lost: Lost | None = None
+        self._hub_closing = False
+        self._halt = threading.Event()
+        address = f"tcp://{'127.0.0.1' if node == 0 else master_addr}:{port}"
+        self._thread = threading.Thread(target=self._run, args=(address,), name="mlaunch-control", daemon=True)
+        self._thread.start()
+        self._send({"t": "hello", "host": self.host})
+        say(
+            f"control plane: node {node} of {nnodes} joined {master_addr}:{port}"
+            + (" (hosting it)" if node == 0 else "")
+        )
+
+    # -- the supervisor's and the runner's side ------------------------------------------------
+    @property
+    def networked(self) -> bool:
+        return True
+
+    @property
+    def lost(self) -> Lost | None:
+        return self._lost
+
+    def report_failure(self, failure: Failure) -> None:
+        # The hub decides which failure was the job's first; it tells every node, this one too.
+        self._send({"t": "fail", "gen": self.generation, **_failure_fields(failure)})
+
+    def poll(self) -> RemoteFailure | Lost | None:
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 512):
+                pass
+        with self._cond:
+            return self._events.pop(0) if self._events else None
+
+    def first_failure(self, generation: int, wait: float = 0.0) -> RemoteFailure | None:
+        end = time.monotonic() + wait
+        with self._cond:
+            while generation not in self._first and self._lost is None and time.monotonic() < end:
+                self._cond.wait(max(0.0, end - time.monotonic()))
+            return self._first.get(generation)
+
+    def exchange(self, topic: str, value: Any, deadline: float) -> dict[int, Any]:
+        self._send({"t": "put", "topic": topic, "value": value})
+        with self._cond:
+            while topic not in self._results:
+                if self._lost is not None:
+                    raise ExchangeFailed(self._lost.describe())
+                if time.monotonic() >= deadline:
+                    raise ExchangeFailed(f"not every node answered {topic.split('/')[0]!r} in time")
+                self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            return self._results[topic]
+
+    def close(self, exit_code: int) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self._send({"t": "bye", "code": exit_code})
+        if self.hub is not None:
+            end = time.monotonic() + CLOSE_WAIT
+            while not self.hub.everyone_left() and time.monotonic() < end:
+                time.sleep(0.05)
+            self.hub.stop()
+        time.sleep(0.05)  # let the bye leave
+        self._halt.set()
+        self._thread.join(timeout=2)
+        self._push.close(linger=0)
+        self.wake_fd = None
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.context.term()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._push.send_json({**message, "node": self.node})
+
+    # -- the agent thread ---------------------------------------------------------------------
+    def _run(self, address: str) -> None:
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 500)
+        dealer.setsockopt(zmq.IDENTITY, f"node-{self.node}-{secrets.token_hex(4)}".encode())
+        dealer.connect(address)
+        pull = self.context.socket(zmq.PULL)
+        pull.connect(self._inbox)
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(pull, zmq.POLLIN)
+        heard = next_beat = time.monotonic()
+        try:
+            while not self._halt.is_set():
+                ready = dict(poller.poll(50))
+                while pull in ready and pull.poll(0):
+                    with contextlib.suppress(zmq.Again):
+                        dealer.send_multipart(seal(self.secret, pull.recv_json()), zmq.NOBLOCK)
+                while dealer in ready and dealer.poll(0):
+                    message = unseal(self.secret, dealer.recv_multipart())
+                    if message is not None:
+                        heard = time.monotonic()
+                        self._on_message(message)
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + HEARTBEAT
+                    with contextlib.suppress(zmq.Again):
+                        dealer.send_multipart(seal(self.secret, {"t": "hb", "node": self.node}), zmq.NOBLOCK)
+                if now - heard > self.node_timeout and not self._hub_closing and self._lost is None:
+                    self._on_lost(Lost(0, "the master, hosting the control plane", now - heard))
+        finally:
+            dealer.close()
+            pull.close(linger=0)
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind = message["t"]
+        if kind == "fail":
+            failure = RemoteFailure(
+                int(message["node"]),
+                int(message["rank"]),
+                str(message["label"]),
+                int(message["code"]),
+                message.get("signal"),
+                str(message.get("host", "")),
+            )
+            with self._cond:
+                self._first[int(message["gen"])] = failure
+                if failure.node != self.node:
+                    self._events.append(failure)
+                self._cond.notify_all()
+            self._wake()
+        elif kind == "got":
+            with self._cond:
+                self._results[str(message["topic"])] = {int(k): v for k, v in message["values"].items()}
+                self._cond.notify_all()
+        elif kind == "lost":
+            self._on_lost(Lost(int(message["lost"]), str(message.get("host", "")), float(message["seconds"])))
+        elif kind == "closing":
+            self._hub_closing = True
+
+    def _on_lost(self, lost: Lost) -> None:
+        with self._cond:
+            if self._lost is None:
+                self._lost = lost
+                self._events.append(lost)
+            self._cond.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+
+
+def _failure_fields(failure: Failure) -> dict[str, Any]:
+    return {"rank": failure.rank, "label": failure.label, "code": failure.exit_code, "signal": failure.signal}

@@ -1,0 +1,103 @@
+"""What the supervisor and the runner see of the control plane (``JobEvents``), and its in-process form.
+
+The supervisor reports its first local failure (``report_failure``) and, in its loop, asks
+``poll()`` for what happened elsewhere: a ``RemoteFailure`` (another node's rank failed
+first: stop this node's ranks too) or ``Lost`` (a node stopped answering). ``wake_fd``, when
+not None, becomes readable when something arrived, so the loop wakes at once. The runner
+asks who failed first in a generation (``first_failure``), meets the other nodes before a
+restart (``exchange``), and the flash save agrees on its step through ``exchange``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from launchers.run.outcome import Failure, signal_name
+
+
+class ExchangeFailed(RuntimeError):
+    """Not every node contributed before the deadline, or a node was lost."""
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """The first failure of a generation, as every node learns it."""
+
+    node: int
+    rank: int
+    label: str
+    exit_code: int
+    signal: int | None
+    host: str = ""
+
+    def describe(self) -> str:
+        how = f"killed by {signal_name(self.signal)}" if self.signal else "exited"
+        where = f"node {self.node}" + (f" ({self.host})" if self.host else "")
+        return f"{where} rank {self.rank} {how} with code {self.exit_code}"
+
+    def as_failure(self) -> Failure:
+        return Failure(f"node {self.node} {self.label}", self.rank, 0, self.exit_code, self.signal, [], None)
+
+    @classmethod
+    def of(cls, node: int, failure: Failure, host: str = "") -> RemoteFailure:
+        return cls(node, failure.rank, failure.label, failure.exit_code, failure.signal, host)
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A node whose mlaunch stopped answering for ``monitor.node_timeout``."""
+
+    node: int
+    host: str
+    seconds: float
+
+    def describe(self) -> str:
+        where = f"node {self.node}" + (f" ({self.host})" if self.host else "")
+        return f"{where} is lost: its mlaunch sent nothing for {self.seconds:.1f}s"
+
+
+class JobEvents:
+    """The control plane's interface; this base is the in-process one (one mlaunch runs every node)."""
+
+    node = 0
+    nnodes = 1
+    wake_fd: int | None = None
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._first: dict[int, RemoteFailure] = {}
+
+    @property
+    def networked(self) -> bool:
+        return False
+
+    @property
+    def lost(self) -> Lost | None:
+        return None
+
+    def start_generation(self, generation: int) -> None:
+        self.generation = generation
+
+    def report_failure(self, failure: Failure) -> None:
+        """This node's first failure of the current generation."""
+        self._first.setdefault(self.generation, RemoteFailure.of(self.node, failure))
+
+    def poll(self) -> RemoteFailure | Lost | None:
+        """What happened on other nodes since the last call: their first failure, a lost node, or nothing."""
+        return None
+
+    def first_failure(self, generation: int, wait: float = 0.0) -> RemoteFailure | None:
+        """The job's first failure in ``generation`` (waiting up to ``wait`` seconds to hear it)."""
+        return self._first.get(generation)
+
+    def exchange(self, topic: str, value: Any, deadline: float) -> dict[int, Any]:
+        """Every node's ``value`` for ``topic`` (node → value) once all gave theirs; else ExchangeFailed."""
+        return {self.node: value}
+
+    def close(self, exit_code: int) -> None:
+        """Leave the job (node 0: once the others left, or after a while)."""
+
+
+class LocalEvents(JobEvents):
+    """A local simulation or a single node: no other agent, nothing to send."""

@@ -1,0 +1,50 @@
+"""Messages of the control plane: JSON payloads, each with an HMAC-SHA256 of it under the per-job secret.
+
+The secret is ``MLAUNCH_JOB_SECRET`` when set (the same value on every node), else derived
+from what every node of the job shares and nothing outside it is told: the job's name,
+the master address, the control port and the platform's job id where one is set. A
+message whose MAC does not match is dropped (and counted), never acted on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from typing import Any
+
+SECRET_ENV = "MLAUNCH_JOB_SECRET"
+JOB_ID_ENV = ("MLAUNCH_JOB_ID", "MA_JOB_ID", "VC_JOB_ID", "JOB_ID")
+
+
+def job_secret(job_name: str, master_addr: str, port: int, env: Mapping[str, str]) -> bytes:
+    """The per-job key: the given secret, else one derived from the facts every node shares."""
+    import os
+
+    given = os.environ.get(SECRET_ENV) or env.get(SECRET_ENV)
+    if given:
+        return hashlib.sha256(b"mlaunch-control-given\0" + given.encode()).digest()
+    job_id = next((env[name] for name in JOB_ID_ENV if env.get(name)), "")
+    facts = "\0".join(["mlaunch-control", job_name, master_addr, str(port), job_id])
+    return hashlib.sha256(facts.encode()).digest()
+
+
+def seal(secret: bytes, message: Mapping[str, Any]) -> list[bytes]:
+    """The frames to send: the payload, then its MAC."""
+    payload = json.dumps(message, separators=(",", ":"), sort_keys=True).encode()
+    return [payload, hmac.new(secret, payload, hashlib.sha256).digest()]
+
+
+def unseal(secret: bytes, frames: list[bytes]) -> dict[str, Any] | None:
+    """The message, or None when the frames are malformed or their MAC is wrong."""
+    if len(frames) != 2:
+        return None
+    payload, mac = frames
+    if not hmac.compare_digest(hmac.new(secret, payload, hashlib.sha256).digest(), mac):
+        return None
+    try:
+        message = json.loads(payload)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) and isinstance(message.get("t"), str) else None

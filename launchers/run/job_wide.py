@@ -1,0 +1,44 @@
+"""The runner's side of the control plane: who failed first, a lost node, meeting before a restart.
+
+Every node runs the same attempts: a failure anywhere ends the attempt on every node (the
+supervisor's ``job_events``), each node asks the hub which failure was the job's first (its
+exit code is the job's), and before attempt g+1 every node meets the others (``start/g+1``),
+so restarts are counted job-wide and a node that is gone ends the job instead of a restart.
+"""
+
+from __future__ import annotations
+
+import time
+
+from launchers.log import say
+from launchers.run.control import ExchangeFailed, JobEvents
+from launchers.run.outcome import Outcome
+
+FIRST_FAILURE_WAIT = 2.0  # seconds to wait for the hub's word on who failed first
+
+
+def job_exit_code(events: JobEvents, attempt: int, outcome: Outcome) -> tuple[int, bool]:
+    """The job's exit code after failed ``attempt``, and whether the job ends now (a lost node)."""
+    first = events.first_failure(attempt, FIRST_FAILURE_WAIT if events.networked else 0.0)
+    code = outcome.exit_code
+    if first is not None:
+        code = first.exit_code or 1
+        if events.networked:
+            say(f"first failure in the job (generation {attempt}): {first.describe()}")
+    lost = events.lost
+    if lost is not None:
+        say(f"job failed: {lost.describe()}; not restarting; exit code {code or 1}")
+        return code or 1, True
+    return code, False
+
+
+def meet_before_restart(events: JobEvents, attempt: int, timeout: float) -> bool:
+    """Every node is ready for ``attempt`` (True), or one is lost or late (False, said why)."""
+    if not events.networked:
+        return True
+    try:
+        events.exchange(f"start/{attempt}", None, time.monotonic() + timeout)
+    except ExchangeFailed as exc:
+        say(f"job failed: cannot restart together: {exc}")
+        return False
+    return True

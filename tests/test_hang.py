@@ -1,0 +1,238 @@
+"""Hang detection (``monitor.hang_timeout``) and the stop after a peer's failure (``restart.stop_timeout``).
+
+Real processes through real ``mlaunch``: plain Python ranks that report progress with
+``elastic.heartbeat`` and then sleep (a hang in C code: ``time.sleep``), and the deterministic
+2 × 2 DDP chaos training (gloo, CPU) where one rank sleeps forever inside a step while its peers
+block in the step's all-reduce: detected within hang_timeout + 2 s, the hung rank's log holds its
+Python stack at the sleeping line, the job restarts and ends bit-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
+
+from launchers.elastic import progress
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from elastic_testlib import CHAOS, final_checksum  # noqa: E402
+
+
+class Run:
+    """mlaunch in the background; every output line kept with the time it arrived."""
+
+    def __init__(self, job: Path, **env: str) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
+            env=clean_env(**env),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.lines: list[tuple[float, str]] = []
+        for stream in (self.proc.stdout, self.proc.stderr):
+            threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def finish(self, timeout: float = 240) -> int:
+        code = self.proc.wait(timeout=timeout)
+        time.sleep(0.2)
+        return code
+
+    def first(self, pattern: str) -> tuple[float, re.Match[str]] | None:
+        for at, line in list(self.lines):
+            if m := re.search(pattern, line):
+                return at, m
+        return None
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+
+def plain_job(tmp: Path, script: str, *, extra: str = "", nodes: int = 1, procs: int = 2) -> Path:
+    (tmp / "rank.py").write_text(textwrap.dedent(script))
+    job = tmp / "job.yaml"
+    job.write_text(
+        f"name: hang\nengine: pytorch\nentry: rank.py\nnodes: {nodes}\nprocs_per_node: {procs}\n"
+        f"log_dir: {tmp / 'logs'}\n{extra}"
+    )
+    return job
+
+
+HEARTBEAT_THEN_SLEEP = """
+    import os, time
+    from launchers import elastic
+    rank = int(os.environ["RANK"])
+    for step in range(5):
+        elastic.heartbeat(step)
+        time.sleep(0.1)
+    print(f"rank {rank} done stepping", flush=True)
+    if rank == 1:
+        time.sleep(3600)  # HUNG HERE
+    else:
+        for step in range(5, 10_000):
+            elastic.heartbeat(step)
+            time.sleep(0.1)
+"""
+
+
+def test_heartbeat_is_cheap_and_written_where_mlaunch_reads_it(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import time
+        from launchers import elastic
+        from launchers.elastic import progress
+        elastic.heartbeat(0)
+        n = 100_000
+        t = time.perf_counter()
+        for i in range(n):
+            progress.report(i)
+        print((time.perf_counter() - t) / n * 1e6)
+        """
+    )
+    env = clean_env(MLAUNCH_RUN_ID="hb1", MLAUNCH_SHM_DIR=str(tmp_path), RANK="3", MLAUNCH_RESTART_COUNT="2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, text=True, capture_output=True, check=True)
+    per_call_us = float(out.stdout.strip())
+    assert per_call_us < 20, per_call_us  # about 1 µs on a desktop; generous for a loaded CI machine
+    os.environ["MLAUNCH_SHM_DIR"] = str(tmp_path)
+    try:
+        (report,) = progress.read_run("hb1")
+        assert (report.rank, report.attempt, report.step, report.count) == (3, 2, 99_999, 100_001)
+        assert report.stack_signal == int(progress.STACK_SIGNAL)
+        assert progress.unlink_run("hb1") == 1
+    finally:
+        del os.environ["MLAUNCH_SHM_DIR"]
+
+
+def test_hung_rank_detected_its_stack_logged_and_failure_names_it(tmp_path: Path) -> None:
+    job = plain_job(
+        tmp_path, HEARTBEAT_THEN_SLEEP, extra="monitor: {hang_timeout: 2s}\ncheckpoint: {grace_period: 30s}\n"
+    )
+    run = Run(job)
+    code = run.finish(60)
+    assert code == 137, run.text
+    done = run.first(r"\[rank 1\] rank 1 done stepping")
+    hung = run.first(r"rank 1 \(pid \d+\) hung: no progress for 2s .*last step (\d+)")
+    assert done and hung, run.text
+    assert hung[1].group(1) == "4"
+    latency = hung[0] - done[0]
+    assert latency <= 2 + 2, latency
+    log = (tmp_path / "logs" / "rank1.log").read_text()
+    line = next(i for i, text in enumerate(HEARTBEAT_THEN_SLEEP.splitlines(), 1) if "HUNG HERE" in text)
+    assert re.search(rf'File ".*rank\.py", line {line} in <module>', log), log  # the sleeping line
+    assert "thread 0x" in (tmp_path / "logs" / "rank0.log").read_text().lower()  # every rank of the node dumped
+    assert "job failed: rank 1" in run.text
+    # stopped right away: the other rank never got to use its 30s grace period
+    assert run.finish() == 137 and time.monotonic() - run.started < 20
+
+
+def test_ranks_that_never_report_are_not_judged(tmp_path: Path) -> None:
+    job = plain_job(tmp_path, "import time\ntime.sleep(2.5)\n", extra="monitor: {hang_timeout: 1s}\n")
+    result = run_mlaunch([str(job)], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "hung" not in result.stderr
+
+
+SURVIVOR = """
+    import os, signal, sys, time
+    rank = int(os.environ["RANK"])
+    def on_term(signum, frame):
+        print(f"term {rank} {time.time():.6f}", flush=True)
+        while True:  # like a trainer's handler waiting in a collective with the dead peer
+            time.sleep(1)
+    signal.signal(signal.SIGTERM, on_term)
+    open(os.path.join(os.environ["READY_DIR"], str(rank)), "w").close()
+    while len(os.listdir(os.environ["READY_DIR"])) < 4:
+        time.sleep(0.01)
+    if rank == 3:
+        time.sleep(0.3)
+        os._exit(5)  # the peer's crash
+    while True:
+        time.sleep(1)
+"""
+
+
+def test_survivors_of_a_crash_do_not_hold_the_restart_for_the_grace_period(tmp_path: Path) -> None:
+    (tmp_path / "ready").mkdir()
+    job = plain_job(
+        tmp_path,
+        SURVIVOR,
+        nodes=2,
+        procs=2,
+        extra="checkpoint: {grace_period: 60s}\nrestart: {stop_timeout: 1s}\n",
+    )
+    run = Run(job, READY_DIR=str(tmp_path / "ready"))
+    code = run.finish(50)
+    assert code == 5, run.text
+    crash = run.first(r"rank 3 \(pid \d+\) exited with code 5")
+    assert crash, run.text
+    terms = [float(m.group(1)) for _, line in run.lines if (m := re.search(r"\] term \d (\d+\.\d+)$", line))]
+    assert len(terms) == 3, run.text
+    spread = max(terms) - min(terms)
+    print(f"SIGTERM spread across the 3 survivors: {spread * 1000:.2f} ms")
+    assert spread < 0.05, spread
+    assert "stop timeout of 1s after the failure is over (restart.stop_timeout)" in run.text
+    ended = max(at for at, _ in run.lines)
+    assert ended - crash[0] < 5, ended - crash[0]  # 1s, not the 60s grace period
+
+
+# -- the DDP chaos training ---------------------------------------------------------------
+
+STEPS = 16
+
+
+def chaos_job(tmp: Path, *, extra: str = "") -> Path:
+    job = tmp / "job.yaml"
+    job.write_text(
+        f"name: chaos\nengine: pytorch\nentry: {CHAOS}\nargs: ['--steps', '{STEPS}', '--save-every', '4']\n"
+        f"nodes: 2\nprocs_per_node: 2\nenv: {{GLOO_SOCKET_IFNAME: lo}}\nlog_dir: {tmp / 'logs'}\n"
+        f"checkpoint: {{dir: {tmp / 'ckpt'}, grace_period: 30s, keep: 10}}\n{extra}"
+    )
+    return job
+
+
+@needs_torch
+def test_ddp_rank_sleeping_in_a_step_is_detected_and_the_restart_resumes_bit_identical(tmp_path: Path) -> None:
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    reference = run_mlaunch(["--engine", "pytorch", str(chaos_job(ref))], timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    state = tmp_path / "state"
+    state.mkdir()
+    job = chaos_job(tmp_path, extra="monitor: {hang_timeout: 3s}\nrestart: {max_restarts: 1, backoff: 0s}\n")
+    run = Run(job, CHAOS_PLAN="3:7:hang", CHAOS_STATE=str(state))
+    code = run.finish(300)
+    assert code == 0, run.text
+    fired = run.first(r"chaos fired 0 hang rank 3 step (\d+)")
+    hung = run.first(r"hung: no progress for 3s \(monitor.hang_timeout\) on host \S+, last step (\d+)")
+    assert fired and hung, run.text
+    latency = hung[0] - fired[0]
+    print(f"hang detected {latency:.2f}s after the rank started sleeping (hang_timeout 3s)")
+    assert latency <= 3 + 2, latency
+    # rank 3's log holds its Python stack at the sleeping line of chaos_train.py
+    sleep_line = next(i for i, t in enumerate(CHAOS.read_text().splitlines(), 1) if "time.sleep(1)" in t)
+    log = (tmp_path / "logs" / "rank3.log").read_text()
+    assert re.search(rf'File ".*chaos_train\.py", line {sleep_line} in on_forward', log), log[-3000:]
+    for rank in (0, 1, 2):  # its peers, blocked in the all-reduce, dumped too
+        assert "thread 0x" in (tmp_path / "logs" / f"rank{rank}.log").read_text().lower()
+    assert re.search(r"flash save after node 1 rank 3 failed: committed step \d+", run.text), run.text
+    assert "restarting the group (1/1)" in run.text
+    assert final_checksum(run.text) == final_checksum(reference.stdout)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
