@@ -229,7 +229,9 @@ def test_ddp_rank_sleeping_in_a_step_is_detected_and_the_restart_resumes_bit_ide
     assert re.search(rf'File ".*chaos_train\.py", line {sleep_line} in on_forward', log), log[-3000:]
     for rank in (0, 1, 2):  # its peers, blocked in the all-reduce, dumped too
         assert "thread 0x" in (tmp_path / "logs" / f"rank{rank}.log").read_text().lower()
-    assert re.search(r"flash save after node 1 rank 3 failed: committed step \d+", run.text), run.text
+    # Peers blocked in the collective stop reporting at the same step as the sleeping rank, so the
+    # rank named first may be any of them; the stacks above show which one sleeps.
+    assert re.search(r"flash save after node \d rank \d failed: committed step \d+", run.text), run.text
     assert "restarting the group (1/1)" in run.text
     assert final_checksum(run.text) == final_checksum(reference.stdout)
 
