@@ -10,6 +10,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 PACKAGES = ("launchers", "bootstrap")
@@ -134,3 +135,12 @@ def test_functions_stay_short() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = lines
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_every_package_is_declared_for_the_wheel() -> None:
+    """pyproject lists the packages by hand (templates/ is mapped in): a new subpackage must be added."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {name for name, path in module_files().items() if path.name == "__init__.py"}
+    assert on_disk - declared == set(), "add to [tool.setuptools] packages in pyproject.toml"
