@@ -224,7 +224,7 @@ class Listener:
                 if line is None:
                     return
                 parts = line.split(" ")
-                if len(parts) != 4 or not parts[1].isdigit():
+                if len(parts) != 4 or not (parts[1].isascii() and parts[1].isdigit()):
                     raise ValueError("malformed message")
                 kind, seq_text, value, their_mac = parts
                 seq = int(seq_text)
@@ -244,7 +244,7 @@ class Listener:
                         self.links += 1
                     chan.send("ok")
                 elif kind == "exit":
-                    code = int(value) if value.lstrip("-").isdigit() else EXIT_NODE0_LOST
+                    code = int(value) if value.isascii() and value.lstrip("-").isdigit() else EXIT_NODE0_LOST
                     with self._lock:
                         if self.code is None:
                             self.code = code & 0xFF if code >= 0 else EXIT_NODE0_LOST

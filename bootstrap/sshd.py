@@ -93,7 +93,7 @@ def _read_pid(path: Path) -> int | None:
         text = path.read_text().strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _is_our_sshd(pid: int, files: NodeFiles) -> bool:

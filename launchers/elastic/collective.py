@@ -164,7 +164,7 @@ def current(rank: int | None = None, world: int | None = None) -> Collective:
 def _env_int(os: Any, names: tuple[str, ...], default: int) -> int:
     for name in names:
         value = os.environ.get(name, "").strip()
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             return int(value)
     return default
 

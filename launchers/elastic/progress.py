@@ -72,7 +72,7 @@ _stack_signal = 0
 def _env_rank() -> int:
     for name in ("RANK", "RANK_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         value = os.environ.get(name, "").strip()
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             return int(value)
     return -1
 

@@ -30,7 +30,7 @@ def enabled() -> bool:
 def _rank_from_env() -> int:
     for name in ("RANK", "RANK_ID"):
         value = os.environ.get(name, "").strip()
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             return int(value)
     raise RuntimeError("start_worker(rank) needs the global rank: pass it, or run under mlaunch (RANK is set)")
 

@@ -24,7 +24,7 @@ STORE_WAIT_SECONDS = 1.0  # the most a warm rank waits for rank 0's store (see s
 def store_to_wait_for(env: dict[str, str]) -> tuple[str, int] | None:
     """(MASTER_ADDR, MASTER_PORT) for a torch.distributed rank other than 0, else None."""
     host, port, rank = env.get("MASTER_ADDR"), env.get("MASTER_PORT", ""), env.get("RANK", "")
-    if not host or not port.isdigit() or not rank.isdigit() or rank == "0":
+    if not host or not (port + rank).isascii() or not port.isdigit() or not rank.isdigit() or rank == "0":
         return None
     return host, int(port)
 
