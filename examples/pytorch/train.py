@@ -142,11 +142,13 @@ def main() -> None:
             x, y = x.flip(0), y.flip(0)
         optimizer.zero_grad()
         loss = loss_fn(model(x), y)
-        loss.backward()
+        with elastic.waiting():  # DDP's all-reduce waits for the slowest rank: not this rank's own time
+            loss.backward()
         optimizer.step()
         scheduler.step()
         reduced = loss.detach().clone()
-        dist.all_reduce(reduced)
+        with elastic.waiting():
+            dist.all_reduce(reduced)
         if rank == 0:
             print(f"step {step} loss {reduced.item() / world:.6f}", flush=True)
 

@@ -23,6 +23,18 @@ class MonitorOptions(Section):
         "and then none for this long is hung: every rank dumps its Python stacks to its log, then it is a failure "
         "(flash save, restart or exit); off when unset; ranks that never report are not judged",
     )
+    straggler_factor: float | None = Field(
+        None,
+        gt=1.0,
+        le=1000.0,
+        description="a rank whose own time per step (less the time it waits for other ranks in launchers.elastic's "
+        "waiting() and guard.should_stop, and saves) is at least this × the job's median for straggler_steps "
+        "steps is reported (console, events.jsonl, mlaunch status), and again when it recovers; e.g. 1.5; "
+        "off when unset",
+    )
+    straggler_steps: int = Field(
+        5, ge=1, le=100000, description="consecutive steps beyond (or back under) the bound before a rank is reported"
+    )
 
 
 class ControlOptions(Section):

@@ -15,6 +15,8 @@
 
 A script that calls neither ``should_stop`` nor ``stage`` reports progress for mlaunch's hang
 detection (``monitor.hang_timeout``) with ``elastic.heartbeat(step)`` once per step.
+``with elastic.waiting(): loss.backward()`` tells straggler detection (``monitor.straggler_factor``)
+that the time in there is spent waiting for other ranks (DDP's all-reduce), not the rank's own work.
 
 ``launchers.elastic.pytorch`` captures and restores model, optimizer, LR scheduler, RNG
 states and a data position so a resumed run continues bit-identically;
@@ -34,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from launchers.elastic.checkpoint import Checkpointer, CheckpointError
     from launchers.elastic.guard import EXIT_CODE, GracefulExit, Guard, install
-    from launchers.elastic.progress import heartbeat
+    from launchers.elastic.progress import heartbeat, waiting
 
-__all__ = ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "heartbeat", "install"]
+__all__ = ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "heartbeat", "install", "waiting"]
 
 # The launcher itself imports ``launchers.elastic.staging`` (agent-side flash save) on every
 # start; loading the checkpoint and guard machinery only when a training script asks for it
@@ -49,6 +51,7 @@ _WHERE = {
     "Guard": "guard",
     "install": "guard",
     "heartbeat": "progress",
+    "waiting": "progress",
 }
 
 if os.environ.get("MLAUNCH_RUN_ID"):  # a rank under mlaunch: its stacks on demand (see ``progress``)

@@ -182,6 +182,13 @@ class Checkpointer:
         (nobody would read it) and after a failure to reserve shared memory (warned once).
         """
         progress.report(step)  # hang detection (monitor.hang_timeout)
+        started = time.monotonic()
+        try:
+            return self._stage(step, state)
+        finally:
+            progress.saved(time.monotonic() - started, None)
+
+    def _stage(self, step: int, state: Any) -> bool:
         coll = self._coll()
         rank, world = coll.rank(), coll.world_size()
         seg = staging.process_segment(rank, world)
@@ -315,6 +322,7 @@ class Checkpointer:
         staging.update_status(
             job.rank, job.world, saving_step=-1, committed_step=job.step, save_seconds=seconds, save_bytes=size
         )
+        progress.saved(seconds, job.step)  # the goodput report's checkpoint stalls, the status view's step
         self.last_saved = committed_path or job.final
         if job.rank == 0:
             collective.say(f"committed step {job.step} to {self.last_saved} in {seconds:.2f}s")

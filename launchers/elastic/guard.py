@@ -103,7 +103,11 @@ class Guard:
             return True
         coll = collective.current()
         local = 1 if self.received is not None else 0
-        agreed = coll.all_reduce([local], "max")[0] if coll.world_size() > 1 else local
+        if coll.world_size() > 1:
+            with progress.waiting():  # waiting for the slowest rank is not this rank's own time
+                agreed = coll.all_reduce([local], "max")[0]
+        else:
+            agreed = local
         if agreed:
             self.stop_step = step if step is not None else -1
             if self.received is None:

@@ -15,6 +15,14 @@ while the main thread is stuck in C code (a blocked collective, ``time.sleep``).
 ignored by default, so mlaunch may send it to every process group of the node without
 killing processes that did not register it, and it does not clash with the stop and notice
 signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2).
+
+For the status view, straggler detection and the goodput report the file also keeps the
+first step and time this process reported, the seconds it spent waiting for other ranks
+(``waiting()``; ``guard.should_stop`` wraps its agreement in it), the seconds its
+checkpoint saves blocked training and its newest committed step. A rank's *own* time per
+step is then the step interval less the waits and saves: in lock-step training every rank's
+interval is the same (the fast ones wait for the slow one in a collective), the own time is
+not.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import signal
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 STACK_SIGNAL = signal.SIGURG
@@ -35,6 +44,10 @@ SIZE = 128
 _HEAD = struct.Struct("<8sqqqi")  # magic, pid, rank, attempt, stack signal (0: not registered)
 _BEAT = struct.Struct("<qQdd")  # step, count, monotonic, wall
 _BEAT_AT = 64
+_FIRST = struct.Struct("<qd")  # first step reported, its wall time
+_FIRST_AT = 40
+_EXTRA = struct.Struct("<ddq")  # seconds waiting for other ranks, seconds blocked saving, committed step
+_EXTRA_AT = 96
 
 
 def _shm_dir() -> str:
@@ -67,6 +80,10 @@ _map: mmap.mmap | None = None
 _count = 0
 _off = False  # not under mlaunch, or the file could not be made: reports are no-ops
 _stack_signal = 0
+_waited = 0.0
+_saving = 0.0
+_committed = -1
+_first_written = False
 
 
 def _env_rank() -> int:
@@ -97,22 +114,60 @@ def _open() -> mmap.mmap | None:
     attempt = int(os.environ.get("MLAUNCH_RESTART_COUNT", "0") or 0)
     _HEAD.pack_into(mm, 0, MAGIC, pid, _env_rank(), attempt, _stack_signal)
     _BEAT.pack_into(mm, _BEAT_AT, -1, 0, 0.0, 0.0)
+    _FIRST.pack_into(mm, _FIRST_AT, -1, 0.0)
+    _EXTRA.pack_into(mm, _EXTRA_AT, _waited, _saving, _committed)
     _map = mm
     return mm
 
 
 def report(step: int | None) -> None:
     """This rank made progress (reached ``step``); a no-op outside mlaunch."""
-    global _count
-    mm = _map
+    global _count, _first_written
+    mm = _mapping()
     if mm is None:
-        if _off:
-            return
-        mm = _open()
-        if mm is None:
-            return
+        return
     _count += 1
-    _BEAT.pack_into(mm, _BEAT_AT, -1 if step is None else step, _count, time.monotonic(), time.time())
+    wall = time.time()
+    number = -1 if step is None else step
+    if not _first_written and step is not None:
+        _FIRST.pack_into(mm, _FIRST_AT, number, wall)
+        _first_written = True
+    _EXTRA.pack_into(mm, _EXTRA_AT, _waited, _saving, _committed)
+    _BEAT.pack_into(mm, _BEAT_AT, number, _count, time.monotonic(), wall)
+
+
+def _mapping() -> mmap.mmap | None:
+    if _map is None and not _off:
+        return _open()
+    return _map
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """Time spent in here is waiting for other ranks (a collective), not this rank's own work.
+
+    ``guard.should_stop`` wraps its agreement in it. Straggler detection compares the ranks'
+    own time per step, so in lock-step training wrap what waits for the others (e.g.
+    ``loss.backward()`` under DDP, whose all-reduce waits for the slowest rank) to let the
+    slow rank stand out. Costs two clock reads; a no-op outside mlaunch.
+    """
+    global _waited
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        _waited += time.monotonic() - started
+
+
+def saved(seconds: float, committed_step: int | None) -> None:
+    """A checkpoint save blocked training for ``seconds`` (and committed ``committed_step``)."""
+    global _saving, _committed
+    _saving += max(0.0, seconds)
+    if committed_step is not None:
+        _committed = committed_step
+    mm = _mapping()
+    if mm is not None:
+        _EXTRA.pack_into(mm, _EXTRA_AT, _waited, _saving, _committed)
 
 
 heartbeat = report  # ``elastic.heartbeat(step)``: for scripts that call neither should_stop nor stage
@@ -120,8 +175,8 @@ heartbeat = report  # ``elastic.heartbeat(step)``: for scripts that call neither
 
 def _after_fork_in_child() -> None:
     """A forked child (a data-loader worker) is not the rank: it must not write the parent's file."""
-    global _map, _count, _off
-    _map, _count, _off = None, 0, True
+    global _map, _count, _off, _first_written
+    _map, _count, _off, _first_written = None, 0, True, False
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -163,6 +218,21 @@ class Progress:
     count: int  # reports so far; 0: never reported (not judged)
     monotonic: float
     wall: float
+    first_step: int = -1
+    first_wall: float = 0.0
+    waited: float = 0.0  # seconds in ``waiting()`` so far
+    saving: float = 0.0  # seconds checkpoint saves blocked training so far
+    committed_step: int = -1
+
+    def _with(self, first_step: int, first_wall: float, waited: float, saving: float, committed: int) -> Progress:
+        self.first_step, self.first_wall, self.waited, self.saving, self.committed_step = (
+            first_step,
+            first_wall,
+            waited,
+            saving,
+            committed,
+        )
+        return self
 
 
 def read(path: str) -> Progress | None:
@@ -177,7 +247,24 @@ def read(path: str) -> Progress | None:
     if magic != MAGIC:
         return None
     step, count, mono, wall = _BEAT.unpack_from(data, _BEAT_AT)
-    return Progress(path, pid, rank, attempt, stack_signal, step, count, mono, wall)
+    first_step, first_wall = _FIRST.unpack_from(data, _FIRST_AT)
+    waited, saving, committed = _EXTRA.unpack_from(data, _EXTRA_AT)
+    return Progress(
+        path,
+        pid,
+        rank,
+        attempt,
+        stack_signal,
+        step,
+        count,
+        mono,
+        wall,
+        first_step,
+        first_wall,
+        waited,
+        saving,
+        committed,
+    )
 
 
 def read_run(run_id: str) -> list[Progress]:

@@ -29,9 +29,12 @@ from launchers.plan import LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
 from launchers.run import signals as early_signals
 from launchers.run.control import control_port
+from launchers.run.flash_hook import FlashHook
 from launchers.run.hang import HangMonitor
 from launchers.run.labels import process_labels
-from launchers.run.outcome import Failure, Outcome, signal_name
+from launchers.run.observe.observer import JobObserver
+from launchers.run.observe.phases import long_phase
+from launchers.run.outcome import Outcome, signal_name
 from launchers.run.preflight import check_launchable
 from launchers.run.procs import become_subreaper
 from launchers.run.rank_env import add_rank_env, clear_error_files, error_file_lines
@@ -42,7 +45,6 @@ from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from launchers.run.control import JobEvents
-    from launchers.run.flash_save import Exchange, FlashResult
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
 
@@ -119,6 +121,7 @@ def run_job(
     from launchers.run.control import open_job_events
 
     events = open_job_events(job, cluster)
+    observer = JobObserver(job, plan, run_id, events)
     become_subreaper()
     watchdog = Watchdog(run_id).start()
     standbys = None
@@ -127,9 +130,10 @@ def run_job(
     code = 1
     try:
         with SignalRouter() as signals:
-            code = _attempts(job, cluster, plan, _Run(engine, run_id, signals, watchdog, events, standbys))
+            code = _attempts(job, cluster, plan, _Run(engine, run_id, signals, watchdog, events, observer, standbys))
             return code
     finally:
+        observer.finished(code)
         events.close(code)
         if standbys is not None:
             standbys.close()
@@ -147,6 +151,7 @@ class _Run:
     signals: SignalRouter
     watchdog: Watchdog
     events: JobEvents
+    observer: JobObserver
     standbys: StandbyPool | None = None
 
 
@@ -174,11 +179,14 @@ def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
         attempt += 1
         warm = f" from {run.standbys.ready_count()} warm standbys" if run.standbys is not None else ""
         say(f"restarting the group ({attempt}/{policy.max_restarts}) in {delay:g}s{warm}")
+        run.observer.restarting(attempt, delay)
         received = [s for s in run.signals.wait(delay) if s in early_signals.STOP_SIGNALS]
         if received:
             say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
             return 128 + received[0]
-        if not meet_before_restart(run.events, attempt, job.monitor.node_timeout + 5):
+        with long_phase("waiting for every node before the restart"):
+            met = meet_before_restart(run.events, attempt, job.monitor.node_timeout + 5)
+        if not met:
             return code
         cluster = run.engine.restart_cluster(cluster, attempt)
         plan = plan_attempt(run.engine, job, cluster, attempt)
@@ -193,6 +201,7 @@ def _attempt(
     clear_error_files(plan)
     run.events.start_generation(attempt)
     flash = FlashHook(run.run_id, attempt, plan, grace, run.events.exchange if run.events.networked else None)
+    run.observer.attempt_started(plan, attempt)
     try:
         outcome = Supervisor(
             plan.processes,
@@ -204,7 +213,7 @@ def _attempt(
             log_mode="wb" if attempt == 0 else "ab",
             standbys=run.standbys,
             on_failure=flash,
-            tick=monitor,
+            tick=_ticks(monitor, run.observer.tick),
             reserve=flash.reserve,
             job_events=run.events,
             hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
@@ -215,10 +224,21 @@ def _attempt(
             cleanup()
     if outcome.status == "signalled":
         flash.after_stop(outcome)
+    run.observer.attempt_ended(outcome)
     roots = flash.checkpoint_dirs(job)
     staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
     progress.unlink_run(run.run_id)
     return outcome, roots
+
+
+def _ticks(*calls: Callable[[], None]) -> Callable[[], None]:
+    """One supervisor tick that runs each of ``calls`` in turn."""
+
+    def tick() -> None:
+        for call in calls:
+            call()
+
+    return tick
 
 
 def _run_exit_code(outcome: Outcome, plan: LaunchPlan, roots: set[str]) -> int | None:
@@ -233,95 +253,6 @@ def _run_exit_code(outcome: Outcome, plan: LaunchPlan, roots: set[str]) -> int |
         return code
     report_failure(outcome, plan.processes)
     return None
-
-
-class FlashHook:
-    """The agent-side flash save of one attempt (see ``launchers.run.flash_save``)."""
-
-    def __init__(
-        self, run_id: str, attempt: int, plan: LaunchPlan, grace: float, exchange: Exchange | None = None
-    ) -> None:
-        self.run_id = run_id
-        self.exchange = exchange  # the control plane's, when other nodes' mlaunch save their own ranks
-        self.attempt = attempt
-        self.grace = grace
-        self.nnodes = plan.nnodes
-        self.key = f"a{attempt}p{plan.master_port}"
-        self.rank_nodes = {
-            proc.rank: node.index
-            for node in plan.nodes
-            for proc in node.processes
-            if proc.role == "worker" and proc.rank >= 0
-        }
-        self.done = False
-
-    def __call__(self, failure: Failure) -> str | None:
-        """A worker failed: persist the newest step every rank staged, while the others wind down.
-
-        Once that step is committed the other workers have nothing newer to save (in
-        synchronous training none of them can get past the failed rank's step), so the
-        supervisor need not wait out their grace period: the returned reason says so.
-        """
-        result = self.persist(time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed")
-        if result is not None and result.committed:
-            return f"step {result.step} is committed for every rank"
-        return None
-
-    def after_stop(self, outcome: Outcome) -> None:
-        """Stopped by a signal: persist what the workers did not commit, within the grace period.
-
-        Workers that exited without committing (or had to be SIGKILLed at the end of their
-        share, see ``reserve``) leave their staged step; past the grace period itself the
-        platform's SIGKILL is due, so no write starts then.
-        """
-        if self.done or outcome.stop_started is None:
-            return
-        deadline = outcome.stop_started + self.grace
-        if time.monotonic() < deadline:
-            self.persist(deadline, "after the stop")
-
-    def reserve(self) -> float:
-        """Seconds to keep at the end of the grace period for persisting the staged state.
-
-        An estimate of the persist: the bytes this node's ranks staged at the write speed
-        their own saves showed (200 MB/s if none was measured), 1.5× plus half a second.
-        0 when nothing is staged (then the workers get the whole grace period).
-        """
-        from launchers.run.grace_budget import ASSUMED_BANDWIDTH
-
-        infos = [i for i in staging.read_run(self.run_id) if i.rank in self.rank_nodes]
-        staged = sum(max((s.length for s in i.slots if s.complete), default=0) for i in infos)
-        if not staged:
-            return 0.0
-        speeds = [i.status.save_bytes / i.status.save_seconds for i in infos if i.status.save_seconds > 0]
-        speed = min(speeds) if speeds else ASSUMED_BANDWIDTH
-        return 0.5 + 1.5 * staged / max(speed, 1e6)
-
-    def persist(self, deadline: float, when: str) -> FlashResult | None:
-        from launchers.run.flash_save import persist
-
-        if not self.rank_nodes or (not staging.run_segments(self.run_id) and self.exchange is None):
-            return None
-        self.done = True
-        result = persist(
-            self.run_id,
-            attempt=self.attempt,
-            rank_nodes=self.rank_nodes,
-            nnodes=self.nnodes,
-            key=self.key,
-            deadline=deadline,
-            exchange=self.exchange,
-        )
-        if result.status in ("committed", "written", "failed"):
-            where = f" ({result.path})" if result.path else ""
-            say(f"flash save {when}: {result.message}{where}")
-        return result
-
-    def checkpoint_dirs(self, job: Job) -> set[str]:
-        """Where this attempt's ranks checkpoint: job.yaml's dir and whatever their Checkpointers named."""
-        roots = {str(job.resolve(job.checkpoint.dir))}
-        roots.update(info.ckpt_dir for info in staging.read_run(self.run_id) if info.ckpt_dir)
-        return roots
 
 
 def stop_exit_code(outcome: Outcome, roots: set[str]) -> int:

@@ -103,6 +103,15 @@ class NetworkEvents(JobEvents):
                 self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             return self._results[topic]
 
+    def publish(self, entry: dict[str, Any]) -> None:
+        with self._cond:
+            self._view[self.node] = entry
+        self._send({"t": "st", "entry": entry})
+
+    def view(self) -> dict[int, dict[str, Any]]:
+        with self._cond:
+            return dict(self._view)
+
     def close(self, exit_code: int) -> None:
         with contextlib.suppress(zmq.ZMQError):
             self._send({"t": "bye", "code": exit_code})
@@ -183,6 +192,11 @@ class NetworkEvents(JobEvents):
             self._on_lost(Lost(int(message["lost"]), str(message.get("host", "")), float(message["seconds"])))
         elif kind == "closing":
             self._hub_closing = True
+        elif kind == "view" and isinstance(message.get("nodes"), dict):
+            with self._cond:
+                for node, entry in message["nodes"].items():
+                    if str(node).isascii() and str(node).isdigit() and int(node) != self.node:
+                        self._view[int(node)] = entry
 
     def _on_lost(self, lost: Lost) -> None:
         with self._cond:

@@ -67,6 +67,7 @@ class JobEvents:
     def __init__(self) -> None:
         self.generation = 0
         self._first: dict[int, RemoteFailure] = {}
+        self._view: dict[int, dict[str, Any]] = {}
 
     @property
     def networked(self) -> bool:
@@ -94,6 +95,14 @@ class JobEvents:
     def exchange(self, topic: str, value: Any, deadline: float) -> dict[int, Any]:
         """Every node's ``value`` for ``topic`` (node → value) once all gave theirs; else ExchangeFailed."""
         return {self.node: value}
+
+    def publish(self, entry: dict[str, Any]) -> None:
+        """This node's status entry (``observe.status_file``), for every node's view of the job."""
+        self._view[self.node] = entry
+
+    def view(self) -> dict[int, dict[str, Any]]:
+        """The newest status entry of every node heard from (node → entry), this node's included."""
+        return dict(self._view)
 
     def close(self, exit_code: int) -> None:
         """Leave the job (node 0: once the others left, or after a while)."""

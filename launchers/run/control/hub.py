@@ -4,6 +4,7 @@
 - ``fail``: the first failure of a generation is broadcast to every agent, later ones are not;
 - ``put``: a node's value for a topic; once every node gave one, ``got`` (all values) goes to every node;
 - ``bye``: the node left on purpose (not lost);
+- ``st``: a node's status entry; every second the entries that changed go to every node (``view``);
 - a joined node silent for ``node_timeout`` is broadcast as ``lost``; the hub says ``hb`` to
   every agent twice a second, and ``closing`` when it stops.
 """
@@ -40,6 +41,8 @@ class Hub(threading.Thread):
         self.first: dict[int, dict[str, Any]] = {}
         self.gathers: dict[str, dict[str, Any]] = {}
         self.rejected = 0
+        self.status: dict[str, Any] = {}
+        self._status_changed = False
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -61,6 +64,7 @@ class Hub(threading.Thread):
                     next_beat = now + HEARTBEAT
                     self._broadcast({"t": "hb"})
                     self._check_lost(now)
+                    self._share_status()
             self._broadcast({"t": "closing"})
         finally:
             self.sock.close(linger=200)
@@ -101,6 +105,15 @@ class Hub(threading.Thread):
                 self._broadcast({"t": "got", "topic": message["topic"], "values": values})
         elif kind == "bye":
             self.left.add(node)
+        elif kind == "st":
+            self.status[str(node)] = message.get("entry")
+            self._status_changed = True
+
+    def _share_status(self) -> None:
+        """Every node's newest status entry to every node, when one changed (at most every heartbeat)."""
+        if self._status_changed:
+            self._status_changed = False
+            self._broadcast({"t": "view", "nodes": self.status})
 
     def _check_lost(self, now: float) -> None:
         for node, seen in list(self.seen.items()):

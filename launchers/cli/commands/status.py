@@ -1,0 +1,123 @@
+"""``mlaunch status``: the job as its mlaunch last saw it — per node and rank: step, rate, checkpoint, flags.
+
+Reads ``<log_dir>/status.json`` (every node's mlaunch keeps the whole job's view there, see
+``launchers.run.observe.status_file``), so it works on any node of a platform job and on the
+machine that runs a local simulation, without talking to the running mlaunch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+STALE_AFTER = 10.0  # seconds without an update before the view says mlaunch may not be running
+
+
+def status(
+    job_file: Annotated[
+        Path | None, typer.Argument(help="the job.yaml file (default: ./job.yaml)", show_default=False)
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the status file's JSON, for machines")] = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh in place until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, help="seconds between refreshes")] = 1.0,
+) -> None:
+    """Show a running (or the last) job: per node and rank its step, steps/s, last progress, restarts, last committed checkpoint, straggler and hang flags.
+
+    mlaunch status job.yaml            mlaunch status job.yaml --watch            mlaunch status --json
+    """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
+    from launchers.config.job import load_job
+    from launchers.errors import UserError
+    from launchers.run.observe.status_file import STATUS_FILE
+
+    path = job_file if job_file is not None else Path("job.yaml")
+    if job_file is None and not path.exists():
+        raise UserError("no job.yaml here: give the job file, e.g. `mlaunch status path/to/job.yaml`")
+    job = load_job(path)
+    status_path = Path(job.resolve(job.log_dir)) / STATUS_FILE
+    if as_json:
+        typer.echo(json.dumps(_load(status_path), indent=1))
+        return
+    if not watch:
+        _console().print(render(_load(status_path), status_path))
+        return
+    from rich.live import Live
+
+    with Live(render(_load(status_path), status_path), console=_console(), auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(render(_load(status_path), status_path), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+def _load(path: Path) -> dict[str, Any]:
+    from launchers.errors import UserError
+    from launchers.run.observe.status_file import read_status
+
+    try:
+        return read_status(path)
+    except FileNotFoundError:
+        raise UserError(f"no status yet: {path} does not exist (has this job been run with this log_dir?)") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def render(data: dict[str, Any], path: Path) -> Any:
+    """A rich renderable: a header line and one table row per rank."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    age = time.time() - float(data.get("updated") or 0)
+    phase = str(data.get("phase", "?"))
+    stale = f" — no update for {age:.0f}s: is mlaunch still running?" if age > STALE_AFTER and phase in _LIVE else ""
+    committed = data.get("last_committed_step")
+    head = Text(
+        f"{data.get('job', '?')}: {phase}, attempt {data.get('attempt', 0)}, restarts {data.get('restarts', 0)}, "
+        f"last committed step {committed if committed is not None else '-'}{stale}"
+    )
+    table = Table(box=None, pad_edge=False)
+    for column in ("node", "host", "rank", "step", "steps/s", "last progress", "committed", "flags"):
+        table.add_column(column, justify="right" if column in ("node", "rank", "step", "steps/s") else "left")
+    for node in data.get("nodes", []):
+        for r in node.get("ranks", []):
+            flags = [f for f in ("straggler", "hung") if r.get(f)]
+            table.add_row(
+                str(node.get("index", "?")),
+                str(node.get("host", "")),
+                str(r.get("rank", "?")),
+                _or_dash(r.get("step")),
+                f"{r['steps_per_s']:.2f}" if isinstance(r.get("steps_per_s"), (int, float)) else "-",
+                _ago(r.get("last_progress")),
+                _or_dash(r.get("committed_step")),
+                ", ".join(flags),
+            )
+    return Group(head, table, Text(f"({path})", style="dim"))
+
+
+_LIVE = {"starting", "running", "restarting"}
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _ago(wall: Any) -> str:
+    if not isinstance(wall, (int, float)) or wall <= 0:
+        return "-"
+    return f"{max(0.0, time.time() - wall):.1f}s ago"
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="status")(status)

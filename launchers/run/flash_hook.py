@@ -1,0 +1,111 @@
+"""The agent-side flash save of one attempt, as the runner and the supervisor call it.
+
+The supervisor calls it when a worker fails (``__call__``) and reserves the end of the grace
+period for it (``reserve``); the runner calls ``after_stop`` when a stop signal ended the
+attempt and ``checkpoint_dirs`` to know where the attempt's ranks checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from launchers.config.job import Job
+from launchers.elastic import staging
+from launchers.log import say
+from launchers.plan import LaunchPlan
+from launchers.run.observe.phases import long_phase
+from launchers.run.outcome import Failure, Outcome
+
+if TYPE_CHECKING:
+    from launchers.run.flash_save import Exchange, FlashResult
+
+
+class FlashHook:
+    """The agent-side flash save of one attempt (see ``launchers.run.flash_save``)."""
+
+    def __init__(
+        self, run_id: str, attempt: int, plan: LaunchPlan, grace: float, exchange: Exchange | None = None
+    ) -> None:
+        self.run_id = run_id
+        self.exchange = exchange  # the control plane's, when other nodes' mlaunch save their own ranks
+        self.attempt = attempt
+        self.grace = grace
+        self.nnodes = plan.nnodes
+        self.key = f"a{attempt}p{plan.master_port}"
+        self.rank_nodes = {
+            proc.rank: node.index
+            for node in plan.nodes
+            for proc in node.processes
+            if proc.role == "worker" and proc.rank >= 0
+        }
+        self.done = False
+
+    def __call__(self, failure: Failure) -> str | None:
+        """A worker failed: persist the newest step every rank staged, while the others wind down.
+
+        Once that step is committed the other workers have nothing newer to save (in
+        synchronous training none of them can get past the failed rank's step), so the
+        supervisor need not wait out their grace period: the returned reason says so.
+        """
+        result = self.persist(time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed")
+        if result is not None and result.committed:
+            return f"step {result.step} is committed for every rank"
+        return None
+
+    def after_stop(self, outcome: Outcome) -> None:
+        """Stopped by a signal: persist what the workers did not commit, within the grace period.
+
+        Workers that exited without committing (or had to be SIGKILLed at the end of their
+        share, see ``reserve``) leave their staged step; past the grace period itself the
+        platform's SIGKILL is due, so no write starts then.
+        """
+        if self.done or outcome.stop_started is None:
+            return
+        deadline = outcome.stop_started + self.grace
+        if time.monotonic() < deadline:
+            self.persist(deadline, "after the stop")
+
+    def reserve(self) -> float:
+        """Seconds to keep at the end of the grace period for persisting the staged state.
+
+        An estimate of the persist: the bytes this node's ranks staged at the write speed
+        their own saves showed (200 MB/s if none was measured), 1.5× plus half a second.
+        0 when nothing is staged (then the workers get the whole grace period).
+        """
+        from launchers.run.grace_budget import ASSUMED_BANDWIDTH
+
+        infos = [i for i in staging.read_run(self.run_id) if i.rank in self.rank_nodes]
+        staged = sum(max((s.length for s in i.slots if s.complete), default=0) for i in infos)
+        if not staged:
+            return 0.0
+        speeds = [i.status.save_bytes / i.status.save_seconds for i in infos if i.status.save_seconds > 0]
+        speed = min(speeds) if speeds else ASSUMED_BANDWIDTH
+        return 0.5 + 1.5 * staged / max(speed, 1e6)
+
+    def persist(self, deadline: float, when: str) -> FlashResult | None:
+        from launchers.run.flash_save import persist
+
+        if not self.rank_nodes or (not staging.run_segments(self.run_id) and self.exchange is None):
+            return None
+        self.done = True
+        with long_phase(f"saving the dying checkpoint {when}"):
+            result = persist(
+                self.run_id,
+                attempt=self.attempt,
+                rank_nodes=self.rank_nodes,
+                nnodes=self.nnodes,
+                key=self.key,
+                deadline=deadline,
+                exchange=self.exchange,
+            )
+        if result.status in ("committed", "written", "failed"):
+            where = f" ({result.path})" if result.path else ""
+            say(f"flash save {when}: {result.message}{where}")
+        return result
+
+    def checkpoint_dirs(self, job: Job) -> set[str]:
+        """Where this attempt's ranks checkpoint: job.yaml's dir and whatever their Checkpointers named."""
+        roots = {str(job.resolve(job.checkpoint.dir))}
+        roots.update(info.ckpt_dir for info in staging.read_run(self.run_id) if info.ckpt_dir)
+        return roots

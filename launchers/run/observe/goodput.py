@@ -1,0 +1,131 @@
+"""Where a run's wall time went: the goodput report printed at the end of every run.
+
+From the attempts (start, first and last progress report, first and last step, end) and the
+ranks' blocked-saving seconds:
+
+- productive: time between the first and last step report of each attempt, less the steps that
+  redo work an earlier attempt had done (resumed from an older checkpoint) and less checkpoint
+  stalls;
+- start-up: from an attempt's start to its first step report (imports, rendezvous, loading);
+- restarts: from an attempt's end to the next one's start (teardown, backoff, meeting the nodes);
+- recomputed: steps at or below the newest step an earlier attempt reached, × the attempt's step time;
+- checkpoint stalls: seconds saves (``Checkpointer.save``/``stage``) blocked training;
+- other: the rest (the end of each attempt after its last step: the failure or stop, the dying
+  checkpoint, shutting down).
+
+Goodput is productive ÷ wall. Ranks that never report progress (not using ``launchers.elastic``)
+leave only the wall time to report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class AttemptTimes:
+    attempt: int
+    started: float  # wall time
+    ended: float | None = None
+    first_wall: float | None = None  # the first step report of any rank
+    last_wall: float | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    saving: float = 0.0  # the most any rank was blocked by saves
+
+    def note(self, first_step: int, first_wall: float, step: int, last_wall: float, saving: float) -> None:
+        """One rank's figures for this attempt (called again as they grow)."""
+        if first_step >= 0:
+            self.first_step = first_step if self.first_step is None else min(self.first_step, first_step)
+            self.first_wall = first_wall if self.first_wall is None else min(self.first_wall, first_wall)
+        if step >= 0:
+            self.last_step = step if self.last_step is None else max(self.last_step, step)
+            self.last_wall = last_wall if self.last_wall is None else max(self.last_wall, last_wall)
+        self.saving = max(self.saving, saving)
+
+    @property
+    def stepping(self) -> float:
+        if self.first_wall is None or self.last_wall is None:
+            return 0.0
+        return max(0.0, self.last_wall - self.first_wall)
+
+    @property
+    def step_time(self) -> float:
+        if self.first_step is None or self.last_step is None or self.last_step <= self.first_step:
+            return 0.0
+        return self.stepping / (self.last_step - self.first_step)
+
+
+@dataclass
+class Goodput:
+    started: float
+    attempts: list[AttemptTimes] = field(default_factory=list)
+
+    def begin(self, attempt: int, now: float) -> AttemptTimes:
+        times = AttemptTimes(attempt, now)
+        self.attempts.append(times)
+        return times
+
+    def figures(self, ended: float) -> dict[str, Any]:
+        """Every figure of the report, in seconds (rounded to ms) and counts."""
+        wall = max(0.0, ended - self.started)
+        stepping = sum(a.stepping for a in self.attempts)
+        startup = sum((a.first_wall or a.ended or ended) - a.started for a in self.attempts)
+        startup = max(0.0, startup) + (self.attempts[0].started - self.started if self.attempts else 0.0)
+        downtime = sum(
+            max(0.0, b.started - (a.ended or b.started)) for a, b in zip(self.attempts, self.attempts[1:], strict=False)
+        )
+        recomputed_steps, recomputed = self._recomputed()
+        stalls = sum(a.saving for a in self.attempts)
+        productive = max(0.0, stepping - recomputed - stalls)
+        other = max(0.0, wall - productive - recomputed - stalls - startup - downtime)
+        reported = any(a.first_wall is not None for a in self.attempts)
+        return {
+            "wall_s": round(wall, 3),
+            "productive_s": round(productive, 3) if reported else None,
+            "goodput": round(productive / wall, 4) if reported and wall > 0 else None,
+            "startup_s": round(startup, 3) if reported else None,
+            "restarts": max(0, len(self.attempts) - 1),
+            "restart_downtime_s": round(downtime, 3),
+            "recomputed_steps": recomputed_steps,
+            "recomputed_s": round(recomputed, 3),
+            "checkpoint_stall_s": round(stalls, 3),
+            "other_s": round(other, 3) if reported else None,
+            "steps": self._steps_done(),
+        }
+
+    def _recomputed(self) -> tuple[int, float]:
+        """Steps each attempt redid (at or below the newest step an earlier attempt reached), and their time."""
+        steps, seconds, reached = 0, 0.0, None
+        for a in self.attempts:
+            if reached is not None and a.first_step is not None and a.last_step is not None:
+                redone = max(0, min(a.last_step, reached) - a.first_step + 1)
+                steps += redone
+                seconds += redone * a.step_time
+            if a.last_step is not None:
+                reached = a.last_step if reached is None else max(reached, a.last_step)
+        return steps, seconds
+
+    def _steps_done(self) -> int | None:
+        lasts = [a.last_step for a in self.attempts if a.last_step is not None]
+        return max(lasts) if lasts else None
+
+
+def describe(figures: dict[str, Any]) -> str:
+    """The report, as one paragraph a person reads at the end of the run."""
+    wall = figures["wall_s"]
+    if figures["goodput"] is None:
+        return (
+            f"goodput: {wall:.1f}s wall time; no rank reported progress (launchers.elastic's guard.should_stop, "
+            "ckpt.stage or elastic.heartbeat), so mlaunch cannot tell productive time from the rest"
+        )
+    parts = [
+        f"productive steps {figures['productive_s']:.1f}s",
+        f"start-up {figures['startup_s']:.1f}s",
+        f"restarts {figures['restarts']} (down {figures['restart_downtime_s']:.1f}s)",
+        f"recomputed {figures['recomputed_steps']} steps ({figures['recomputed_s']:.1f}s)",
+        f"checkpoint stalls {figures['checkpoint_stall_s']:.1f}s",
+        f"other {figures['other_s']:.1f}s",
+    ]
+    return f"goodput: {figures['goodput'] * 100:.1f}% of {wall:.1f}s wall time — " + "; ".join(parts)

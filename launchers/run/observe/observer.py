@@ -1,0 +1,197 @@
+"""The glue between the runner and what makes the job visible (status view, stragglers, events, goodput).
+
+The runner calls ``attempt_started`` / ``tick`` (twice a second, from the supervisor's loop) /
+``attempt_ended`` / ``restarting`` / ``finished``. Each node's mlaunch samples its own ranks;
+node 0's (or the simulation's) also judges stragglers over every rank of the job.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launchers.log import say
+from launchers.run.observe import goodput
+from launchers.run.observe.events_log import EventLog
+from launchers.run.observe.status_file import job_status, node_entry, rank_entry, write_status
+from launchers.run.observe.steps import StepTracker
+from launchers.run.observe.straggler import RankSample, StragglerDetector
+
+if TYPE_CHECKING:
+    from launchers.config.job import Job
+    from launchers.plan import LaunchPlan
+    from launchers.run.control import JobEvents
+    from launchers.run.outcome import Outcome
+
+STATUS_EVERY = 1.0  # seconds between status publications
+
+
+class JobObserver:
+    def __init__(self, job: Job, plan: LaunchPlan, run_id: str, events: JobEvents) -> None:
+        self.job_name = job.job_name
+        self.run_id = run_id
+        self.events = events
+        self.log_dir = Path(job.resolve(job.log_dir))
+        self.simulated = plan.simulated or plan.nnodes <= 1
+        self.node = None if self.simulated else events.node
+        self.log = EventLog(self.log_dir, self.node, self.job_name)
+        self.hang_timeout = job.monitor.hang_timeout
+        factor = job.monitor.straggler_factor
+        judge = self.simulated or events.node == 0
+        self.detector = StragglerDetector(factor, job.monitor.straggler_steps) if factor and judge else None
+        self.clock = goodput.Goodput(time.time())
+        self.tracker: StepTracker | None = None
+        self.attempt = 0
+        self.phase = "starting"
+        self._committed = -1
+        self._next_status = 0.0
+        self._stragglers: set[int] = set()
+        self._broken = False
+
+    # -- the runner's calls ---------------------------------------------------------------
+    def attempt_started(self, plan: LaunchPlan, attempt: int) -> None:
+        self.attempt = attempt
+        self.phase = "running"
+        self.current = self.clock.begin(attempt, time.time())
+        host = socket.gethostname()
+        rank_nodes = {
+            p.rank: (n.index, n.host if self.simulated else host)
+            for n in plan.nodes
+            for p in n.processes
+            if p.role == "worker" and p.rank >= 0
+        }
+        self.tracker = StepTracker(self.run_id, attempt, rank_nodes)
+        if self.detector is not None:
+            self.detector.reset()
+        self.log.write("start", attempt=attempt, ranks=sorted(rank_nodes), engine=plan.engine, source=plan.source)
+
+    def tick(self) -> None:
+        """Sample the ranks (twice a second); never raises: seeing the job must not break it."""
+        try:
+            self._tick()
+        except Exception as exc:  # noqa: BLE001 - reported once, the run goes on
+            if not self._broken:
+                self._broken = True
+                say(f"warning: the status view stopped updating: {type(exc).__name__}: {exc}")
+
+    def _tick(self) -> None:
+        tracker = self.tracker
+        if tracker is None:
+            return
+        tracker.sample()
+        for r in tracker.ranks.values():
+            self.current.note(r.first_step, r.first_wall, r.step, r.last_wall, r.saving)
+        self._checkpoints(tracker)
+        now = time.monotonic()
+        if now >= self._next_status:
+            self._next_status = now + STATUS_EVERY
+            self._publish()
+
+    def attempt_ended(self, outcome: Outcome) -> None:
+        """After the supervisor returned, before the progress files are removed."""
+        self.tick()
+        if self.tracker is None:
+            return
+        self.current.ended = time.time()
+        self.phase = {"succeeded": "finished", "signalled": "stopped"}.get(outcome.status, "failed")
+        failure = outcome.failure
+        if failure is not None:
+            hung = bool(failure.cause and failure.cause.startswith("hung"))
+            self.log.write(
+                "hang" if hung else "failure",
+                attempt=self.attempt,
+                rank=failure.rank,
+                label=failure.label,
+                exit_code=failure.exit_code,
+                signal=failure.signal,
+                cause=failure.cause,
+            )
+        elif outcome.status == "signalled":
+            self.log.write("stop", attempt=self.attempt, signal=outcome.signal)
+        self._publish()
+
+    def restarting(self, attempt: int, delay: float) -> None:
+        self.phase = "restarting"
+        self.log.write("restart", attempt=attempt, delay_s=delay)
+        self._publish()
+
+    def finished(self, code: int) -> dict[str, Any]:
+        """The run is over: the goodput report, printed and logged."""
+        figures = self.clock.figures(time.time())
+        say(goodput.describe(figures))
+        self.log.write("end", exit_code=code, **figures)
+        self.phase = "finished" if code == 0 else "failed" if self.phase != "stopped" else "stopped"
+        self._publish()
+        return figures
+
+    # -- inside -----------------------------------------------------------------------------
+    def _checkpoints(self, tracker: StepTracker) -> None:
+        steps = [r.committed_step for r in tracker.ranks.values() if r.committed_step >= 0]
+        newest = max(steps, default=-1)
+        if newest > self._committed:
+            self._committed = newest
+            self.log.write("checkpoint", attempt=self.attempt, step=newest)
+
+    def _publish(self) -> None:
+        tracker = self.tracker
+        if tracker is None:
+            return
+        now = time.time()
+        by_node: dict[int, list[dict[str, Any]]] = {}
+        hosts: dict[int, str] = {}
+        for r in tracker.ranks.values():
+            hung = bool(self.hang_timeout and r.last_wall and now - r.last_wall > self.hang_timeout)
+            by_node.setdefault(r.node, []).append(
+                rank_entry(r, now=now, straggler=r.rank in self._stragglers, hung=hung)
+            )
+            hosts[r.node] = r.host
+        if not self.simulated:
+            index = self.events.node
+            verdict = {"stragglers": sorted(self._stragglers)} if self.detector is not None else {}
+            host = hosts.get(index) or socket.gethostname()
+            self.events.publish(node_entry(index, host, by_node.get(index, []), **verdict))
+            nodes = list(self.events.view().values())
+        else:
+            nodes = [node_entry(i, hosts[i], ranks) for i, ranks in by_node.items()]
+        self._judge(nodes)
+        status = job_status(
+            job=self.job_name,
+            run_id=self.run_id,
+            phase=self.phase,
+            attempt=self.attempt,
+            restarts=self.attempt,
+            nodes=nodes,
+            stragglers=sorted(self._stragglers),
+        )
+        write_status(self.log_dir, status)
+
+    def _judge(self, nodes: list[dict[str, Any]]) -> None:
+        """Node 0 (or the simulation) judges stragglers over every rank it sees; every node learns the verdict."""
+        if self.detector is None:
+            for entry in nodes:  # the judge's verdict, as node 0 published it
+                if entry.get("index") == 0 and isinstance(entry.get("stragglers"), list):
+                    self._stragglers = set(entry["stragglers"])
+            return
+        samples = [
+            RankSample(r["rank"], n["index"], n.get("host", ""), _int(r.get("step")), r.get("own_step_time_s"))
+            for n in nodes
+            for r in n.get("ranks", [])
+        ]
+        for change in self.detector.observe(samples):
+            say(change.describe())
+            self.log.write(
+                "straggler" if change.slow else "straggler_recovered",
+                node=change.node,
+                rank=change.rank,
+                host=change.host,
+                step=change.step,
+                own_step_time_s=round(change.step_time, 4),
+                median_s=round(change.median, 4),
+            )
+        self._stragglers = set(self.detector.slow)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else -1
