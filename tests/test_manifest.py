@@ -36,7 +36,13 @@ CRD_FILES = {
     "tfjob": ("kubeflow.org_tfjobs.yaml", "v1"),
     "mpijob": ("kubeflow.org_mpijobs.v2beta1.yaml", "v2beta1"),
     "ascendjob": ("ascendjobs.mindxdl.gitee.com.yaml", "v1"),
+    "trainjob": ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
+    # the runtime a TrainJob names is checked against its own CRD (looked up by kind)
+    "TrainingRuntime": ("trainer.kubeflow.org_trainingruntimes.yaml", "v1alpha1"),
+    "ClusterTrainingRuntime": ("trainer.kubeflow.org_clustertrainingruntimes.yaml", "v1alpha1"),
 }
+JOBSET_CRD = ("jobset.x-k8s.io_jobsets.v0.12.0.yaml", "v1alpha2")
+RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 K8S_VERSION = "1.37.0"
 EXAMPLES = ROOT / "examples" / "k8s"
 
@@ -80,7 +86,7 @@ def strict_schema(schema: Any) -> Any:
 def crd_validator(target: str) -> Any:
     from jsonschema import Draft7Validator
 
-    filename, version = CRD_FILES[target]
+    filename, version = JOBSET_CRD if target == "JobSet" else CRD_FILES[target]
     with open(CRDS / filename, encoding="utf-8") as fh:
         docs = [
             d for d in yaml.load_all(fh, Loader=yaml.CSafeLoader) if d and d.get("kind") == "CustomResourceDefinition"
@@ -91,7 +97,15 @@ def crd_validator(target: str) -> Any:
 
 
 def crd_errors(target: str, document: dict[str, Any]) -> list[str]:
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in crd_validator(target).iter_errors(document)]
+    """Errors against the target's CRD (a Trainer runtime: its own CRD, and its template as a JobSet v0.12.0)."""
+    kind = document.get("kind")
+    key = kind if kind in RUNTIME_KINDS else target
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in crd_validator(key).iter_errors(document)]
+    if kind in RUNTIME_KINDS:
+        jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "x"}}
+        jobset["spec"] = document.get("spec", {}).get("template", {}).get("spec", {})
+        errors += [f"JobSet {e}" for e in crd_errors("JobSet", jobset)]
+    return errors
 
 
 def core_validate(document: dict[str, Any]) -> None:
@@ -107,6 +121,12 @@ def pod_templates(document: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any
         for task in spec["tasks"]:
             yield task["name"], task["template"]
         return
+    if document["kind"] in RUNTIME_KINDS:
+        for replicated in spec["template"]["spec"]["replicatedJobs"]:
+            yield replicated["name"], replicated["template"]["spec"]["template"]
+        return
+    if document["kind"] in ("TrainJob", "JobSet"):
+        return
     key = {"PyTorchJob": "pytorchReplicaSpecs", "TFJob": "tfReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}.get(
         document["kind"], "replicaSpecs"
     )
@@ -117,20 +137,24 @@ def pod_templates(document: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any
 def validate_all(target: str, documents: list[dict[str, Any]]) -> None:
     """The job against its CRD; its templates and metadata as core objects; other kinds with kubernetes-validate."""
     job, *others = documents
-    errors = crd_errors(target, job)
-    assert not errors, "\n".join(errors[:10])
-    for role, template in pod_templates(job):
-        core_validate(
-            {
-                "apiVersion": "v1",
-                "kind": "PodTemplate",
-                "metadata": {**job["metadata"], "name": f"x-{role.lower()}"},
-                "template": template,
-            }
-        )
+    if job["kind"] in RUNTIME_KINDS:  # a TrainJob's runtime comes first: Trainer wants it to exist already
+        others, job = [job, *others[1:]], others[0]
+    for document in [job, *(o for o in others if o["kind"] in RUNTIME_KINDS)]:
+        errors = crd_errors(target, document)
+        assert not errors, "\n".join(errors[:10])
+        for role, template in pod_templates(document):
+            core_validate(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PodTemplate",
+                    "metadata": {**job["metadata"], "name": f"x-{role.lower()}"},
+                    "template": template,
+                }
+            )
     for other in others:
-        assert other["kind"] in ("ConfigMap", "Service", "Secret"), other["kind"]
-        core_validate(other)
+        assert other["kind"] in ("ConfigMap", "Service", "Secret", *RUNTIME_KINDS), other["kind"]
+        if other["kind"] not in RUNTIME_KINDS:
+            core_validate(other)
 
 
 # ----------------------------------------------------------------------------------------
@@ -564,5 +588,5 @@ def test_no_secret_value_appears_in_any_manifest(tmp_path: Path) -> None:
 
 def test_every_pair_is_covered() -> None:
     """The validation matrix above covers every target with every engine it accepts."""
-    assert {t for t, _ in PAIRS} == set(TARGETS) and len(PAIRS) == 9
+    assert {t for t, _ in PAIRS} == set(TARGETS) and len(PAIRS) == 10
     assert isinstance(load_job(EXAMPLES / "pytorch.yaml"), Job)

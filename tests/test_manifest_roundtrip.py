@@ -515,6 +515,6 @@ def test_the_real_cli_agrees(tmp_path: Path, target: str, engine: str, extra: di
 
 
 def test_round_trip_covers_every_target() -> None:
-    covered = {"volcano", "pytorchjob", "tfjob", "ascendjob", "mpijob"}
+    covered = {"volcano", "pytorchjob", "tfjob", "ascendjob", "mpijob", "trainjob"}  # trainjob: test_trainjob.py
     assert covered == set(TARGETS)
     assert os.path.isdir(FAKE_TASKD)

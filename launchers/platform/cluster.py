@@ -10,7 +10,10 @@ inputs must agree, or detection fails with a message naming both):
    ``PET_NPROC_PER_NODE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` =
    pods × nproc), MindCluster's ascend-operator (``MINDX_TASK_ID``/``LOCAL_WORLD_SIZE``;
    ``WORLD_SIZE`` counts devices), the Volcano pytorch plugin (``MASTER_ADDR``, ``RANK``,
-   ``WORLD_SIZE`` = pods).
+   ``WORLD_SIZE`` = pods). Before them **Kubeflow Trainer v2** (``kubeflow-trainer``: ``PET_*``
+   without ``MASTER_ADDR``, ``JOB_COMPLETION_INDEX``; ``trainer_env.py``); after them **SkyPilot**
+   (``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``, ``SKYPILOT_NUM_NODES``,
+   ``SKYPILOT_NUM_GPUS_PER_NODE``; ``skypilot_env.py``).
 3. **ModelArts env**: ``MA_NUM_HOSTS``, ``MA_NUM_GPUS``, ``VC_TASK_INDEX`` (fallback
    ``VK_TASK_INDEX``, ``MA_TASK_INDEX``), ``VC_WORKER_HOSTS`` or names built from
    ``MA_VJ_NAME``/``MA_TASK_NAME`` (``ma-job`` → ``modelarts-job``).
@@ -37,7 +40,9 @@ from launchers.errors import PlatformError
 from launchers.platform.appended_args import PYTORCH_PLATFORM_ARGS, from_args, split_platform_args
 from launchers.platform.modelarts_env import from_modelarts_env, from_volcano_env, normalise_vj_name
 from launchers.platform.sighting import Sighting, env_int, merge_sightings
+from launchers.platform.skypilot_env import from_skypilot_env
 from launchers.platform.torch_env import from_torch_env
+from launchers.platform.trainer_env import from_trainer_env
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -102,7 +107,9 @@ def collect_sightings(env: Mapping[str, str], args: Mapping[str, str]) -> list[S
     """Every platform input present, in precedence order."""
     found = [
         from_args(args),
+        from_trainer_env(env),
         from_torch_env(env),
+        from_skypilot_env(env),
         from_modelarts_env(env),
     ]
     # VC_TASK_INDEX is an index *within a task*: with a master/worker torch env (Volcano

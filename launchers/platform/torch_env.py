@@ -17,14 +17,20 @@ from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE
 from launchers.errors import PlatformError
 from launchers.platform.address import parse_tcp_url
 from launchers.platform.sighting import Sighting, env_int
+from launchers.platform.trainer_env import is_trainer_env
 
 _PET_NAMES = ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_RDZV_ENDPOINT")
 
 
 def from_torch_env(env: Mapping[str, str]) -> Sighting | None:
-    """The sighting of whichever torch launcher set this env (MindCluster, Kubeflow, Volcano), or None."""
+    """The sighting of whichever torch launcher set this env (MindCluster, Kubeflow, Volcano), or None.
+
+    Trainer v2's ``PET_*`` env is ``trainer_env``'s, not a v1 PyTorchJob's.
+    """
     if "MINDX_TASK_ID" in env and "LOCAL_WORLD_SIZE" in env:
         s = _mindcluster(env)
+    elif is_trainer_env(env):
+        return None
     elif any(k in env for k in _PET_NAMES):
         s = _kubeflow(env)
     elif "MASTER_ADDR" in env and "RANK" in env and "WORLD_SIZE" in env:

@@ -12,7 +12,9 @@ def manifest(
     job_file: Annotated[Path, typer.Argument(help="the job.yaml file", show_default=False)],
     target: Annotated[
         str,
-        typer.Option("--target", "-t", help="volcano | pytorchjob | tfjob | mpijob | ascendjob", show_default=False),
+        typer.Option(
+            "--target", "-t", help="volcano | pytorchjob | tfjob | mpijob | ascendjob | trainjob", show_default=False
+        ),
     ],
     engine: Annotated[
         str | None,
@@ -21,6 +23,10 @@ def manifest(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="write to this file instead of standard output")
     ] = None,
+    cluster_runtime: Annotated[
+        bool,
+        typer.Option("--cluster-runtime", help="trainjob: reference a ClusterTrainingRuntime, not a TrainingRuntime"),
+    ] = False,
 ) -> None:
     """Write the Kubernetes manifest that runs this job: one pod per node, `mlaunch` inside each.
 
@@ -33,6 +39,8 @@ def manifest(
       mlaunch manifest --target pytorchjob examples/k8s/pytorch.yaml -o pytorchjob.yaml
 
       mlaunch manifest -t volcano job.yaml | kubectl apply -f -
+
+      mlaunch manifest -t trainjob job.yaml -o trainjob.yaml   (Kubeflow Trainer v2)
     """
     from launchers.config.job import load_job
     from launchers.errors import UserError
@@ -43,7 +51,7 @@ def manifest(
         raise UserError(f"unknown --target {target!r}; expected one of: {', '.join(TARGETS)}")
     job = load_job(job_file)
     engine_name = resolve_engine_name(job, engine)
-    built = build(job, target, engine_name)
+    built = build(job, target, engine_name, cluster_runtime=cluster_runtime)
     text = render(built, job, engine_name, str(output) if output else None)
     if output is None:
         typer.echo(text, nl=False)

@@ -7,7 +7,9 @@ package with its ``NAME``, the ``ENGINES`` it runs and ``build(job, engine)``:
 - ``pytorchjob`` — kubeflow.org/v1 PyTorchJob, Master + Worker × (nodes−1);
 - ``tfjob`` — kubeflow.org/v1 TFJob, Chief? + Worker per node + PS, one TensorFlow task per pod;
 - ``mpijob`` — kubeflow.org/v2beta1 MPIJob, Worker × (nodes−1) + Launcher (``runLauncherAsWorker``);
-- ``ascendjob`` — mindxdl.gitee.com/v1 AscendJob, PyTorch or MindSpore on NPUs (MindCluster).
+- ``ascendjob`` — mindxdl.gitee.com/v1 AscendJob, PyTorch or MindSpore on NPUs (MindCluster);
+- ``trainjob`` — trainer.kubeflow.org/v1alpha1 TrainJob + its TrainingRuntime (Kubeflow Trainer v2;
+  ``ClusterTrainingRuntime`` with ``cluster_runtime``).
 
 Every pod is ``launchers.generate.k8s.pod``'s template; what several targets share around it
 (metadata, ports, replicas, the MPI ssh secret, the rank table) is in ``parts``.
@@ -23,11 +25,11 @@ from typing import Any
 
 from launchers.config.job import Job
 from launchers.errors import UserError
-from launchers.generate.k8s import ascendjob, mpijob, pytorchjob, tfjob, volcano
+from launchers.generate.k8s import ascendjob, mpijob, pytorchjob, tfjob, trainjob, volcano
 from launchers.generate.k8s.parts import Manifest
 from launchers.generate.k8s.pod import where
 
-_BY_NAME = {module.NAME: module for module in (volcano, pytorchjob, tfjob, mpijob, ascendjob)}
+_BY_NAME = {module.NAME: module for module in (volcano, pytorchjob, tfjob, mpijob, ascendjob, trainjob)}
 TARGETS: dict[str, tuple[str, ...]] = {name: module.ENGINES for name, module in _BY_NAME.items()}
 
 
@@ -48,13 +50,17 @@ def check_target(job: Job, target: str, engine: str) -> None:
         )
 
 
-def build(job: Job, target: str, engine: str) -> Manifest:
+def build(job: Job, target: str, engine: str, *, cluster_runtime: bool = False) -> Manifest:
     """The manifest documents for ``target``; user mistakes raise UserError before anything is written."""
     check_target(job, target, engine)
+    if cluster_runtime and target != trainjob.NAME:
+        raise UserError(f"--cluster-runtime applies to --target {trainjob.NAME} only, not {target}")
     if job.high_availability.enabled:  # pods that would refuse to start are refused here already
         from launchers.engines.high_availability import check_high_availability
 
         check_high_availability(job, job.nodes * job.procs_per_node)
+    if target == trainjob.NAME:
+        return trainjob.build(job, engine, cluster_runtime=cluster_runtime)
     built: Manifest = _BY_NAME[target].build(job, engine)
     return built
 
