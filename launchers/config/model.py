@@ -17,11 +17,13 @@ from launchers.config.fields import (
     Section,
     check_env_names,
 )
+from launchers.config.health import HealthCheckOptions
 from launchers.config.high_availability import HighAvailabilityOptions
 from launchers.config.kubernetes import KubernetesOptions
 from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE, MAX_WORLD_SIZE
 from launchers.config.monitor import ControlOptions, MonitorOptions
 from launchers.config.sections import CheckpointOptions, PrestartOptions, RestartOptions
+from launchers.config.slurm import SlurmOptions
 
 
 class Job(Section):
@@ -55,8 +57,10 @@ class Job(Section):
     mpi: MpiOptions = Field(default_factory=lambda: MpiOptions())
     high_availability: HighAvailabilityOptions = Field(default_factory=lambda: HighAvailabilityOptions())
     kubernetes: KubernetesOptions = Field(default_factory=lambda: KubernetesOptions())
+    slurm: SlurmOptions = Field(default_factory=lambda: SlurmOptions())
     monitor: MonitorOptions = Field(default_factory=lambda: MonitorOptions())
     control: ControlOptions = Field(default_factory=lambda: ControlOptions())
+    health_check: HealthCheckOptions = Field(default_factory=lambda: HealthCheckOptions())
 
     _source: Path | None = PrivateAttr(None)
 

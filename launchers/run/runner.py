@@ -24,6 +24,7 @@ from launchers.elastic import progress, staging
 from launchers.engines import get_engine
 from launchers.engines.base import Engine
 from launchers.errors import UserError
+from launchers.health.gate import before_start
 from launchers.log import say
 from launchers.plan import LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
@@ -130,6 +131,10 @@ def run_job(
     code = 1
     try:
         with SignalRouter() as signals:
+            refused = before_start(job, cluster, events)  # the node health check (issue 16): its exit code
+            if refused is not None:
+                code = refused
+                return code
             code = _attempts(job, cluster, plan, _Run(engine, run_id, signals, watchdog, events, observer, standbys))
             return code
     finally:

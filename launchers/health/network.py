@@ -1,0 +1,181 @@
+"""The link test: pairs of nodes time an all-reduce with the job's backend (gloo here), round by round.
+
+Pairing: for up to ``ALL_PAIRS_MAX`` nodes every pair is tested (a round-robin schedule:
+N−1 rounds of disjoint pairs, N rounds for odd N). With every pair measured, a node whose
+*every* link is slow while the others have a fast one is the bad node — that localises a
+network fault from 3 nodes, where DLRover's two rounds (neighbours, then fastest with
+slowest) need 4 and then still cannot always tell. Above that size: DLRover's round 0
+(neighbours) and round 1 (fastest with slowest by round 0), plus one more round pairing
+every node with a node other than both of its earlier partners, so each node has 3
+independent links to judge by.
+
+Each pair builds its own two-rank ``ProcessGroupGloo`` on a prefix of one TCPStore hosted
+by node 0 (no job-wide group: a pair connects only its two nodes), warms up with a tiny
+all-reduce, then times ``REPEATS`` all-reduces of ``PAYLOAD_BYTES`` and keeps the fastest.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+ALL_PAIRS_MAX = 8
+PAYLOAD_BYTES = 1 << 20
+REPEATS = 3
+PAIR_TIMEOUT = 10.0  # seconds one pair may take to connect and run, at most
+
+Pair = tuple[int, int]
+
+
+def round_robin(nnodes: int) -> list[list[Pair]]:
+    """Every pair exactly once, in rounds of disjoint pairs (the circle method)."""
+    players: list[int | None] = list(range(nnodes)) + ([None] if nnodes % 2 else [])
+    count = len(players)
+    rounds = []
+    for _ in range(count - 1):
+        pairs = []
+        for i in range(count // 2):
+            a, b = players[i], players[count - 1 - i]
+            if a is not None and b is not None:
+                pairs.append((min(a, b), max(a, b)))
+        rounds.append(sorted(pairs))
+        players = [players[0], players[-1], *players[1:-1]]
+    return rounds
+
+
+def neighbours(nnodes: int) -> list[Pair]:
+    """DLRover's round 0: {0,1}, {2,3}, …; an odd last node pairs with node 0 in a later round."""
+    return [(i, i + 1) for i in range(0, nnodes - 1, 2)]
+
+
+def fastest_with_slowest(times: dict[int, float]) -> list[Pair]:
+    """DLRover's round 1: sort the nodes by their round-0 time, pair the ends inwards."""
+    order = sorted(times, key=lambda node: (times[node], node))
+    pairs = []
+    while len(order) >= 2:
+        a, b = order.pop(0), order.pop()
+        pairs.append((min(a, b), max(a, b)))
+    return pairs
+
+
+def third_partner(nnodes: int, used: set[Pair]) -> list[Pair]:
+    """One more round: greedily pair each node with a node it has not been paired with yet."""
+    free = list(range(nnodes))
+    pairs = []
+    while free:
+        a = free.pop(0)
+        partner = next((b for b in free if (min(a, b), max(a, b)) not in used), None)
+        if partner is not None:
+            free.remove(partner)
+            pairs.append((a, partner))
+    return pairs
+
+
+def _gloo(store: Any, rank: int, timeout: float, ifnames: list[str] | None) -> Any:
+    """A two-rank gloo group on ``store``, on GLOO_SOCKET_IFNAME's interfaces when set (as torch does)."""
+    import torch.distributed as dist
+
+    wait = timedelta(seconds=max(timeout, 0.5))
+    names = ifnames if ifnames is not None else [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    if not names:
+        return dist.ProcessGroupGloo(store, rank, 2, wait)
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    options._timeout = wait
+    options._devices = [dist.ProcessGroupGloo.create_device(interface=name) for name in names]
+    return dist.ProcessGroupGloo(store, rank, 2, options)
+
+
+def time_pair(store: Any, key: str, rank: int, deadline: float, ifnames: list[str] | None = None) -> float | None:
+    """Seconds of the fastest timed all-reduce with the peer of this pair; None when it failed."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        group = _gloo(dist.PrefixStore(key, store), rank, min(PAIR_TIMEOUT, deadline - time.monotonic()), ifnames)
+        group.allreduce([torch.zeros(1)]).wait()
+        payload = torch.ones(PAYLOAD_BYTES // 4)
+        best = float("inf")
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            group.allreduce([payload]).wait()
+            best = min(best, time.perf_counter() - start)
+        return best
+    except RuntimeError:  # connect or collective timed out, peer gone
+        return None
+
+
+def open_store(master_addr: str, port: int, *, host: bool, nnodes: int, timeout: float) -> Any:
+    """The TCPStore the pairs meet on: node 0 hosts it, the others connect."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(master_addr, port, nnodes, host, timedelta(seconds=max(timeout, 1.0)), wait_for_workers=False)
+
+
+def run_links(
+    node: int, nnodes: int, store: Any, deadline: float, ifnames: list[str] | None = None
+) -> dict[int, float | None]:
+    """This node's part of every round: peer → seconds (None: the pair failed).
+
+    ``ifnames`` (the interfaces gloo uses) overrides GLOO_SOCKET_IFNAME.
+    """
+    links: dict[int, float | None] = {}
+
+    def pair_up(round_key: str, pairs: list[Pair]) -> None:
+        for a, b in pairs:
+            if node in (a, b):
+                key = f"health/{round_key}/{a}-{b}/"
+                links[b if node == a else a] = time_pair(store, key, int(node == b), deadline, ifnames)
+
+    if nnodes <= ALL_PAIRS_MAX:
+        for index, pairs in enumerate(round_robin(nnodes)):
+            pair_up(f"r{index}", pairs)
+        return links
+    pair_up("r0", neighbours(nnodes))
+    first = _share(store, node, nnodes, "r0", links, deadline)
+    pair_up("r1", fastest_with_slowest(first))
+    used = set(neighbours(nnodes)) | set(fastest_with_slowest(first))
+    pair_up("r2", third_partner(nnodes, used))
+    return links
+
+
+def _share(
+    store: Any, node: int, nnodes: int, round_key: str, links: dict[int, float | None], deadline: float
+) -> dict[int, float]:
+    """Every node's round time (for round 1's pairing); a node without a link counts as slowest."""
+    mine = min((t for t in links.values() if t is not None), default=float("inf"))
+    store.set(f"health/{round_key}/time/{node}", repr(mine))
+    keys = [f"health/{round_key}/time/{other}" for other in range(nnodes)]
+    _wait_keys(store, keys, deadline)
+    times = {}
+    for other, key in enumerate(keys):
+        times[other] = float(store.get(key).decode()) if store.check([key]) else float("inf")
+    return times
+
+
+def _wait_keys(store: Any, keys: list[str], deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
+    while clock() < deadline and not store.check(keys):
+        time.sleep(0.02)
+
+
+def main(argv: list[str]) -> None:
+    """A simulated node's link rounds (``python -m launchers.health.network NODE NNODES PORT SECONDS``).
+
+    A simulation runs one of these per node: gloo's connect holds the interpreter lock, so
+    the pairs of one process cannot meet from threads. Prints the links as JSON.
+    """
+    import json
+
+    node, nnodes, port, seconds = int(argv[0]), int(argv[1]), int(argv[2]), float(argv[3])
+    deadline = time.monotonic() + seconds
+    store = open_store("127.0.0.1", port, host=False, nnodes=nnodes, timeout=seconds)
+    links = run_links(node, nnodes, store, deadline, ifnames=["lo"])
+    print(json.dumps({str(peer): t for peer, t in links.items()}))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
