@@ -14,6 +14,8 @@ inputs must agree, or detection fails with a message naming both):
    without ``MASTER_ADDR``, ``JOB_COMPLETION_INDEX``; ``trainer_env.py``); after them **SkyPilot**
    (``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``, ``SKYPILOT_NUM_NODES``,
    ``SKYPILOT_NUM_GPUS_PER_NODE``; ``skypilot_env.py``).
+   Then **Slurm** inside an allocation (``SLURM_JOB_ID``, ``SLURM_STEP_NODELIST``/``SLURM_JOB_NODELIST``,
+   ``SLURM_NNODES``, ``SLURM_NODEID``, ``SLURM_GPUS_ON_NODE``; one mlaunch per node; ``slurm_env.py``).
 3. **ModelArts env**: ``MA_NUM_HOSTS``, ``MA_NUM_GPUS``, ``VC_TASK_INDEX`` (fallback
    ``VK_TASK_INDEX``, ``MA_TASK_INDEX``), ``VC_WORKER_HOSTS`` or names built from
    ``MA_VJ_NAME``/``MA_TASK_NAME`` (``ma-job`` → ``modelarts-job``).
@@ -41,6 +43,7 @@ from launchers.platform.appended_args import PYTORCH_PLATFORM_ARGS, from_args, s
 from launchers.platform.modelarts_env import from_modelarts_env, from_volcano_env, normalise_vj_name
 from launchers.platform.sighting import Sighting, env_int, merge_sightings
 from launchers.platform.skypilot_env import from_skypilot_env
+from launchers.platform.slurm_env import from_slurm_env
 from launchers.platform.torch_env import from_torch_env
 from launchers.platform.trainer_env import from_trainer_env
 
@@ -110,6 +113,7 @@ def collect_sightings(env: Mapping[str, str], args: Mapping[str, str]) -> list[S
         from_trainer_env(env),
         from_torch_env(env),
         from_skypilot_env(env),
+        from_slurm_env(env),
         from_modelarts_env(env),
     ]
     # VC_TASK_INDEX is an index *within a task*: with a master/worker torch env (Volcano
