@@ -16,8 +16,8 @@ Unlike the v1 PyTorchJob it sets no ``MASTER_ADDR``, ``RANK`` or ``WORLD_SIZE``;
 
 MPI runtimes (``mlPolicy.mpi``): the launcher pod gets the hostfile ConfigMap at
 ``/etc/mpi/hostfile`` (``<host> slots=<n>`` per node, ``OMPI_MCA_orte_default_hostfile`` names
-it) and every pod the ssh Secret ``<trainjob>-mpi-ssh-auth`` at ``sshAuthMountPath``; see
-``trainer_mpi.py``.
+it) and every pod the ssh Secret ``<trainjob>-mpi-ssh-auth`` at ``sshAuthMountPath``; the
+launcher's hostfile is read by ``trainer_mpi.py`` (source ``kubeflow-trainer-mpi``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE
 from launchers.errors import PlatformError
 from launchers.platform.sighting import Sighting, env_int
+from launchers.platform.trainer_mpi import from_trainer_hostfile
 
 SOURCE = "kubeflow-trainer"
 TRAINER_PORT = 29500  # constants.ContainerTrainerPort: PET_MASTER_PORT and the node container's port
@@ -72,9 +73,9 @@ def node_hosts(master: str, nnodes: int | None) -> list[str]:
 
 
 def from_trainer_env(env: Mapping[str, str], dev_dir: Path = Path("/dev")) -> Sighting | None:
-    """The sighting of Trainer v2's torch plugin env, or None when this is not a TrainJob's torch pod."""
+    """Trainer v2's torch plugin env, else the hostfile of its MPI launcher pod, else None."""
     if not is_trainer_env(env):
-        return None
+        return from_trainer_hostfile(env)
     s = Sighting(SOURCE)
     nnodes = env_int(env, "PET_NNODES", minimum=1, maximum=MAX_NODES, meaning="the number of nodes")
     if nnodes is not None:
