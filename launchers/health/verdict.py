@@ -18,6 +18,7 @@ the bad hosts without another round trip, and the rules are unit-tested directly
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,9 @@ class Verdict:
         return self.verdict != "ok"
 
 
-def judge(results: dict[int, dict[str, Any] | None], nnodes: int, rules: Rules, hosts: dict[int, str]) -> list[Verdict]:
+def judge(
+    results: Mapping[int, dict[str, Any] | None], nnodes: int, rules: Rules, hosts: dict[int, str]
+) -> list[Verdict]:
     """One verdict per node index 0..nnodes-1 (a missing or None result is faulty)."""
     faulty: dict[int, list[str]] = {i: [] for i in range(nnodes)}
     slow: dict[int, list[str]] = {i: [] for i in range(nnodes)}

@@ -1,0 +1,77 @@
+"""The node health check across real hosts (network namespaces), issue 16 item 1.
+
+Each host runs its own mlaunch the ModelArts way; node 0 hosts the control plane (port 7666)
+and the link test's TCPStore (7667). Faults are real (``health_faults``): a token-bucket
+rate limit on a host's eth0, and a cgroup giving a host's processes 15 % of a CPU.
+
+- 4 hosts, host 1 rate-limited and host 2 starved: the check names exactly those two, and
+  with ``on_failure: fail`` every mlaunch exits 75 and no rank trains;
+- 3 hosts, host 1 rate-limited: ``mlaunch health`` names it (DLRover needs 4 nodes for that).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import needs_torch
+from health_faults import finish, slow_link, start, starved_cgroup, write_job
+from netns import Host, NetnsHosts, netns_unavailable_reason
+
+from launchers.health.check import HEALTH_EXIT_CODE
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_torch]
+
+
+def _hosts(count: int) -> Iterator[list[Host]]:
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with NetnsHosts(count) as net:
+        yield net.hosts
+
+
+@pytest.fixture
+def hosts3() -> Iterator[list[Host]]:
+    yield from _hosts(3)
+
+
+@pytest.fixture
+def hosts4() -> Iterator[list[Host]]:
+    yield from _hosts(4)
+
+
+def dump(results: list[tuple[int, str, str]]) -> str:
+    return "\n".join(f"--- host {i} exit {rc}\n{out}\n{err}" for i, (rc, out, err) in enumerate(results))
+
+
+def bad_hosts(tmp_path: Path) -> dict[str, str]:
+    doc = json.loads((tmp_path / "logs" / "health.json").read_text())
+    return {n["host"]: n["verdict"] for n in doc["nodes"] if n["verdict"] != "ok"}
+
+
+def test_slow_link_and_starved_cpu_among_four_are_named_and_nothing_trains(tmp_path: Path, hosts4: list[Host]) -> None:
+    slow_link(hosts4[1])
+    job = write_job(tmp_path, 4, "{before_start: true, on_failure: fail, timeout: 90s}")
+    with starved_cgroup(15) as procs_file:
+        results = finish(start(hosts4, job, ["run"], starved={2: procs_file}))
+    assert [rc for rc, _, _ in results] == [HEALTH_EXIT_CODE] * 4, dump(results)
+    assert set(bad_hosts(tmp_path)) == {hosts4[1].hostname, hosts4[2].hostname}, dump(results)
+    assert "every link slow" in results[0][2] and "compute" in results[0][2], dump(results)
+    assert not list(tmp_path.glob("trained-*")), "a rank trained although the health check failed"
+    for _, _, err in results:  # every node names the bad hosts
+        assert hosts4[1].hostname in err and hosts4[2].hostname in err and "no training starts" in err
+
+
+def test_three_hosts_one_rate_limited_is_named(tmp_path: Path, hosts3: list[Host]) -> None:
+    slow_link(hosts3[1])
+    job = write_job(tmp_path, 3, "{on_failure: fail, timeout: 60s}")
+    began = time.monotonic()
+    results = finish(start(hosts3, job, ["health"]))
+    took = time.monotonic() - began
+    assert [rc for rc, _, _ in results] == [HEALTH_EXIT_CODE] * 3, dump(results)
+    assert bad_hosts(tmp_path) == {hosts3[1].hostname: "straggler"}, dump(results)
+    assert took < 60, f"the whole check took {took:.1f}s"
