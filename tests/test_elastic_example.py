@@ -73,3 +73,35 @@ def test_example_interrupted_by_sigterm_resumes_to_the_same_checksum(tmp_path: P
     assert f"resumed from step {stopped_at}" in resumed.stdout
     assert f"step {stopped_at + 1} loss" in resumed.stdout and "step 0 loss" not in resumed.stdout
     assert final_checksum(resumed.stdout) == expected
+
+
+def test_sigterm_spares_the_dataloader_workers_of_a_guarded_rank(tmp_path: Path) -> None:
+    """mlaunch's forwarded SIGTERM goes to the guarded rank, not to its DataLoader worker processes.
+
+    A worker that gets SIGTERM from anyone but its parent dies (torch's worker handler re-raises
+    it), and torch then fails the rank mid-step ("DataLoader worker ... is killed by signal:
+    Terminated"). The example runs with 2 persistent workers per rank; every rank must stop at
+    a step boundary and save itself. Shown failing (4 of 4 ranks) when the signal went to the
+    whole process group.
+    """
+    job = example_job(tmp_path)
+    job.write_text(job.read_text().replace(f'"--steps", "{STEPS}"', f'"--steps", "{STEPS}", "--workers", "2"'))
+    assert '"--workers", "2"' in job.read_text()
+    proc = subprocess.Popen(
+        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
+        env=clean_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    assert wait_for(lambda: any(re.search(r"step (\d{2,}) loss", line) for line in list(lines)), 300)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    reader.join(timeout=10)
+    assert proc.returncode == 143, err
+    assert "DataLoader worker" not in err and "Traceback" not in err, err
+    assert re.search(r"\[node 0 rank 0\] .*committed step \d+ to ", err), err  # the ranks' own save, not the agent's
+    assert "flash save" not in err, err

@@ -61,12 +61,16 @@ class Guard:
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handler)
         self._installed = True
+        if signal.SIGTERM in self.signals:
+            progress.mark_guarded()  # mlaunch's SIGTERM then comes here, not to our DataLoader workers
         return self
 
     def uninstall(self) -> None:
         """Put back the handlers that were there before ``install()``."""
         if not self._installed:
             return
+        if signal.SIGTERM in self.signals:
+            progress.mark_guarded(False)
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()

@@ -44,6 +44,8 @@ SIZE = 128
 _HEAD = struct.Struct("<8sqqqi")  # magic, pid, rank, attempt, stack signal (0: not registered)
 _BEAT = struct.Struct("<qQdd")  # step, count, monotonic, wall
 _BEAT_AT = 64
+_GUARDED = struct.Struct("<i")  # 1: this process handles stop signals itself (``launchers.elastic``'s guard)
+_GUARDED_AT = 36
 _FIRST = struct.Struct("<qd")  # first step reported, its wall time
 _FIRST_AT = 40
 _EXTRA = struct.Struct("<ddq")  # seconds waiting for other ranks, seconds blocked saving, committed step
@@ -84,6 +86,7 @@ _waited = 0.0
 _saving = 0.0
 _committed = -1
 _first_written = False
+_guarded = 0
 
 
 def _env_rank() -> int:
@@ -115,6 +118,7 @@ def _open() -> mmap.mmap | None:
     _HEAD.pack_into(mm, 0, MAGIC, pid, _env_rank(), attempt, _stack_signal)
     _BEAT.pack_into(mm, _BEAT_AT, -1, 0, 0.0, 0.0)
     _FIRST.pack_into(mm, _FIRST_AT, -1, 0.0)
+    _GUARDED.pack_into(mm, _GUARDED_AT, _guarded)
     _EXTRA.pack_into(mm, _EXTRA_AT, _waited, _saving, _committed)
     _map = mm
     return mm
@@ -140,6 +144,21 @@ def _mapping() -> mmap.mmap | None:
     if _map is None and not _off:
         return _open()
     return _map
+
+
+def mark_guarded(on: bool = True) -> None:
+    """This process stops gracefully on a stop signal and stops its own children (DataLoader workers).
+
+    mlaunch then sends stop signals (SIGTERM, SIGINT, SIGUSR1/2) to this process, not to its
+    descendants: a DataLoader worker that gets SIGTERM dies (torch's worker handler re-raises
+    it unless it came from its parent), and torch then fails the rank mid-step. SIGKILL at
+    the end of the grace period still reaches the whole process group.
+    """
+    global _guarded
+    _guarded = int(on)
+    mm = _mapping()
+    if mm is not None:
+        _GUARDED.pack_into(mm, _GUARDED_AT, _guarded)
 
 
 @contextlib.contextmanager
@@ -175,8 +194,8 @@ heartbeat = report  # ``elastic.heartbeat(step)``: for scripts that call neither
 
 def _after_fork_in_child() -> None:
     """A forked child (a data-loader worker) is not the rank: it must not write the parent's file."""
-    global _map, _count, _off, _first_written
-    _map, _count, _off, _first_written = None, 0, True, False
+    global _map, _count, _off, _first_written, _guarded
+    _map, _count, _off, _first_written, _guarded = None, 0, True, False, 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -223,16 +242,7 @@ class Progress:
     waited: float = 0.0  # seconds in ``waiting()`` so far
     saving: float = 0.0  # seconds checkpoint saves blocked training so far
     committed_step: int = -1
-
-    def _with(self, first_step: int, first_wall: float, waited: float, saving: float, committed: int) -> Progress:
-        self.first_step, self.first_wall, self.waited, self.saving, self.committed_step = (
-            first_step,
-            first_wall,
-            waited,
-            saving,
-            committed,
-        )
-        return self
+    guarded: bool = False
 
 
 def read(path: str) -> Progress | None:
@@ -249,6 +259,7 @@ def read(path: str) -> Progress | None:
     step, count, mono, wall = _BEAT.unpack_from(data, _BEAT_AT)
     first_step, first_wall = _FIRST.unpack_from(data, _FIRST_AT)
     waited, saving, committed = _EXTRA.unpack_from(data, _EXTRA_AT)
+    (guarded,) = _GUARDED.unpack_from(data, _GUARDED_AT)
     return Progress(
         path,
         pid,
@@ -259,14 +270,20 @@ def read(path: str) -> Progress | None:
         count,
         mono,
         wall,
-        first_step,
-        first_wall,
-        waited,
-        saving,
-        committed,
+        first_step=first_step,
+        first_wall=first_wall,
+        waited=waited,
+        saving=saving,
+        committed_step=committed,
+        guarded=guarded == 1,
     )
 
 
 def read_run(run_id: str) -> list[Progress]:
     """Every readable progress file of the run."""
     return [p for p in map(read, run_files(run_id)) if p is not None]
+
+
+def guarded_pids(run_id: str) -> set[int]:
+    """The processes of the run that handle stop signals themselves (``mark_guarded``)."""
+    return {p.pid for p in read_run(run_id) if p.guarded}

@@ -86,6 +86,43 @@ def signal_group(pid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
+def signal_stop(pid: int, sig: int, guarded: set[int]) -> None:
+    """A stop signal to the group led by ``pid``, except to what a guarded process stops itself.
+
+    A guarded process (``launchers.elastic``'s guard, see ``progress.mark_guarded``) handles
+    the signal at a step boundary and ends its own children; its descendants (DataLoader
+    workers) must not get it too, or they die mid-step and torch fails the rank. Everything
+    else in the group gets it, as ``signal_group`` would send it.
+    """
+    if not guarded:
+        signal_group(pid, sig)
+        return
+    import psutil
+
+    try:
+        group = os.getpgid(pid)
+        members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == group]
+    except (OSError, psutil.Error):
+        signal_group(pid, sig)
+        return
+    spared: set[int] = set()
+    for proc in members:
+        if proc.pid in guarded:
+            with contextlib.suppress(psutil.Error):
+                spared.update(child.pid for child in proc.children(recursive=True))
+    for proc in members:
+        if proc.pid not in spared:
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, sig)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def reap_unknown() -> None:
     """Reap any exited child (used between attempts, when no supervisor loop runs)."""
     with contextlib.suppress(ChildProcessError):

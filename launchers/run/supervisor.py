@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from launchers.elastic import progress
 from launchers.log import say
 from launchers.plan import ProcessSpec, process_label
 from launchers.run.hang import HangMonitor, dump_stacks
@@ -94,7 +95,14 @@ class Supervisor:
         self.workers: list[Worker] = []
         self._by_pid: dict[int, Worker] = {}
         self.streams = OutputStreams(out or sys.stdout.buffer, err or sys.stderr.buffer)
-        self.teardown = Teardown(grace_period, self._live, self.announce, reserve, stop_timeout=stop_timeout)
+        self.teardown = Teardown(
+            grace_period,
+            self._live,
+            self.announce,
+            reserve,
+            stop_timeout=stop_timeout,
+            guarded=lambda: progress.guarded_pids(run_id),
+        )
         self.hang = hang
         self._failure: Failure | None = None
         self._parent_pid = os.getpid()

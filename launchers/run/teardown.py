@@ -25,9 +25,11 @@ import time
 from collections.abc import Callable
 
 from launchers.run.outcome import Failure, signal_name
-from launchers.run.procs import signal_group
+from launchers.run.procs import signal_stop
 from launchers.run.signal_router import FORWARD_SIGNALS
 from launchers.run.streams import Worker
+
+STOP_LIKE = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2}
 
 
 class Teardown:
@@ -41,9 +43,11 @@ class Teardown:
         reserve: Callable[[], float] | None = None,
         *,
         stop_timeout: float | None = None,
+        guarded: Callable[[], set[int]] | None = None,
     ) -> None:
         self.grace_period = grace_period
         self.stop_timeout = stop_timeout
+        self.guarded = guarded  # the pids that stop their own children (DataLoader workers)
         self.live = live
         self.announce = announce
         self.reserve = reserve
@@ -56,9 +60,10 @@ class Teardown:
         self.after_failure_stop = False  # the stop follows a failure: ``stop_timeout`` applies
 
     def signal_groups(self, sig: int) -> None:
-        """``sig`` to every live process's group."""
+        """``sig`` to every live process's group (a stop signal spares what guarded ranks stop themselves)."""
+        guarded = self.guarded() if self.guarded is not None and sig in STOP_LIKE else set()
         for worker in self.live():
-            signal_group(worker.pid, sig)
+            signal_stop(worker.pid, sig, guarded)
 
     def stop_all(self, sig: int, kill_after: float | None = None) -> None:
         """``sig`` to every group; SIGKILL after ``kill_after`` seconds (the grace period)."""
