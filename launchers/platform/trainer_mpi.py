@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import socket
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,17 +36,25 @@ MAX_HOSTFILE_BYTES = 16 * 1024 * 1024
 _LINE = re.compile(r"(?P<host>[A-Za-z0-9][-A-Za-z0-9.]*)(\s+slots=(?P<slots>\S+))?")
 
 
+def _read_bounded(path: Path) -> str:
+    """A regular file's text, at most ``MAX_HOSTFILE_BYTES`` (a FIFO or /dev/zero must not hang the plan)."""
+    what = f"platform env {HOSTFILE_ENV}={str(path)[:200]!r} names a hostfile that cannot be read"
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise PlatformError(f"{what}: not a regular file")
+        with path.open("rb") as fh:
+            data = fh.read(MAX_HOSTFILE_BYTES + 1)
+        if len(data) > MAX_HOSTFILE_BYTES:
+            raise PlatformError(f"{what}: larger than {MAX_HOSTFILE_BYTES:,} bytes")
+        return data.decode("utf-8")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, or bytes that are not UTF-8
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise PlatformError(f"{what}: {reason}") from None
+
+
 def read_hostfile(path: Path) -> tuple[list[str], int | None]:
     """Hosts in file order and their common ``slots`` (None when no line gives one); bad lines are errors."""
-    try:
-        if path.stat().st_size > MAX_HOSTFILE_BYTES:
-            raise PlatformError(f"MPI hostfile {path} is larger than {MAX_HOSTFILE_BYTES:,} bytes")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise PlatformError(
-            f"platform env {HOSTFILE_ENV}={path} names a hostfile that cannot be read: {reason}"
-        ) from None
+    text = _read_bounded(path)
     hosts: list[str] = []
     slots: set[int] = set()
     for number, raw in enumerate(text.splitlines(), 1):
