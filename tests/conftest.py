@@ -53,9 +53,11 @@ def clean_env(**extra: str) -> dict[str, str]:
 
     A developer's shell (or CI) must not turn a local-simulation test into a platform run.
     """
-    platform_prefixes = ("MA_", "VC_", "VK_", "PET_", "MS_", "TF_CONFIG", "RANK_TABLE_FILE", "MINDX_", "CM_")
-    platform_prefixes += ("SKYPILOT_", "JOB_COMPLETION_INDEX")  # SkyPilot; Trainer v2's Indexed Jobs
-    platform_prefixes += ("SLURM_", "SLURMD_")  # inside a Slurm allocation
+    platform_prefixes = (
+        *("MA_", "VC_", "VK_", "PET_", "MS_", "TF_CONFIG", "RANK_TABLE_FILE", "MINDX_", "CM_"),
+        *("SKYPILOT_", "JOB_COMPLETION_INDEX"),  # SkyPilot; Trainer v2's Indexed Jobs
+        *("SLURM_", "SLURMD_"),  # inside a Slurm allocation
+    )
     platform_names = {
         "RANK",
         "WORLD_SIZE",
