@@ -58,6 +58,7 @@ def test_slow_link_and_starved_cpu_among_four_are_named_and_nothing_trains(tmp_p
     job = write_job(tmp_path, 4, "{before_start: true, on_failure: fail, timeout: 90s}")
     with starved_cgroup(15) as procs_file:
         results = finish(start(hosts4, job, ["run"], starved={2: procs_file}))
+    print(results[0][2])  # node 0's table (shown with pytest -s)
     assert [rc for rc, _, _ in results] == [HEALTH_EXIT_CODE] * 4, dump(results)
     assert set(bad_hosts(tmp_path)) == {hosts4[1].hostname, hosts4[2].hostname}, dump(results)
     assert "every link slow" in results[0][2] and "compute" in results[0][2], dump(results)

@@ -71,7 +71,7 @@ def document(verdicts: list[Verdict], seconds: float, factor: float) -> dict[str
     for v in verdicts:
         entry: dict[str, Any] = {"index": v.index, "host": v.host, "verdict": v.verdict, "reason": v.reason}
         if v.result:
-            entry.update({k: v.result.get(k) for k in ("compute", "memory", "storage")})
+            entry.update({k: v.result.get(k) for k in ("compute", "memory", "storage", "phases")})
             entry["links"] = {
                 str(peer): t for peer, t in sorted((v.result.get("links") or {}).items(), key=lambda kv: int(kv[0]))
             }

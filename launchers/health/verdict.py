@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-LINK_SLACK = 0.002  # seconds a best link may exceed factor × median before it counts
+LINK_SLACK = 0.005  # seconds a best link may exceed factor × median before it counts (scheduling noise)
 GIB = 1 << 30
 
 
