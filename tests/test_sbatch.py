@@ -68,7 +68,7 @@ def test_options_from_the_slurm_section(tmp_path: Path) -> None:
     ]
     assert '--kill-on-bad-exit=0 --mpi=none "${command[@]}" &' in text
     assert 'command=(mlaunch --engine pytorch "$job_file")' in text
-    assert "# sbatch script for job 'my job; rm -rf /'" in text  # quoted even in a comment
+    assert '# sbatch script for job "my job; rm -rf /"' in text
 
 
 def test_default_signal_lead_is_grace_plus_margin_and_time_is_rounded_up(tmp_path: Path) -> None:
@@ -135,14 +135,16 @@ kill -TERM "$(cat "$STUB_DIR/ready")"
 }
 
 
-def run_script(tmp_path: Path, mode: str, restarts: str = "0", slurm: str = "") -> tuple[int, str, str]:
+def run_script(
+    tmp_path: Path, mode: str, restarts: str = "0", slurm: str = "", name: str = "ddp"
+) -> tuple[int, str, str]:
     """Run the generated script with stand-ins on PATH; (exit code, stand-ins' log, script's stderr)."""
     stubs = tmp_path / "stubs"
     stubs.mkdir(exist_ok=True)
-    for name, body in STUBS.items():
-        (stubs / name).write_text(body)
-        (stubs / name).chmod(0o755)
-    job = load_job(write_job(tmp_path, slurm))
+    for stub, body in STUBS.items():
+        (stubs / stub).write_text(body)
+        (stubs / stub).chmod(0o755)
+    job = load_job(write_job(tmp_path, slurm, name=name))
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(job, "pytorch"))
     log = tmp_path / "calls.log"
@@ -164,6 +166,13 @@ def run_script(tmp_path: Path, mode: str, restarts: str = "0", slurm: str = "") 
         proc.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@N delivers to the batch shell
     _, err = proc.communicate(timeout=30)
     return proc.returncode, log.read_text(), err
+
+
+def test_a_line_break_in_the_job_name_runs_nothing(tmp_path: Path) -> None:
+    pwned = tmp_path / "PWNED"
+    code, _, _ = run_script(tmp_path, "0", name=f'"x\\ntouch {pwned}\\n#"')
+    assert code == 0 and not pwned.exists()
+    assert "#SBATCH --job-name=x-touch-" in (tmp_path / "job.sbatch").read_text()
 
 
 def test_success_ends_the_job(tmp_path: Path) -> None:

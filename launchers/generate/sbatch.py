@@ -19,6 +19,7 @@ job.yaml`` in the background, so its shell can act on signals while the step run
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -70,7 +71,7 @@ def sbatch_context(job: Job, engine: str) -> dict[str, Any]:
     if slurm.gpus_per_node is not None:
         options.append(f"--gpus-per-node={slurm.gpus_per_node}")
     return {
-        "job_name": job.job_name,
+        "job_name_json": json.dumps(job.job_name),  # in a comment: JSON keeps a line break from ending it
         "sbatch_options": [*options, *slurm.extra],
         "srun_args": list(slurm.srun_args),
         "mlaunch": slurm.mlaunch,
