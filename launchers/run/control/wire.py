@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 SECRET_ENV = "MLAUNCH_JOB_SECRET"
-JOB_ID_ENV = ("MLAUNCH_JOB_ID", "MA_JOB_ID", "VC_JOB_ID", "JOB_ID")
+JOB_ID_ENV = ("MLAUNCH_JOB_ID", "MA_JOB_ID", "VC_JOB_ID", "SLURM_JOB_ID", "JOB_ID")  # the same on every node
 
 
 def job_secret(job_name: str, master_addr: str, port: int, env: Mapping[str, str]) -> bytes:
