@@ -56,6 +56,32 @@ def test_a_failure_reaches_the_other_node_fast_and_both_agree_who_was_first() ->
         a.close(0)
 
 
+def test_a_hang_carries_its_cause_so_the_other_nodes_dump_their_stacks_and_status_is_relayed() -> None:
+    a, b = agents()
+    try:
+        time.sleep(0.3)
+        cause = "hung: no progress for 3s (monitor.hang_timeout) on host h1, last step 6"
+        b.report_failure(Failure("rank 3", 3, 77, 137, None, [], None, cause=cause))
+        event = None
+        deadline = time.monotonic() + 2
+        while not isinstance(event, RemoteFailure) and time.monotonic() < deadline:
+            event = a.poll()
+            time.sleep(0.001)
+        assert isinstance(event, RemoteFailure) and event.hung and event.cause == cause
+        failure = event.as_failure()
+        assert failure.describe() == f"node 1 rank 3 {cause}"  # no "(pid 0)": the pid lives on the other node
+        b.publish({"index": 1, "host": "h1", "ranks": [{"rank": 3, "step": 6}]})
+        a.publish({"index": 0, "host": "h0", "ranks": [{"rank": 0, "step": 6}]})
+        deadline = time.monotonic() + 3
+        while (len(a.view()) < 2 or len(b.view()) < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(a.view()) == sorted(b.view()) == [0, 1]
+        assert b.view()[0]["host"] == "h0" and a.view()[1]["ranks"][0]["step"] == 6
+    finally:
+        b.close(0)
+        a.close(0)
+
+
 def test_a_silent_node_is_lost_and_exchanges_end() -> None:
     a, b = agents(node_timeout=1.0)
     try:

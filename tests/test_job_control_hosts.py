@@ -181,3 +181,42 @@ def test_a_lost_host_ends_the_job_on_the_others_naming_it(tmp_path: Path, hosts2
     time.sleep(1)
     assert [h.pids() for h in hosts2] == [[], []], text
     assert list(shm.iterdir()) == [], text
+
+
+@needs_torch
+def test_a_rank_hung_on_host_2_is_detected_every_host_dumps_stacks_and_resumes_bit_identical(
+    tmp_path: Path, hosts2: list[Host]
+) -> None:
+    """Issue 13 item 3 on 2 hosts: rank 3 (host 2) sleeps forever inside step 7; its peers block in the all-reduce.
+
+    A host's mlaunch finds its ranks hung (monitor.hang_timeout) and reports it on the control plane
+    with its cause, so the other host's ranks write their stacks too before they stop (or it finds the
+    hang itself at the same moment); the job restarts on both hosts from the step every rank staged and
+    ends bit-identical to an uninterrupted run.
+    """
+    ref_dir = tmp_path / "reference"
+    ref_dir.mkdir()
+    args = f"'--steps', '{STEPS}', '--save-every', '8'"
+    reference = run_mlaunch(
+        ["--engine", "pytorch", str(write_job(ref_dir, nodes=2, procs=2, entry=CHAOS, args=args))],
+        env=clean_env(GLOO_SOCKET_IFNAME="lo"),
+    )
+    assert reference.returncode == 0, reference.stderr
+    state = tmp_path / "chaos"
+    state.mkdir()
+    job = write_job(tmp_path, nodes=2, procs=2, entry=CHAOS, args=args, extra="")
+    job.write_text(job.read_text().replace(f"node_timeout: {NODE_TIMEOUT}s", "node_timeout: 10s, hang_timeout: 3s"))
+    results = finish(start(hosts2, job, 2, CHAOS_PLAN="3:7:hang", CHAOS_STATE=str(state)))
+    text = dump(results)
+    assert [rc for rc, _, _ in results] == [0, 0], text
+    # Every blocked rank stops reporting at the same moment, so either host may find the hang first;
+    # the other learns it with its cause (a job-wide failure) — either way every host names the hang.
+    for _, _, err in results:
+        assert re.search(r"hung: no progress for 3s \(monitor.hang_timeout\) on host \S+", err), text
+        assert "(pid 0)" not in err, text
+    sleep_line = next(i for i, t in enumerate(CHAOS.read_text().splitlines(), 1) if "time.sleep(1)" in t)
+    logs = tmp_path / "logs"
+    assert re.search(rf'File ".*chaos_train\.py", line {sleep_line} in on_forward', (logs / "rank3.log").read_text())
+    for rank in (0, 1):  # host 1's ranks wrote their stacks too: the cause came with the failure
+        assert "thread 0x" in (logs / f"rank{rank}.log").read_text().lower(), rank
+    assert final_checksum(results[0][1]) == final_checksum(reference.stdout), text

@@ -45,13 +45,14 @@ class Failure:
     cause: str = ""  # how it failed when it did not exit by itself (e.g. "made no progress for 5m")
 
     def describe(self) -> str:
+        who = f"{self.label} (pid {self.pid})" if self.pid else self.label  # pid 0: on another node
         if self.cause:
-            return f"{self.label} (pid {self.pid}) {self.cause}"
+            return f"{who} {self.cause}"
         if self.signal is not None:
             how = f"was killed by {signal_name(self.signal)} (exit code {self.exit_code})"
         else:
             how = f"exited with code {self.exit_code}"
-        return f"{self.label} (pid {self.pid}) {how}"
+        return f"{who} {how}"
 
 
 def launch_failure(spec: ProcessSpec, label: str, exc: OSError) -> Failure:

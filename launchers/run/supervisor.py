@@ -242,6 +242,9 @@ class Supervisor:
             return
         self._failure = event.as_failure()
         self.announce(f"job-wide failure: {event.describe()}; stopping the {len(live)} processes here")
+        if event.hung:  # every rank of the job writes its stacks, not only the hung rank's node
+            self.announce(f"{event.cause}; writing every process's stacks to its log")
+            self.dump_stacks()
         self.teardown.after_failure(self._failure, self.on_failure)
 
     def _check_hang(self) -> None:

@@ -177,6 +177,7 @@ class NetworkEvents(JobEvents):
                 int(message["code"]),
                 message.get("signal"),
                 str(message.get("host", "")),
+                str(message.get("cause") or ""),
             )
             with self._cond:
                 self._first[int(message["gen"])] = failure
@@ -212,4 +213,10 @@ class NetworkEvents(JobEvents):
 
 
 def _failure_fields(failure: Failure) -> dict[str, Any]:
-    return {"rank": failure.rank, "label": failure.label, "code": failure.exit_code, "signal": failure.signal}
+    return {
+        "rank": failure.rank,
+        "label": failure.label,
+        "code": failure.exit_code,
+        "signal": failure.signal,
+        "cause": failure.cause,
+    }

@@ -30,18 +30,24 @@ class RemoteFailure:
     exit_code: int
     signal: int | None
     host: str = ""
+    cause: str = ""  # e.g. "hung: no progress for 5m ...": the other nodes dump their stacks too
 
     def describe(self) -> str:
         how = f"killed by {signal_name(self.signal)}" if self.signal else "exited"
         where = f"node {self.node}" + (f" ({self.host})" if self.host else "")
         return f"{where} rank {self.rank} {how} with code {self.exit_code}"
 
+    @property
+    def hung(self) -> bool:
+        return self.cause.startswith("hung")
+
     def as_failure(self) -> Failure:
-        return Failure(f"node {self.node} {self.label}", self.rank, 0, self.exit_code, self.signal, [], None)
+        label = self.label if self.label.startswith("node ") else f"node {self.node} {self.label}"
+        return Failure(label, self.rank, 0, self.exit_code, self.signal, [], None, cause=self.cause)
 
     @classmethod
     def of(cls, node: int, failure: Failure, host: str = "") -> RemoteFailure:
-        return cls(node, failure.rank, failure.label, failure.exit_code, failure.signal, host)
+        return cls(node, failure.rank, failure.label, failure.exit_code, failure.signal, host, failure.cause or "")
 
 
 @dataclass(frozen=True)
