@@ -127,6 +127,8 @@ def test_gpus_on_node_set_processes_per_node_cpus_never_do(job_file: Path) -> No
 
 def test_single_node_batch_script_without_srun_is_fine(job_file: Path) -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node05", "SLURM_NNODES": "1", "SLURM_NODEID": "0"}
+    # the allocation's tasks (#SBATCH --ntasks-per-node=8): the script itself still runs mlaunch once
+    env |= {"SLURM_NTASKS_PER_NODE": "8", "SLURM_NTASKS": "8", "SLURM_PROCID": "0"}
     cluster, _ = planned(job_file, env)
     assert cluster.source == "slurm" and cluster.nnodes == 1 and cluster.master_addr == "node05"
 

@@ -14,8 +14,9 @@ mlaunch instances, not training processes. What is read (measured with slurmd 22
 - this node's index: ``SLURM_NODEID``; ``SLURM_PROCID`` (the task's rank) must equal it and
   ``SLURMD_NODENAME`` must be the host at that index, or mlaunch was started more than once
   per node;
-- ``SLURM_NTASKS_PER_NODE`` / ``SLURM_STEP_NUM_TASKS``: tasks (= mlaunch instances) per node,
-  which must be 1 — they are *not* the training processes per node;
+- ``SLURM_NTASKS_PER_NODE`` / ``SLURM_STEP_NUM_TASKS`` in a step: tasks (= mlaunch instances)
+  per node, which must be 1 — they are *not* the training processes per node (in the batch
+  script they describe the allocation, and the script runs mlaunch once);
 - processes per node: ``SLURM_GPUS_ON_NODE`` when > 0 (one process per GPU, as with
   ``MA_NUM_GPUS``), else job.yaml's ``procs_per_node``. ``SLURM_CPUS_ON_NODE`` is never a
   process count: a CPU-only node with 64 cores would otherwise start 64 ranks; cores are the
@@ -140,7 +141,8 @@ def _node_index(s: Sighting, env: Mapping[str, str], hosts: list[str], in_step: 
     """``SLURM_NODEID``, checked against ``SLURM_PROCID``, ``SLURMD_NODENAME`` and the tasks per node."""
     tasks_var = "SLURM_STEP_NUM_TASKS" if in_step and "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
     tasks = env_int(env, tasks_var, minimum=1, meaning="the number of Slurm tasks") if in_step else None
-    per_node = env_int(env, "SLURM_NTASKS_PER_NODE", minimum=1, meaning="Slurm tasks per node")
+    # In the batch script these describe the allocation, not how often mlaunch runs (once: the script).
+    per_node = env_int(env, "SLURM_NTASKS_PER_NODE", minimum=1, meaning="Slurm tasks per node") if in_step else None
     if per_node is not None and per_node > 1:
         raise PlatformError(f"Slurm env SLURM_NTASKS_PER_NODE={per_node}: {per_node} mlaunch per node; {_ONE_PER_NODE}")
     if tasks is not None and tasks != len(hosts):
