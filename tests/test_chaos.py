@@ -249,8 +249,8 @@ def test_4_grace_period_shorter_than_the_save_commits_nothing(tmp_path: Path, re
     run = Run(job, CHAOS_PLAN="0:9:term_launcher", CHAOS_STATE=str(state), **env)
     code = run.finish()
     assert code == 137, run.dump()  # the exit code says the dying checkpoint was cut off
-    assert "of the 2s grace period are over" in run.stderr
-    assert "flash save after the stop: the deadline passed before every shard was written" in run.stderr
+    assert "of the 2s grace period are over" in run.stderr, run.dump()
+    assert "flash save after the stop: the deadline passed before every shard was written" in run.stderr, run.dump()
     assert "it was NOT committed; a resume falls back to step 7" in run.stderr, run.dump()
     assert [c.step for c in layout.committed(tmp_path / "ckpt")][0] == 7
     resumed = rerun(tmp_path)

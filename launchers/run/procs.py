@@ -86,41 +86,60 @@ def signal_group(pid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def signal_stop(pid: int, sig: int, guarded: set[int]) -> None:
-    """A stop signal to the group led by ``pid``, except to what a guarded process stops itself.
+def signal_stop(leaders: list[int], sig: int, guarded: set[int]) -> None:
+    """A stop signal to the groups led by ``leaders``, except to what a guarded process stops itself.
 
     A guarded process (``launchers.elastic``'s guard, see ``progress.mark_guarded``) handles
     the signal at a step boundary and ends its own children; its descendants (DataLoader
-    workers) must not get it too, or they die mid-step and torch fails the rank. Everything
-    else in the group gets it, as ``signal_group`` would send it.
+    workers) must not get it too, or they die mid-step and torch fails the rank. The others
+    — each leader and its descendants — get it one by one, all in one loop after one pass
+    over the process table (a process of a group that left its leader's tree still gets the
+    SIGKILL at the end of the grace period).
     """
     if not guarded:
-        signal_group(pid, sig)
+        for pid in leaders:
+            signal_group(pid, sig)
         return
-    import psutil
-
     try:
-        group = os.getpgid(pid)
-        members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == group]
-    except (OSError, psutil.Error):
-        signal_group(pid, sig)
+        children = _children_map()
+    except OSError:
+        children = None
+    if children is None:
+        for pid in leaders:
+            signal_group(pid, sig)
         return
-    spared: set[int] = set()
-    for proc in members:
-        if proc.pid in guarded:
-            with contextlib.suppress(psutil.Error):
-                spared.update(child.pid for child in proc.children(recursive=True))
-    for proc in members:
-        if proc.pid not in spared:
-            with contextlib.suppress(OSError):
-                os.kill(proc.pid, sig)
+    targets: list[int] = []
+    for leader in leaders:
+        stack = [leader]
+        while stack:
+            pid = stack.pop()
+            targets.append(pid)
+            if pid not in guarded:  # a guarded process's descendants are its own to stop
+                stack.extend(children.get(pid, ()))
+    for pid in targets:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
 
 
-def _pgid(pid: int) -> int | None:
+def _children_map() -> dict[int, list[int]] | None:
+    """Parent pid → child pids, from one pass over /proc/<pid>/stat (None where /proc cannot be read)."""
+    children: dict[int, list[int]] = {}
     try:
-        return os.getpgid(pid)
+        entries = os.listdir("/proc")
     except OSError:
         return None
+    for entry in entries:
+        if not (entry.isascii() and entry.isdigit()):
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:  # exited meanwhile
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
 
 
 def reap_unknown() -> None:

@@ -62,8 +62,7 @@ class Teardown:
     def signal_groups(self, sig: int) -> None:
         """``sig`` to every live process's group (a stop signal spares what guarded ranks stop themselves)."""
         guarded = self.guarded() if self.guarded is not None and sig in STOP_LIKE else set()
-        for worker in self.live():
-            signal_stop(worker.pid, sig, guarded)
+        signal_stop([worker.pid for worker in self.live()], sig, guarded)
 
     def stop_all(self, sig: int, kill_after: float | None = None) -> None:
         """``sig`` to every group; SIGKILL after ``kill_after`` seconds (the grace period)."""

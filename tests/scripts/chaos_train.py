@@ -160,9 +160,6 @@ train.elastic_torch.restore = restore
 shardfile.write_file = write_file
 _checkpoint.Checkpointer.save = save  # type: ignore[method-assign]
 print(f"chaos pid {RANK} {os.getpid()}", flush=True)
-# No DataLoader worker processes here: under a process-group SIGTERM the example's workers exit and
-# torch then fails the rank mid-step (a known open problem, see issue 14's note); these faults are
-# about the launcher's stop and save paths, which the in-process loader exercises the same way.
-if "--workers" not in sys.argv:
-    sys.argv += ["--workers", "0"]
+# The example's DataLoader worker processes stay on (2 per rank): mlaunch's stop signals go to the
+# guarded rank, not to them (``progress.mark_guarded``), so every fault here runs with them.
 train.main()
