@@ -7,6 +7,7 @@ lands in the middle of training.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -105,3 +106,40 @@ def test_sigterm_spares_the_dataloader_workers_of_a_guarded_rank(tmp_path: Path)
     assert "DataLoader worker" not in err and "Traceback" not in err, err
     assert re.search(r"\[node 0 rank 0\] .*committed step \d+ to ", err), err  # the ranks' own save, not the agent's
     assert "flash save" not in err, err
+
+
+def test_sigterm_to_every_process_group_as_slurm_sends_it_stops_the_ranks_cleanly(tmp_path: Path) -> None:
+    """Slurm's ``scancel --signal=TERM`` and preemption signal every process of the step, DataLoader workers too.
+
+    ``ResumableLoader``'s workers ignore stop signals (``StopSignalShield``), so each rank still
+    stops at a step boundary and saves: here SIGTERM goes to each rank's whole process group
+    (its 2 DataLoader workers included) and to mlaunch. Without the shield torch fails the ranks
+    with "DataLoader worker ... is killed by signal: Terminated".
+    """
+    import psutil
+
+    job = example_job(tmp_path)
+    job.write_text(job.read_text().replace(f'"--steps", "{STEPS}"', f'"--steps", "{STEPS}", "--workers", "2"'))
+    proc = subprocess.Popen(
+        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
+        env=clean_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    assert wait_for(lambda: any(re.search(r"step (\d{2,}) loss", line) for line in list(lines)), 300)
+    ranks = [c for c in psutil.Process(proc.pid).children() if "train.py" in " ".join(c.cmdline())]
+    assert len(ranks) == 4
+    workers = [w for r in ranks for w in r.children()]
+    assert len(workers) == 8, workers
+    for rank in ranks:
+        os.killpg(rank.pid, signal.SIGTERM)  # every process of the rank's group: the rank and its workers
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    reader.join(timeout=10)
+    assert proc.returncode == 143, err
+    assert "DataLoader worker" not in err and "Traceback" not in err, err
+    assert re.search(r"\[node 0 rank 0\] .*committed step \d+ to ", err), err

@@ -23,7 +23,7 @@ Import this module only from training code: it imports torch.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -169,6 +169,29 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
+class StopSignalShield:
+    """A DataLoader ``worker_init_fn`` that makes the worker ignore stop signals, then runs the user's.
+
+    A stop signal that reaches the whole process group — Slurm's ``scancel --signal=TERM`` or
+    preemption, ``kill -- -PGID``, Ctrl-C in a terminal — would kill the DataLoader's worker
+    processes too (torch's worker handler re-raises SIGTERM unless it came from the parent),
+    and torch then fails the rank mid-step instead of letting it stop at the step boundary and
+    save. The rank stops its workers itself when it exits; SIGKILL still ends them. Runs after
+    torch installed its worker handlers, so it overrides them. Picklable for the spawn context.
+    """
+
+    def __init__(self, inner: Callable[[int], None] | None) -> None:
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
 class ResumableLoader:
     """A ``DataLoader`` over a ``ResumableSampler`` whose position is what the loop *consumed*.
 
@@ -178,7 +201,8 @@ class ResumableLoader:
     ``capture``/``restore``: it counts the batches handed to the training loop, and a resume
     continues with the first batch the loop never received, whatever ``num_workers``,
     ``prefetch_factor`` or ``persistent_workers``. (torchdata's ``StatefulDataLoader`` solves
-    the same problem the same way.) Needs a fixed ``batch_size`` and an in-order loader.
+    the same problem the same way.) Needs a fixed ``batch_size`` and an in-order loader. Its
+    worker processes ignore stop signals sent to the whole process group (``StopSignalShield``).
     """
 
     def __init__(self, loader: torch.utils.data.DataLoader[Any]) -> None:
@@ -187,6 +211,8 @@ class ResumableLoader:
             raise TypeError("ResumableLoader needs DataLoader(..., sampler=ResumableSampler(...), batch_size=N)")
         self.loader, self.sampler, self.batch_size = loader, sampler, int(loader.batch_size)
         self.epoch, self.position = sampler.epoch, sampler.position  # consumed so far
+        if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, StopSignalShield):
+            loader.worker_init_fn = StopSignalShield(loader.worker_init_fn)
 
     def __iter__(self) -> Iterator[Any]:
         # the sampler restarts from what was consumed, not from where prefetching left it
