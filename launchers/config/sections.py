@@ -64,6 +64,11 @@ class CheckpointOptions(Section):
     keep: PositiveCount = Field(3, description="committed checkpoints to keep; 1..1000000")
     step_time: Duration | None = Field(None, description="declared time of one training step (grace budget)")
     save_time: Duration | None = Field(None, description="declared time of one save (grace budget)")
+    persist_every: PositiveCount | None = Field(
+        None,
+        description="mlaunch writes every N-th step the ranks stage (Checkpointer.stage) to dir in the background "
+        "and commits it, so periodic checkpoints cost the training loop only the memory copy; default: off",
+    )
 
 
 class RestartOptions(Section):

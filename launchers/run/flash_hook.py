@@ -8,6 +8,7 @@ attempt and ``checkpoint_dirs`` to know where the attempt's ranks checkpoint.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launchers.config.job import Job
@@ -25,9 +26,16 @@ class FlashHook:
     """The agent-side flash save of one attempt (see ``launchers.run.flash_save``)."""
 
     def __init__(
-        self, run_id: str, attempt: int, plan: LaunchPlan, grace: float, exchange: Exchange | None = None
+        self,
+        run_id: str,
+        attempt: int,
+        plan: LaunchPlan,
+        grace: float,
+        exchange: Exchange | None = None,
+        quiesce: Callable[[], None] | None = None,
     ) -> None:
         self.run_id = run_id
+        self.quiesce = quiesce  # stops the background persist (persist_every) before the dying save
         self.exchange = exchange  # the control plane's, when other nodes' mlaunch save their own ranks
         self.attempt = attempt
         self.grace = grace
@@ -89,6 +97,8 @@ class FlashHook:
         if not self.rank_nodes or (not staging.run_segments(self.run_id) and self.exchange is None):
             return None
         self.done = True
+        if self.quiesce is not None:  # a background persist in flight must not race this one
+            self.quiesce()
         with long_phase(f"saving the dying checkpoint {when}"):
             result = persist(
                 self.run_id,

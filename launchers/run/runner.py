@@ -29,6 +29,7 @@ from launchers.log import say
 from launchers.plan import LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
 from launchers.run import signals as early_signals
+from launchers.run.background_persist import BackgroundPersist
 from launchers.run.control import control_port
 from launchers.run.flash_hook import FlashHook
 from launchers.run.hang import HangMonitor
@@ -205,7 +206,9 @@ def _attempt(
     say(plan.headline() + (f"  attempt {attempt}" if attempt else ""))
     clear_error_files(plan)
     run.events.start_generation(attempt)
-    flash = FlashHook(run.run_id, attempt, plan, grace, run.events.exchange if run.events.networked else None)
+    exchange = run.events.exchange if run.events.networked else None
+    background = BackgroundPersist(run.run_id, attempt, plan, job.checkpoint.persist_every, exchange)
+    flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce=background.stop)
     run.observer.attempt_started(plan, attempt)
     try:
         outcome = Supervisor(
@@ -218,13 +221,14 @@ def _attempt(
             log_mode="wb" if attempt == 0 else "ab",
             standbys=run.standbys,
             on_failure=flash,
-            tick=_ticks(monitor, run.observer.tick),
+            tick=_ticks(monitor, run.observer.tick, background.tick),
             reserve=flash.reserve,
             job_events=run.events,
             hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
             stop_timeout=plan.policy.stop_timeout,
         ).run()
     finally:
+        background.stop()
         if cleanup is not None:
             cleanup()
     if outcome.status == "signalled":

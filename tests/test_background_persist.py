@@ -1,0 +1,193 @@
+"""Background persistence (``checkpoint.persist_every``): mlaunch writes staged steps while the ranks train.
+
+The end-to-end tests run the real PyTorch example (2 simulated nodes × 2 ranks, real gloo DDP,
+staging on, no ``--save-every``: the ranks never save periodically themselves) under mlaunch and
+watch committed steps appear in the checkpoint directory during training. The torn-slot test
+uses a real staging segment written in this process; only the moment of the overwrite is
+forced (a wrapper around ``os.preadv`` re-stages mid-copy), because a real race cannot be
+made to happen on demand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
+
+from launchers.config.loader import load_job
+from launchers.elastic import layout, shardfile, staging
+from launchers.run import slot_copy
+from launchers.run.background_persist import BackgroundPersist
+from launchers.run.runner import make_plan
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from elastic_testlib import children, final_checksum, wait_for  # noqa: E402
+
+np = pytest.importorskip("numpy")
+STEPS = 300
+
+
+def example_job(tmp_path: Path, extra: str = "", steps: int = STEPS, args: str = "") -> Path:
+    text = (EXAMPLES / "pytorch" / "job.yaml").read_text()
+    text = text.replace("code_dir: .", f"code_dir: {EXAMPLES / 'pytorch'}")
+    text = text.replace("dir: output/ckpt", f"dir: {tmp_path / 'ckpt'}")
+    text = text.replace('args: ["--steps", "20"]', f'args: ["--steps", "{steps}"{args}]')
+    text = text.replace("  keep: 3\n", f"  keep: 3\n{extra}")
+    assert str(tmp_path) in text
+    job = tmp_path / "job.yaml"
+    job.write_text(text + f"log_dir: {tmp_path / 'logs'}\n")
+    return job
+
+
+def test_persist_every_is_off_by_default_and_checked(tmp_path: Path) -> None:
+    job = load_job(example_job(tmp_path))
+    assert job.checkpoint.persist_every is None
+    bad = example_job(tmp_path, extra="  persist_every: 0\n")
+    with pytest.raises(Exception, match="persist_every"):
+        load_job(bad)
+
+
+def _torn_plan(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real one-rank plan (local simulation) for the persister."""
+    job_path = tmp_path / "job.yaml"
+    job_path.write_text("name: t\nengine: pytorch\nentry: x.py\nnodes: 1\nprocs_per_node: 1\n")
+    _, _, plan = make_plan(load_job(job_path), "pytorch", simulate=True, env=clean_env())
+    return plan
+
+
+def test_a_slot_overwritten_during_the_copy_is_never_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
+    ckpt = tmp_path / "ckpt"
+    seg = staging.Segment(staging.segment_path("torn", 0), 0, 1, 0)
+    seg.set_target(str(ckpt), 3)
+
+    def stage(step: int) -> None:
+        seg.stage(step, shardfile.encode({"w": np.full(1 << 16, step, dtype=np.int64)}, {"step": step}))
+
+    real_preadv = os.preadv
+    torn: list[int] = []
+
+    def preadv_overwritten_midway(fd: int, buffers: list[memoryview], offset: int) -> int:
+        """The first copy reads its first half, then the rank stages two more steps (overwriting this slot)."""
+        got = real_preadv(fd, buffers, offset)
+        if not torn:
+            torn.append(offset)
+            stage(6)
+            stage(7)  # into the slot of step 5 (two slots: 7 replaces the older one)
+            half = len(buffers[0]) // 2
+            real_preadv(fd, [buffers[0][half:]], offset + half)  # the rest of the copy sees step 7's bytes
+        return got
+
+    monkeypatch.setattr(slot_copy.os, "preadv", preadv_overwritten_midway)
+    persister = BackgroundPersist("torn", 0, _torn_plan(tmp_path), 5)
+    stage(4)
+    persister.tick()  # the thread starts; its first target is the multiple of 5 after step 4
+    time.sleep(0.5)
+    stage(5)
+    assert wait_for(lambda: torn, 10)
+    stage(8)
+    stage(9)
+    stage(10)
+    assert wait_for(lambda: persister.committed, 10)
+    persister.stop()
+    seg.close()
+    assert torn and persister.committed == [10]
+    steps = [item.step for item in layout.committed(ckpt)]
+    assert steps == [10]  # never step 5, whose copy was torn
+    state, meta = shardfile.read_file(ckpt / layout.step_name(10) / layout.shard_name(0))
+    assert meta["step"] == 10 and (state["w"] == 10).all()
+    assert not [p for p in ckpt.iterdir() if p.name.endswith(".tmp")]
+
+
+def _start(job: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    proc = subprocess.Popen(
+        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
+        env=clean_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        lines.extend(proc.stdout)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, lines
+
+
+def _watch(ckpt: Path, proc: subprocess.Popen[str], seen: dict[int, str]) -> None:
+    """Record every committed step (and who committed it) until mlaunch exits."""
+    while proc.poll() is None:
+        for item in layout.committed(ckpt):
+            seen.setdefault(item.step, str(item.manifest.get("source", "ranks")))
+        time.sleep(0.02)
+
+
+def _rank_pid(mlaunch_pid: int, rank: int) -> int | None:
+    for pid in children(mlaunch_pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"MLAUNCH_RUN_ID=" in b"\0".join(env):
+            return pid
+    return None
+
+
+@needs_torch
+def test_steps_are_persisted_in_the_background_and_load(tmp_path: Path) -> None:
+    reference = run_mlaunch(["--engine", "pytorch", str(example_job(tmp_path / "ref", steps=120))], timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    job = example_job(tmp_path, "  persist_every: 5\n", steps=120, args=', "--keep-checkpoints"')
+    proc, lines = _start(job)
+    seen: dict[int, str] = {}
+    _watch(tmp_path / "ckpt", proc, seen)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert final_checksum("".join(lines)) == final_checksum(reference.stdout)
+    background = sorted(step for step, source in seen.items() if source == "background")
+    assert len(background) >= 3, (seen, err)  # appeared while training ran
+    assert all(step % 5 == 0 for step in background)
+    assert "persisted step" in err
+    kept = layout.committed(tmp_path / "ckpt")
+    assert 1 <= len(kept) <= 3  # checkpoint.keep
+    for item in kept:  # every rank's shard of every kept step loads, and holds that step
+        for rank in range(4):
+            state, meta = shardfile.read_file(item.shard(rank))
+            assert meta["step"] == item.step and meta["rank"] == rank and state["step"] == item.step
+
+
+@needs_torch
+def test_resume_after_kill_minus_nine_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    reference = run_mlaunch(["--engine", "pytorch", str(example_job(tmp_path / "ref"))], timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    extra = "  persist_every: 5\n"
+    job = example_job(tmp_path, extra)
+    job.write_text(job.read_text().replace("max_restarts: 0", "max_restarts: 1"))
+    proc, lines = _start(job)
+    seen: dict[int, str] = {}
+    watcher = threading.Thread(target=_watch, args=(tmp_path / "ckpt", proc, seen), daemon=True)
+    watcher.start()
+    assert wait_for(lambda: any(s == "background" and step >= 20 for step, s in list(seen.items())), 300), seen
+    pid = _rank_pid(proc.pid, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    watcher.join(timeout=10)
+    out = "".join(lines)
+    assert proc.returncode == 0, err
+    resumed = re.findall(r"resumed from step (\d+)", out)
+    assert resumed and int(resumed[0]) >= 20, out[-2000:]
+    assert final_checksum(out) == final_checksum(reference.stdout)
