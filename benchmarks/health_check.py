@@ -5,7 +5,9 @@ H hosts are network namespaces on this machine (``tests/netns.py``); each runs i
 
 - **time**: healthy hosts, for 2, 3 and 4 hosts: the wall time from starting every mlaunch
   to the last one's exit (process start, imports, control plane, probes, links, verdict),
-  and the check's own figure from health.json (from the first measurement to the verdict);
+  and the check's own figure from health.json (node 0: from the start of the check to the verdict),
+  split into the slowest node's phases: arrive (importing torch, waiting for every node),
+  probes (memory, storage, compute turns), links;
 - **localisation**: ``--trials`` runs on ``--nodes`` hosts, each with one random bad host,
   rate-limited (``tc tbf 20mbit`` on its eth0) or CPU-starved (a cgroup with 15 % of a CPU),
   picked at random; a trial counts when health.json names exactly that host.
@@ -61,18 +63,25 @@ def one_check(count: int, fault: str | None = None, bad: int = -1) -> tuple[floa
 
 def timing(sizes: list[int], repeat: int) -> None:
     print(f"whole check, healthy hosts ({repeat} run(s) each; median):")
-    print(f"{'hosts':>6}{'wall (start→exit)':>20}{'check itself':>15}{'bad named':>11}")
+    head = f"{'hosts':>6}{'wall (start→exit)':>20}{'check itself':>15}"
+    print(f"{head}{'arrive':>9}{'probes':>9}{'links':>8}{'bad named':>11}")
     for count in sizes:
         walls, checks, bad = [], [], 0
+        phases: dict[str, list[float]] = {"arrive": [], "probes": [], "links": []}
         for _ in range(repeat):
             took, doc, _codes = one_check(count)
             walls.append(took)
             checks.append(doc["seconds"])
+            for name, values in phases.items():  # the slowest node's
+                values.append(max(n["phases"][name] for n in doc["nodes"]))
             bad += len(doc["bad_hosts"])
             for n in doc["nodes"]:
                 if n["verdict"] != "ok":
                     print(f"  false alarm on {count} healthy hosts: host {n['host_index']}: {n['reason']}")
-        print(f"{count:>6}{statistics.median(walls):>19.1f}s{statistics.median(checks):>14.1f}s{bad:>11}")
+        split = "".join(
+            f"{statistics.median(phases[name]):>{w}.1f}s" for name, w in (("arrive", 8), ("probes", 8), ("links", 7))
+        )
+        print(f"{count:>6}{statistics.median(walls):>19.1f}s{statistics.median(checks):>14.1f}s{split}{bad:>11}")
 
 
 def localisation(count: int, trials: int, seed: int) -> None:
