@@ -12,10 +12,10 @@ mlaunch reads SLURM_* (node list ``node[01-02]``, its node id) and runs its two 
 3. A rank failing with its own code (7) ends the job FAILED with exit code 7, not requeued.
 
 Slurm holds a requeued job until its old credential expires (``cred_expire``, 120 s by default;
-the test cluster sets 10 s, see slurm_cluster.py). The example runs with ``--workers 0``: Slurm's signals
-(scancel, time limit, preemption — and so the script's SIGTERM) reach *every* process of the
-step, DataLoader worker processes included, which die of it and make torch fail the rank mid-step
-(the agent-side flash save still commits the step then; see the README).
+the test cluster sets 10 s, see slurm_cluster.py). The example runs with its 2 DataLoader workers
+per rank: Slurm's signals (scancel, time limit, preemption — and so the script's SIGTERM) reach
+*every* process of the step, workers included, which ``ResumableLoader``'s ``StopSignalShield``
+makes them ignore, so the ranks still stop at a step boundary and save.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from slurm_cluster import SlurmCluster, slurm_unavailable_reason
 pytestmark = [needs_torch, pytest.mark.netns, pytest.mark.slow]
 
 STEPS = 300  # long enough (~15 s of steps on two cores) to signal it while it trains
-ARGS = f"['--steps', '{STEPS}', '--workers', '0']"
+ARGS = f"['--steps', '{STEPS}']"
 
 
 @pytest.fixture(scope="module")
