@@ -42,6 +42,7 @@ def example_job(tmp_path: Path, extra: str = "", steps: int = STEPS, args: str =
     text = text.replace('args: ["--steps", "20"]', f'args: ["--steps", "{steps}"{args}]')
     text = text.replace("  keep: 3\n", f"  keep: 3\n{extra}")
     assert str(tmp_path) in text
+    tmp_path.mkdir(parents=True, exist_ok=True)
     job = tmp_path / "job.yaml"
     job.write_text(text + f"log_dir: {tmp_path / 'logs'}\n")
     return job
