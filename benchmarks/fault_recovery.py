@@ -20,6 +20,7 @@ measures).
 
     python benchmarks/fault_recovery.py                       # 50 mlaunch restarts, 16 torchrun restarts
     python benchmarks/fault_recovery.py --restarts 10 --torchrun-restarts 5
+    python benchmarks/fault_recovery.py --hosts 2             # 2 netns hosts × 2 ranks: fault_recovery_hosts.py
     python benchmarks/fault_recovery.py --worker              # (what the launchers run)
 """
 
@@ -64,12 +65,14 @@ def worker(step_time: float) -> None:
     from launchers import elastic
 
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if os.environ.get("BENCH_FRESH_PREFIX") == "1":
+    if os.environ.get("BENCH_FRESH_PREFIX") in ("1", "round"):
         # torchrun reuses its store across restarts and gloo then reads the previous group's
         # addresses ("connectFullMesh failed"); a key prefix per restart avoids that
         store = dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]), is_master=False
         )
+        if os.environ["BENCH_FRESH_PREFIX"] == "round":  # several torchruns: their restart counts can differ
+            restart = f"round-{rendezvous_round()}"
         dist.init_process_group(
             "gloo",
             store=dist.PrefixStore(f"bench-restart-{restart}/", store),
@@ -91,18 +94,42 @@ def worker(step_time: float) -> None:
         model.module.load_state_dict(state["model"])
         start = int(state["step"]) + 1
     step = start
+    hang = Path(os.environ.get("BENCH_HANG_DIR", "/nonexistent"), f"hang-{rank}")
     while True:
+        if hang.exists():  # fault_recovery_hosts.py asks this rank to hang inside a step
+            hang.unlink()
+            say(f"hanging {rank} {time.monotonic():.6f}")
+            while True:
+                time.sleep(1)
         x = torch.randn(32, 64)
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
         if rank == 0:
-            say(f"step {step}")
+            say(f"step {step} {time.monotonic():.6f}")  # CLOCK_MONOTONIC: one clock for every netns host
         ckpt.stage(step, {"step": step, "model": model.module.state_dict()})
         if guard.should_stop(step):
             guard.exit()
         time.sleep(step_time)
         step += 1
+
+
+def rendezvous_round() -> int:
+    """The c10d rendezvous round of this group: the same on every host, new on every restart.
+
+    The workers' store (the agents' shared TCPStore) outlives the rounds and holds no round
+    number; the rendezvous store at ``BENCH_RDZV_ENDPOINT`` (torchrun's ``--rdzv-endpoint``) keeps
+    the rendezvous state (pickled, base64) under ``torch.rendezvous.<run id>``.
+    """
+    import base64
+    import pickle
+
+    import torch.distributed as dist
+
+    host, port = os.environ["BENCH_RDZV_ENDPOINT"].rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False)
+    raw = store.get(f"torch.rendezvous.{os.environ['TORCHELASTIC_RUN_ID']}")
+    return int(pickle.loads(base64.b64decode(raw)).round)  # noqa: S301 - torch's own state, our own store
 
 
 # ----------------------------------------------------------------------------------------
@@ -150,7 +177,7 @@ class Launch:
 
 
 PID = re.compile(r"^(?:\[rank \d+\] )?pid (\d+) (\d+)$")  # mlaunch prefixes worker lines, torchrun does not
-STEP = re.compile(r"^(?:\[rank \d+\] )?step (\d+)$")
+STEP = re.compile(r"^(?:\[rank \d+\] )?step (\d+)(?: ([\d.]+))?$")
 READY = "warm standby workers ready"
 
 
@@ -289,22 +316,41 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--step-time", type=float, default=0.02)
-    parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--restarts", type=int, default=50, help="kills under mlaunch")
-    parser.add_argument("--torchrun-restarts", type=int, default=16, help="kills under torchrun (0: skip)")
+    parser.add_argument("--nproc", type=int, default=None, help="ranks (default 4; --hosts: per host, default 2)")
+    parser.add_argument("--restarts", type=int, default=None, help="kills under mlaunch (default 50; --hosts: 20)")
+    parser.add_argument(
+        "--torchrun-restarts", type=int, default=None, help="kills under torchrun (0: skip; default 16; --hosts: 20)"
+    )
+    parser.add_argument("--hosts", type=int, default=0, help="network-namespace hosts (fault_recovery_hosts.py)")
+    parser.add_argument("--hangs", type=int, default=5, help="--hosts: hangs under mlaunch")
+    parser.add_argument("--hang-timeout", type=float, default=3.0, help="--hosts: monitor.hang_timeout, seconds")
     parser.add_argument(
         "--torchrun-prefix-restarts",
         type=int,
         default=16,
         help="kills under torchrun with a fresh store prefix per restart in the worker (0: skip)",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, help="a restart slower than this failed")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="a restart slower than this failed (default 60 s; --hosts: 120 s)"
+    )
     parser.add_argument("--no-wait-standby", action="store_true", help="kill without waiting for standbys")
     parser.add_argument("--seed", type=int, default=4)
     args, _ = parser.parse_known_args()
     if args.worker:
         worker(args.step_time)
         return 0
+    if args.hosts:
+        args.nproc = 2 if args.nproc is None else args.nproc  # the issue's 2 hosts × 2 ranks
+        args.timeout = 120.0 if args.timeout is None else args.timeout  # torchrun across hosts is slow
+        args.restarts = 20 if args.restarts is None else args.restarts
+        args.torchrun_restarts = 20 if args.torchrun_restarts is None else args.torchrun_restarts
+        import fault_recovery_hosts  # the script's own directory is on sys.path
+
+        return fault_recovery_hosts.main(args)
+    args.nproc = 4 if args.nproc is None else args.nproc
+    args.timeout = 60.0 if args.timeout is None else args.timeout
+    args.restarts = 50 if args.restarts is None else args.restarts
+    args.torchrun_restarts = 16 if args.torchrun_restarts is None else args.torchrun_restarts
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="fault-recovery-") as tmp:
         work = Path(tmp)
