@@ -265,3 +265,14 @@ def test_the_run_path_refuses_before_launching(tmp_path: Path, text: str, expect
 def test_load_job_error_type(tmp_path: Path) -> None:
     with pytest.raises(JobFileError):
         load_job(job_file(tmp_path, "entry: t.py\nnodes: 1\nnodes: 1\n"))
+
+
+@pytest.mark.parametrize("engine", ["tensorflow", "pytorch"])
+def test_a_platform_flag_followed_by_another_flag_has_no_value(tmp_path: Path, engine: str) -> None:
+    """``--worker_hosts --init_method`` once planned a worker on host '--init_method' (found by the fuzz suite)."""
+    job = tmp_path / "job.yaml"
+    job.write_text("entry: t.py\n")
+    flag = "--worker_hosts" if engine == "tensorflow" else "--rank"
+    result = run_cli(["plan", "--engine", engine, str(job), flag, "--init_method"], clean_env(RANK=""))
+    assert result.code == 2 and result.traceback is None, result
+    assert f"platform argument {flag} has no value (it is followed by '--init_method')" in result.stderr

@@ -43,11 +43,14 @@ def split_platform_args(args: Sequence[str], names: Iterable[str]) -> tuple[dict
                 name = norm
                 if eq:
                     value = val
-                elif i + 1 < len(items):
+                elif i + 1 < len(items) and not items[i + 1].startswith("--"):
                     value = items[i + 1]
                     i += 1
                 else:
-                    raise PlatformError(f"platform argument --{key} has no value")
+                    after = f" (it is followed by {items[i + 1][:80]!r})" if i + 1 < len(items) else ""
+                    raise PlatformError(
+                        f"platform argument --{key} has no value{after}; expected --{key} VALUE or --{key}=VALUE"
+                    )
         if name is None:
             rest.append(token)
         else:
