@@ -64,9 +64,7 @@ def _torn_plan(tmp_path: Path):  # type: ignore[no-untyped-def]
     return plan
 
 
-def test_a_slot_overwritten_during_the_copy_is_never_committed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_slot_overwritten_during_the_copy_is_never_committed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
     ckpt = tmp_path / "ckpt"
     seg = staging.Segment(staging.segment_path("torn", 0), 0, 1, 0)
@@ -192,3 +190,41 @@ def test_resume_after_kill_minus_nine_matches_an_uninterrupted_run(tmp_path: Pat
     resumed = re.findall(r"resumed from step (\d+)", out)
     assert resumed and int(resumed[0]) >= 20, out[-2000:]
     assert final_checksum(out) == final_checksum(reference.stdout)
+
+
+@needs_torch
+@pytest.mark.netns
+@pytest.mark.slow
+def test_two_hosts_agree_through_the_control_plane(tmp_path: Path) -> None:
+    """Two real mlaunch on two netns hosts (2 ranks each): every background step is committed by node 0
+    once both nodes wrote it (the control plane's exchange), and each loads on every rank."""
+    from netns import NetnsHosts, netns_unavailable_reason
+    from test_job_control_hosts import dump, finish, start, write_job
+
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    entry = EXAMPLES / "pytorch" / "train.py"
+    args = "'--steps', '80', '--keep-checkpoints', '--workers', '0'"
+    ref_dir = tmp_path / "reference"
+    ref_dir.mkdir()
+    reference = run_mlaunch(
+        ["--engine", "pytorch", str(write_job(ref_dir, nodes=2, procs=2, entry=entry, args=args))],
+        env=clean_env(GLOO_SOCKET_IFNAME="lo"),
+    )
+    assert reference.returncode == 0, reference.stderr
+    job = write_job(tmp_path, nodes=2, procs=2, entry=entry, args=args)
+    job.write_text(job.read_text().replace("keep: 10}", "keep: 10, persist_every: 5}"))
+    with NetnsHosts(2) as net:
+        results = finish(start(net.hosts, job, 2))
+    text = dump(results)
+    assert [rc for rc, _, _ in results] == [0, 0], text
+    assert final_checksum(results[0][1]) == final_checksum(reference.stdout), text
+    assert "persisted step" in results[0][2] and "persisted step" not in results[1][2], text
+    kept = [item for item in layout.committed(tmp_path / "ckpt") if item.manifest.get("source") == "background"]
+    assert len(kept) >= 2 and all(item.step % 5 == 0 for item in kept), text
+    for item in kept:
+        for rank in range(4):
+            state, meta = shardfile.read_file(item.shard(rank))
+            assert meta["step"] == item.step and meta["rank"] == rank and state["step"] == item.step
+    assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".tmp")], text
