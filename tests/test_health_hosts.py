@@ -6,12 +6,14 @@ rate limit on a host's eth0, and a cgroup giving a host's processes 15 % of a CP
 
 - 4 hosts, host 1 rate-limited and host 2 starved: the check names exactly those two, and
   with ``on_failure: fail`` every mlaunch exits 75 and no rank trains;
-- 3 hosts, host 1 rate-limited: ``mlaunch health`` names it (DLRover needs 4 nodes for that).
+- 3 hosts, host 1 rate-limited: ``mlaunch health`` names it (DLRover needs 4 nodes for that);
+- 3 hosts, host 2's link down: node 0 names it faulty (no result) at the deadline.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import needs_torch
 from health_faults import finish, slow_link, start, starved_cgroup, write_job
-from netns import Host, NetnsHosts, netns_unavailable_reason
+from netns import IP, Host, NetnsHosts, netns_unavailable_reason
 
 from launchers.health.check import HEALTH_EXIT_CODE
 
@@ -76,3 +78,14 @@ def test_three_hosts_one_rate_limited_is_named(tmp_path: Path, hosts3: list[Host
     assert [rc for rc, _, _ in results] == [HEALTH_EXIT_CODE] * 3, dump(results)
     assert bad_hosts(tmp_path) == {hosts3[1].hostname: "straggler"}, dump(results)
     assert took < 60, f"the whole check took {took:.1f}s"
+
+
+def test_a_host_whose_link_is_down_is_named_faulty_by_node_0(tmp_path: Path, hosts3: list[Host]) -> None:
+    """Host 2 cannot reach anyone: node 0 judges what arrived by the deadline, every mlaunch exits 75."""
+    subprocess.run([IP, "-n", hosts3[2].ns, "link", "set", "eth0", "down"], check=True, timeout=10)
+    job = write_job(tmp_path, 3, "{on_failure: fail, timeout: 15s}")
+    results = finish(start(hosts3, job, ["health"]))
+    assert [rc for rc, _, _ in results] == [HEALTH_EXIT_CODE] * 3, dump(results)
+    assert bad_hosts(tmp_path) == {hosts3[2].name: "faulty"}, dump(results)  # it never said its hostname
+    doc = json.loads((tmp_path / "logs" / "health.json").read_text())
+    assert "no health result" in doc["nodes"][2]["reason"]

@@ -34,4 +34,8 @@ class HealthCheckOptions(Section):
         0.3, gt=0.0, le=1.0, description="a device (GPU/NPU) with this fraction of its memory already in use is faulty"
     )
     min_free_gb: float = Field(1.0, ge=0.0, description="a checkpoint directory with less free space (GiB) is faulty")
-    timeout: Duration = Field(60.0, description="the whole check's limit; a node without a result by then is faulty")
+    timeout: Duration = Field(
+        60.0,
+        description="how long the nodes wait for each other to arrive (start mlaunch, import torch); a node not "
+        "there by then is faulty. The measuring itself adds about 3 s plus up to 5 s per link round",
+    )

@@ -33,7 +33,9 @@ if TYPE_CHECKING:
     from launchers.run.control import JobEvents
 
 STORE_PORT_OFFSET = 1  # the link test's TCPStore: the control plane's port + this
-SHARE_MARGIN = 5.0  # seconds past the measuring deadline the results may take to gather
+SHARE_MARGIN = 5.0  # seconds past the link rounds' budget the results may take to gather
+READY_LIMIT = 10.0  # seconds the nodes wait for each other between the storage and the compute probes
+IN_FLIGHT = 1.0  # seconds node 0 still takes results in after the gathering failed (sent, not yet in)
 SLOT = 0.6  # seconds of one node's compute turn on a shared machine (the probe takes ~0.35 s)
 
 
@@ -46,12 +48,14 @@ def boot_id() -> str:
 
 
 def turn(hello: dict[int, Any], node: int) -> tuple[int, int]:
-    """(my position, how many) among the nodes that share my machine; (0, 1) on a machine of my own."""
-    mine = (hello.get(node) or {}).get("boot")
-    if not mine:
-        return 0, 1
-    sharing = sorted(n for n, value in hello.items() if isinstance(value, dict) and value.get("boot") == mine)
-    return (sharing.index(node), len(sharing)) if node in sharing else (0, 1)
+    """(my turn among the nodes on my machine, the most nodes any machine has); (0, 1) without boot ids."""
+    boots = {n: value.get("boot") for n, value in hello.items() if isinstance(value, dict) and value.get("boot")}
+    groups: dict[str, list[int]] = {}
+    for n in sorted(boots):
+        groups.setdefault(str(boots[n]), []).append(n)
+    most = max((len(g) for g in groups.values()), default=1)
+    mine = groups.get(str(boots.get(node)), [])
+    return (mine.index(node) if node in mine else 0), most
 
 
 def _sleep_until(moment: float) -> None:
@@ -78,48 +82,65 @@ def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> H
     use_links = torch_ready()
     store = None
     if use_links and node == 0:  # hosted before the others are told to connect
-        store = network.open_store(cluster.master_addr, port, host=True, nnodes=cluster.nnodes, timeout=5)
+        store = network.open_store(
+            cluster.master_addr, port, host=True, nnodes=cluster.nnodes, timeout=network.ROUND_BUDGET
+        )
     hello = _meet(events, f"{topic}/hello", {"host": host, "boot": boot_id()}, deadline)
     hosts = {i: cluster.host_of(i) for i in range(cluster.nnodes)}
     hosts.update({int(n): str(v.get("host")) for n, v in hello.items() if isinstance(v, dict)})
     met = time.monotonic()
     result: dict[str, Any] = {"host": host, "memory": probes.memory()}
     result["storage"] = probes.storage(job.resolve(job.checkpoint.dir))
-    _meet(events, f"{topic}/ready", True, deadline)
+    if len(hello) == cluster.nnodes:  # after a missing node, a second wait for it would only cost time
+        _meet(events, f"{topic}/ready", True, max(deadline, time.monotonic() + READY_LIMIT))
     base = time.monotonic()
-    position, sharing = turn({int(n): v for n, v in hello.items()}, node)
+    position, most = turn({int(n): v for n, v in hello.items()}, node)
     _sleep_until(base + position * SLOT)
     result["compute"] = probes.compute()
-    _sleep_until(base + sharing * SLOT)
+    _sleep_until(base + most * SLOT)  # every node starts the link rounds at the same moment
     probed = time.monotonic()
     if use_links:
-        result["links"] = _links(cluster, store, port, deadline)
+        result["links"] = _links(cluster, store, port, probed)
     # Where the time went: importing torch and waiting for every node, the probes (turns included), the links.
     result["phases"] = {"arrive": met - start, "probes": probed - met, "links": time.monotonic() - probed}
-    gathered, incomplete = _gather(events, f"{topic}/result", result, deadline + SHARE_MARGIN)
+    limit = probed + network.links_budget(cluster.nnodes) + SHARE_MARGIN
+    gathered, incomplete = _gather(events, f"{topic}/result", result, limit, cluster.nnodes)
     verdicts = judge({int(n): v for n, v in gathered.items()}, cluster.nnodes, rules_of(job), hosts)
     del store  # node 0: every node has reported, so no pair uses it any more
     return HealthOutcome(verdicts, time.monotonic() - start, incomplete, hosts)
 
 
-def _links(cluster: Cluster, store: Any, port: int, deadline: float) -> dict[str, float | None]:
+def _links(cluster: Cluster, store: Any, port: int, base: float) -> dict[str, float | None]:
     try:
         if store is None:
-            store = network.open_store(cluster.master_addr, port, host=False, nnodes=cluster.nnodes, timeout=10)
-        links = network.run_links(cluster.node_rank, cluster.nnodes, store, deadline)
+            store = network.open_store(
+                cluster.master_addr, port, host=False, nnodes=cluster.nnodes, timeout=network.ROUND_BUDGET
+            )
+        links = network.run_links(cluster.node_rank, cluster.nnodes, store, base)
     except RuntimeError as exc:  # the store on node 0 cannot be reached: every link fails
         say(f"health check: link test failed: {exc}")
         links = {peer: None for peer in range(cluster.nnodes) if peer != cluster.node_rank}
     return {str(peer): t for peer, t in links.items()}
 
 
-def _gather(events: JobEvents, topic: str, value: Any, deadline: float) -> tuple[dict[int, Any], str | None]:
-    """Every node's result; on node 0, when one is missing, what did arrive (the hub holds it)."""
+def _gather(
+    events: JobEvents, topic: str, value: Any, deadline: float, nnodes: int
+) -> tuple[dict[int, Any], str | None]:
+    """Every node's result; on node 0, when one is missing, what did arrive by the deadline (the hub holds it).
+
+    A lost node makes the exchange fail at once; node 0 still waits for the other nodes' results
+    (they may be slower), until every node that is not lost gave one or the deadline passed.
+    """
     from launchers.run.control import ExchangeFailed
 
     try:
         return events.exchange(topic, value, deadline), None
     except ExchangeFailed as exc:
         hub = getattr(events, "hub", None)  # node 0 hosts the hub: the partial gather is in this process
-        partial = dict(hub.gathers.get(topic, {})) if hub is not None else {events.node: value}
-        return {int(n): v for n, v in partial.items()}, str(exc)
+        if hub is None:
+            return {events.node: value}, str(exc)
+        end = max(deadline, time.monotonic() + IN_FLIGHT)
+        while time.monotonic() < end and len(hub.gathers.get(topic, {})) + len(hub.lost) < nnodes:
+            time.sleep(0.05)
+        partial = {int(n): v for n, v in dict(hub.gathers.get(topic, {})).items()}
+        return {**partial, events.node: value}, str(exc)

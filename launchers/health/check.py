@@ -68,7 +68,7 @@ def _simulated_links(nnodes: int, seconds: float) -> dict[int, dict[str, float |
     from launchers.platform.cluster import free_port
 
     port = free_port()
-    store = network.open_store("127.0.0.1", port, host=True, nnodes=nnodes, timeout=5)
+    store = network.open_store("127.0.0.1", port, host=True, nnodes=nnodes, timeout=network.ROUND_BUDGET)
     argv = [sys.executable, "-m", "launchers.health.network"]
     procs = [
         subprocess.Popen(
@@ -79,7 +79,7 @@ def _simulated_links(nnodes: int, seconds: float) -> dict[int, dict[str, float |
     links: dict[int, dict[str, float | None]] = {}
     for node, proc in enumerate(procs):
         try:
-            out, _ = proc.communicate(timeout=max(seconds, 1.0) + 5)
+            out, _ = proc.communicate(timeout=max(seconds, 1.0) + network.links_budget(nnodes) + 5)
             links[node] = json.loads(out) if proc.returncode == 0 else {}
         except (subprocess.TimeoutExpired, ValueError):
             proc.kill()

@@ -25,9 +25,17 @@ from typing import Any
 ALL_PAIRS_MAX = 8
 PAYLOAD_BYTES = 512 << 10  # 0.2 s through a 20 Mbit/s link, about a millisecond through a healthy one
 REPEATS = 3
-PAIR_TIMEOUT = 10.0  # seconds one pair may take to connect and run, at most
+ROUND_BUDGET = 5.0  # seconds a round may take: a pair through a 20 Mbit/s link needs about 1
 
 Pair = tuple[int, int]
+
+
+def links_budget(nnodes: int) -> float:
+    """Seconds the link rounds of ``nnodes`` may take at most (a round budget per round)."""
+    if nnodes <= 1:
+        return 0.0
+    rounds = len(round_robin(nnodes)) if nnodes <= ALL_PAIRS_MAX else 4
+    return rounds * ROUND_BUDGET
 
 
 def round_robin(nnodes: int) -> list[list[Pair]]:
@@ -94,7 +102,7 @@ def time_pair(store: Any, key: str, rank: int, deadline: float, ifnames: list[st
     import torch.distributed as dist
 
     try:
-        group = _gloo(dist.PrefixStore(key, store), rank, min(PAIR_TIMEOUT, deadline - time.monotonic()), ifnames)
+        group = _gloo(dist.PrefixStore(key, store), rank, deadline - time.monotonic(), ifnames)
         group.allreduce([torch.zeros(1)]).wait()
         payload = torch.ones(PAYLOAD_BYTES // 4)
         best = float("inf")
@@ -115,26 +123,35 @@ def open_store(master_addr: str, port: int, *, host: bool, nnodes: int, timeout:
 
 
 def run_links(
-    node: int, nnodes: int, store: Any, deadline: float, ifnames: list[str] | None = None
+    node: int, nnodes: int, store: Any, base: float, ifnames: list[str] | None = None
 ) -> dict[int, float | None]:
     """This node's part of every round: peer → seconds (None: the pair failed).
 
+    Round ``i`` ends ``(i + 1) × ROUND_BUDGET`` seconds after ``base`` (a moment every node
+    shares within milliseconds: the end of the last barrier). A pair waits for its peer
+    until then at most, so a node held up by a dead peer in one round starts the next in
+    time for its partner there: one dead node costs each round one budget, never a cascade.
     ``ifnames`` (the interfaces gloo uses) overrides GLOO_SOCKET_IFNAME.
     """
     links: dict[int, float | None] = {}
+    rounds = 0
 
     def pair_up(round_key: str, pairs: list[Pair]) -> None:
+        nonlocal rounds
+        rounds += 1
+        end = base + rounds * ROUND_BUDGET
         for a, b in pairs:
             if node in (a, b):
                 key = f"health/{round_key}/{a}-{b}/"
-                links[b if node == a else a] = time_pair(store, key, int(node == b), deadline, ifnames)
+                links[b if node == a else a] = time_pair(store, key, int(node == b), end, ifnames)
 
     if nnodes <= ALL_PAIRS_MAX:
         for index, pairs in enumerate(round_robin(nnodes)):
             pair_up(f"r{index}", pairs)
         return links
     pair_up("r0", neighbours(nnodes))
-    first = _share(store, node, nnodes, "r0", links, deadline)
+    first = _share(store, node, nnodes, "r0", links, base + 1.5 * ROUND_BUDGET)
+    rounds += 1  # the sharing takes a round's slot
     pair_up("r1", fastest_with_slowest(first))
     used = set(neighbours(nnodes)) | set(fastest_with_slowest(first))
     pair_up("r2", third_partner(nnodes, used))
@@ -169,9 +186,10 @@ def main(argv: list[str]) -> None:
     import json
 
     node, nnodes, port, seconds = int(argv[0]), int(argv[1]), int(argv[2]), float(argv[3])
-    deadline = time.monotonic() + seconds
-    store = open_store("127.0.0.1", port, host=False, nnodes=nnodes, timeout=seconds)
-    links = run_links(node, nnodes, store, deadline, ifnames=["lo"])
+    store = open_store("127.0.0.1", port, host=False, nnodes=nnodes, timeout=ROUND_BUDGET)
+    store.set(f"health/sim/ready/{node}", "1")  # the simulated nodes start the rounds together
+    _wait_keys(store, [f"health/sim/ready/{other}" for other in range(nnodes)], time.monotonic() + seconds)
+    links = run_links(node, nnodes, store, time.monotonic(), ifnames=["lo"])
     print(json.dumps({str(peer): t for peer, t in links.items()}))
 
 
