@@ -170,24 +170,38 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
 
 class StopSignalShield:
-    """A DataLoader ``worker_init_fn`` that makes the worker ignore stop signals, then runs the user's.
+    """A DataLoader ``worker_init_fn`` that shields the worker from stop signals not sent by its rank.
 
     A stop signal that reaches the whole process group — Slurm's ``scancel --signal=TERM`` or
     preemption, ``kill -- -PGID``, Ctrl-C in a terminal — would kill the DataLoader's worker
     processes too (torch's worker handler re-raises SIGTERM unless it came from the parent),
     and torch then fails the rank mid-step instead of letting it stop at the step boundary and
-    save. The rank stops its workers itself when it exits; SIGKILL still ends them. Runs after
-    torch installed its worker handlers, so it overrides them. Picklable for the spawn context.
+    save. The worker blocks SIGTERM and SIGINT and a thread takes them with ``sigwaitinfo``:
+    one sent by its parent (the rank: ``multiprocessing``'s ``terminate()`` when it shuts the
+    workers down) ends the worker as torch's handler would; one sent by anyone else is
+    dropped. Then the user's ``worker_init_fn`` runs. Picklable for the spawn context.
     """
 
     def __init__(self, inner: Callable[[int], None] | None) -> None:
         self.inner = inner
 
     def __call__(self, worker_id: int) -> None:
+        import os
         import signal
+        import threading
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
+        stops = {signal.SIGTERM, signal.SIGINT}
+        if hasattr(signal, "sigwaitinfo"):
+            parent = os.getppid()
+            signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+
+            def take() -> None:
+                while True:
+                    info = signal.sigwaitinfo(stops)
+                    if info.si_pid == parent and info.si_signo == signal.SIGTERM:
+                        os._exit(0)  # what torch's worker handler does on its parent's SIGTERM
+
+            threading.Thread(target=take, name="mlaunch-stop-shield", daemon=True).start()
         if self.inner is not None:
             self.inner(worker_id)
 
