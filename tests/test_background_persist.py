@@ -24,6 +24,7 @@ from conftest import EXAMPLES, ROOT, clean_env, mlaunch_cmd, needs_torch, run_ml
 
 from launchers.config.loader import load_job
 from launchers.elastic import layout, shardfile, staging
+from launchers.plan import LaunchPlan
 from launchers.run import slot_copy
 from launchers.run.background_persist import BackgroundPersist
 from launchers.run.runner import make_plan
@@ -56,7 +57,7 @@ def test_persist_every_is_off_by_default_and_checked(tmp_path: Path) -> None:
         load_job(bad)
 
 
-def _torn_plan(tmp_path: Path):  # type: ignore[no-untyped-def]
+def _torn_plan(tmp_path: Path) -> LaunchPlan:
     """A real one-rank plan (local simulation) for the persister."""
     job_path = tmp_path / "job.yaml"
     job_path.write_text("name: t\nengine: pytorch\nentry: x.py\nnodes: 1\nprocs_per_node: 1\n")
@@ -106,6 +107,71 @@ def test_a_slot_overwritten_during_the_copy_is_never_committed(tmp_path: Path, m
     state, meta = shardfile.read_file(ckpt / layout.step_name(10) / layout.shard_name(0))
     assert meta["step"] == 10 and (state["w"] == 10).all()
     assert not [p for p in ckpt.iterdir() if p.name.endswith(".tmp")]
+
+
+def _slow_storage(monkeypatch: pytest.MonkeyPatch, writing: threading.Event, delay: float = 0.2) -> None:
+    """Slow storage (a fake: ``delay`` per 16 MiB piece) so that the test can act while a shard is written."""
+    real_write = os.write
+
+    def slow_write(fd: int, data: bytes | memoryview) -> int:
+        writing.set()
+        time.sleep(delay)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(slot_copy.os, "write", slow_write)
+
+
+def _staged_segment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: str) -> tuple[staging.Segment, Path]:
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
+    seg = staging.Segment(staging.segment_path(run, 0), 0, 1, 0)
+    seg.set_target(str(tmp_path / "ckpt"), 3)
+    return seg, tmp_path / "ckpt"
+
+
+def _big(step: int) -> shardfile.Encoded:
+    return shardfile.encode({"w": np.full(8 << 20, step, dtype=np.int64)}, {"step": step})  # 64 MiB: 4 pieces
+
+
+def test_stop_cancels_a_write_in_progress_and_nothing_commits_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the flash save does first at a failure or stop: the background write gives up, no commit follows."""
+    seg, ckpt = _staged_segment(tmp_path, monkeypatch, "cancel")
+    writing = threading.Event()
+    _slow_storage(monkeypatch, writing, 0.6)  # 2.4 s for the shard
+    persister = BackgroundPersist("cancel", 0, _torn_plan(tmp_path), 5)
+    seg.stage(4, _big(4))
+    persister.tick()
+    time.sleep(0.5)
+    seg.stage(5, _big(5))
+    assert writing.wait(10)
+    began = time.monotonic()
+    persister.stop()
+    assert time.monotonic() - began < 1.5  # between two pieces, not after the whole shard
+    assert persister._thread is not None and not persister._thread.is_alive()
+    time.sleep(0.5)
+    seg.close()
+    assert persister.committed == [] and not layout.committed(ckpt)
+    assert not [p for p in ckpt.iterdir() if p.name.startswith("step_")]
+
+
+def test_a_commit_never_outlives_the_runs_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks finish (``Checkpointer.clear()`` forgets the slots) while mlaunch writes: nothing is left."""
+    seg, ckpt = _staged_segment(tmp_path, monkeypatch, "clear")
+    writing = threading.Event()
+    _slow_storage(monkeypatch, writing)
+    persister = BackgroundPersist("clear", 0, _torn_plan(tmp_path), 5)
+    seg.stage(4, _big(4))
+    persister.tick()
+    time.sleep(0.5)
+    seg.stage(5, _big(5))
+    assert writing.wait(10)
+    seg.forget()  # what clear() does first; its removal of committed steps found nothing yet
+    time.sleep(2.0)  # the write finishes
+    persister.stop()
+    seg.close()
+    assert persister.committed == [] and not layout.committed(ckpt)
+    assert not [p for p in ckpt.iterdir() if p.name.startswith("step_")]
 
 
 def _start(job: Path) -> tuple[subprocess.Popen[str], list[str]]:

@@ -85,6 +85,7 @@ class BackgroundPersist:
         self._thread: threading.Thread | None = None
         self._said: set[str] = set()
         self._root: Path | None = None  # the ranks' checkpoint directory, as last seen
+        self._segments: dict[int, LiveSegment] = {}  # the thread's descriptors on its ranks' segments
         self._messages: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.enabled = bool(every) and bool(self.rank_nodes)
         if self.enabled and self.others_write and exchange is None:
@@ -122,7 +123,7 @@ class BackgroundPersist:
 
     # -- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        segments: dict[int, LiveSegment] = {}
+        segments = self._segments
         try:
             target = self._first_target(segments)
             round_ = 0
@@ -251,7 +252,7 @@ class BackgroundPersist:
 
     def _commit(self, tmp: Path, captured: _Captured, sizes: dict[int, int]) -> None:
         with self._commit_lock:
-            if self._cancel.is_set():  # a failure or stop: the flash save has the directory now
+            if self._cancel.is_set() or self._forgotten():  # a failure or stop: the flash save's turn
                 self._discard(tmp)
                 return
             try:
@@ -268,10 +269,27 @@ class BackgroundPersist:
                 self._once("commit", f"background persist could not commit step {captured.step}: {exc}")
                 self._discard(tmp)
                 return
+            if self._forgotten():  # the run finished meanwhile (see _forgotten): leave nothing behind
+                layout.remove_tree(final)
+                return
             with contextlib.suppress(OSError):
                 layout.rotate(captured.root, captured.keep)
         self.committed.append(captured.step)
         self._messages.put(f"persisted step {captured.step} in the background ({final})")
+
+    def _forgotten(self) -> bool:
+        """A rank dropped what it staged: ``Checkpointer.clear()``, the run is over.
+
+        ``clear()`` forgets the slots, then rank 0 removes every committed step; a background
+        commit must not outlive that (the next run would resume from it instead of starting
+        fresh). Checked before and again after the commit: a ``clear()`` that forgets later
+        also removes later, so the commit cannot survive either way.
+        """
+        for seg in self._segments.values():
+            head = seg.header()
+            if head is None or not head.complete(self.attempt):
+                return True
+        return False
 
     def _discard(self, tmp: Path) -> None:
         """Remove an uncommitted directory — on another node only this node's shards (it is node 0's)."""
