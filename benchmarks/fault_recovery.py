@@ -324,6 +324,7 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=0, help="network-namespace hosts (fault_recovery_hosts.py)")
     parser.add_argument("--hangs", type=int, default=5, help="--hosts: hangs under mlaunch")
     parser.add_argument("--hang-timeout", type=float, default=3.0, help="--hosts: monitor.hang_timeout, seconds")
+    parser.add_argument("--verbose", action="store_true", help="--hosts: the launchers' lines after each fault")
     parser.add_argument(
         "--torchrun-prefix-restarts",
         type=int,

@@ -63,6 +63,7 @@ class Lines:
         self.queue: queue.Queue[tuple[float, int, str | None]] = queue.Queue()
         self.procs: list[subprocess.Popen[str]] = []
         self.log: list[str] = []
+        self.timed: list[tuple[float, str]] = []  # the same lines with their arrival times
 
     def start(self, host: Host, argv: list[str], env: dict[str, str]) -> None:
         proc = host.popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -74,6 +75,7 @@ class Lines:
         for line in proc.stdout:
             now = time.monotonic()
             self.log.append(f"[host {index + 1}] {line.rstrip()}")
+            self.timed.append((now, self.log[-1]))
             self.queue.put((now, index, line.rstrip("\n")))
         self.queue.put((time.monotonic(), index, None))
 
@@ -225,11 +227,16 @@ def measure(lines: Lines, kinds: list[str], hosts: int, wait_ready: bool, args: 
         result, others = strike(group, kind, hosts, args.hang_dir, rng)
         watcher = Watcher(others, args.timeout)
         group.pids, group.ready = {}, set()
+        mark = len(lines.log)
         follow(lines, group, result, args.timeout)
         if result.fault is not None and watcher.gone is not None:
             result.others_stopped = watcher.gone - result.fault
         results.append(result)
         print(f"  {kind} {i + 1}/{len(kinds)}: {describe(result)}", flush=True)
+        if args.verbose and result.fault is not None:  # what the launchers said, timed from the fault
+            for when, line in lines.timed[mark:]:
+                if not single.STEP.search(line.split("] ", 1)[-1]):
+                    print(f"    {when - result.fault:+8.3f}s {line[:200]}", flush=True)
         if result.recovered is None:
             errors = [line for line in lines.log[-400:] if "rror" in line or "failed" in line][-4:]
             print("    why (last errors): " + (" | ".join(t[:200] for t in errors) or "no error line"), flush=True)

@@ -52,8 +52,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--restart-steps", type=int, default=None, help="steps of a restarted job (default --steps)")
     parser.add_argument("--step-time", type=float, default=0.05)
     args = parser.parse_args()
+    # The test kills the first attempt when it likes (mlaunch's warm standbys must be ready first, which
+    # takes long on a loaded machine); a restarted job (torchrun's env, set by mlaunch) may be short.
+    restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+    steps = args.restart_steps if restarted and args.restart_steps else args.steps
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
     trainer = L.Trainer(
@@ -61,7 +66,7 @@ def main() -> None:
         devices=args.devices,
         num_nodes=args.nodes,
         strategy="ddp",
-        max_steps=args.steps,
+        max_steps=steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
