@@ -24,6 +24,7 @@ from health_faults import finish, slow_link, start, starved_cgroup, write_job
 from netns import IP, Host, NetnsHosts, netns_unavailable_reason
 
 from launchers.health.check import HEALTH_EXIT_CODE
+from launchers.run.observe.events_log import read_events
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_torch]
 
@@ -67,6 +68,8 @@ def test_slow_link_and_starved_cpu_among_four_are_named_and_nothing_trains(tmp_p
     assert not list(tmp_path.glob("trained-*")), "a rank trained although the health check failed"
     for _, _, err in results:  # every node names the bad hosts
         assert hosts4[1].hostname in err and hosts4[2].hostname in err and "no training starts" in err
+    health = [e for e in read_events(tmp_path / "logs" / "events.jsonl") if e["event"] == "health"]
+    assert health and all(set(e["bad"]) == {hosts4[1].hostname, hosts4[2].hostname} for e in health), health
 
 
 def test_three_hosts_one_rate_limited_is_named(tmp_path: Path, hosts3: list[Host]) -> None:

@@ -12,10 +12,12 @@ A node that could not learn every node's result (one never reported) fails unles
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launchers.health.check import HEALTH_EXIT_CODE, HealthOutcome, run_health
 from launchers.log import say
+from launchers.run.observe.phases import long_phase
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
@@ -23,11 +25,20 @@ if TYPE_CHECKING:
     from launchers.run.control import JobEvents
 
 
-def before_start(job: Job, cluster: Cluster, events: JobEvents) -> int | None:
-    """The runner's hook before the first attempt: None to start training, else the exit code."""
+def before_start(
+    job: Job, cluster: Cluster, events: JobEvents, on_outcome: Callable[[HealthOutcome], None] | None = None
+) -> int | None:
+    """The runner's hook before the first attempt and each restart: None to start training, else the exit code.
+
+    ``on_outcome`` sees the verdicts first (the runner logs them to events.jsonl).
+    """
     if not job.health_check.before_start:
         return None
-    return decide(job, cluster, run_health(job, cluster, events))
+    with long_phase("health check"):
+        outcome = run_health(job, cluster, events)
+    if on_outcome is not None:
+        on_outcome(outcome)
+    return decide(job, cluster, outcome)
 
 
 def elastic_minimum(job: Job, cluster: Cluster) -> int | None:

@@ -132,7 +132,7 @@ def run_job(
     code = 1
     try:
         with SignalRouter() as signals:
-            refused = before_start(job, cluster, events)  # the node health check (issue 16): its exit code
+            refused = before_start(job, cluster, events, observer.health)  # the node health check: its exit code
             if refused is not None:
                 code = refused
                 return code
@@ -194,6 +194,10 @@ def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
             met = meet_before_restart(run.events, attempt, job.monitor.node_timeout + 5)
         if not met:
             return code
+        run.events.start_generation(attempt)
+        refused = before_start(job, cluster, run.events, run.observer.health)  # again before each restart
+        if refused is not None:
+            return refused
         cluster = run.engine.restart_cluster(cluster, attempt)
         plan = plan_attempt(run.engine, job, cluster, attempt)
 

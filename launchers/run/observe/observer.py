@@ -21,6 +21,7 @@ from launchers.run.observe.straggler import RankSample, StragglerDetector
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
+    from launchers.health.outcome import HealthOutcome
     from launchers.plan import LaunchPlan
     from launchers.run.control import JobEvents
     from launchers.run.outcome import Outcome
@@ -116,6 +117,18 @@ class JobObserver:
         self.phase = "restarting"
         self.log.write("restart", attempt=attempt, delay_s=delay)
         self._publish()
+
+    def health(self, outcome: HealthOutcome) -> None:
+        """A node health check's verdicts (``launchers.health``), as events.jsonl records them."""
+        self.phase = "health check"
+        nodes = [{"index": v.index, "host": v.host, "verdict": v.verdict, "reason": v.reason} for v in outcome.verdicts]
+        self.log.write(
+            "health",
+            seconds=round(outcome.seconds, 3),
+            nodes=nodes,
+            bad=[n["host"] for n in nodes if n["verdict"] != "ok"],
+            incomplete=outcome.incomplete,
+        )
 
     def finished(self, code: int) -> dict[str, Any]:
         """The run is over: the goodput report, printed and logged."""
