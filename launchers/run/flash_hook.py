@@ -57,8 +57,8 @@ class FlashHook:
         supervisor need not wait out their grace period: the returned reason says so.
         """
         result = self.persist(time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed")
-        if result is not None and result.committed:
-            return f"step {result.step} is committed for every rank"
+        if result is not None and result.status in ("committed", "written"):  # written: node 0 commits it
+            return f"step {result.step} is {result.status} for every rank"
         return None
 
     def after_stop(self, outcome: Outcome) -> None:
