@@ -24,12 +24,10 @@ from launchers.elastic import progress, staging
 from launchers.engines import get_engine
 from launchers.engines.base import Engine
 from launchers.errors import UserError
-from launchers.health.gate import before_start
 from launchers.log import say
 from launchers.plan import LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
 from launchers.run import signals as early_signals
-from launchers.run.background_persist import BackgroundPersist
 from launchers.run.control import control_port
 from launchers.run.flash_hook import FlashHook
 from launchers.run.hang import HangMonitor
@@ -46,7 +44,9 @@ from launchers.run.supervisor import Supervisor
 from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
+    from launchers.run.background_persist import BackgroundPersist
     from launchers.run.control import JobEvents
+    from launchers.run.flash_save import Exchange
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
 
@@ -132,7 +132,7 @@ def run_job(
     code = 1
     try:
         with SignalRouter() as signals:
-            refused = before_start(job, cluster, events, observer.health)  # the node health check: its exit code
+            refused = _health_check(job, cluster, events, observer)  # the node health check: its exit code
             if refused is not None:
                 code = refused
                 return code
@@ -195,7 +195,7 @@ def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
         if not met:
             return code
         run.events.start_generation(attempt)
-        refused = before_start(job, cluster, run.events, run.observer.health)  # again before each restart
+        refused = _health_check(job, cluster, run.events, run.observer)  # again before each restart
         if refused is not None:
             return refused
         cluster = run.engine.restart_cluster(cluster, attempt)
@@ -211,8 +211,8 @@ def _attempt(
     clear_error_files(plan)
     run.events.start_generation(attempt)
     exchange = run.events.exchange if run.events.networked else None
-    background = BackgroundPersist(run.run_id, attempt, plan, job.checkpoint.persist_every, exchange)
-    flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce=background.stop)
+    background = _background_persist(job, plan, attempt, run.run_id, exchange)
+    flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce=background.stop if background else None)
     run.observer.attempt_started(plan, attempt)
     try:
         outcome = Supervisor(
@@ -225,14 +225,15 @@ def _attempt(
             log_mode="wb" if attempt == 0 else "ab",
             standbys=run.standbys,
             on_failure=flash,
-            tick=_ticks(monitor, run.observer.tick, background.tick),
+            tick=_ticks(monitor, run.observer.tick, *([background.tick] if background else [])),
             reserve=flash.reserve,
             job_events=run.events,
             hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
             stop_timeout=plan.policy.stop_timeout,
         ).run()
     finally:
-        background.stop()
+        if background is not None:
+            background.stop()
         if cleanup is not None:
             cleanup()
     if outcome.status == "signalled":
@@ -242,6 +243,26 @@ def _attempt(
     staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
     progress.unlink_run(run.run_id)
     return outcome, roots
+
+
+def _background_persist(
+    job: Job, plan: LaunchPlan, attempt: int, run_id: str, exchange: Exchange | None
+) -> BackgroundPersist | None:
+    """``checkpoint.persist_every``'s background writer (imported only when it is on)."""
+    if not job.checkpoint.persist_every:
+        return None
+    from launchers.run.background_persist import BackgroundPersist
+
+    return BackgroundPersist(run_id, attempt, plan, job.checkpoint.persist_every, exchange)
+
+
+def _health_check(job: Job, cluster: Cluster, events: JobEvents, observer: JobObserver) -> int | None:
+    """The node health check when job.yaml turns it on (``launchers.health``, imported only then)."""
+    if not job.health_check.before_start:
+        return None
+    from launchers.health.gate import before_start
+
+    return before_start(job, cluster, events, observer.health)
 
 
 def _ticks(*calls: Callable[[], None]) -> Callable[[], None]:
