@@ -197,3 +197,19 @@ def test_bad_slurm_env_through_the_cli_exits_2_without_traceback(
         result = run_cli(command, env)
         assert result.code == 2, (result.stdout, result.stderr)
         assert fragment in result.stderr and result.traceback is None and "Traceback" not in result.stderr
+
+
+def test_without_python_hostlist_scontrol_expands_or_the_error_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """python-hostlist is an extra (it ships no wheel); Slurm's own scontrol is the fallback on a Slurm node."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "hostlist", None)  # import hostlist → ImportError
+    scontrol = shutil.which("scontrol")
+    usable = scontrol and subprocess.run([scontrol, "show", "hostnames", "a1"], capture_output=True).returncode == 0
+    if usable:  # scontrol needs a slurm.conf even for this: a Slurm node has one
+        assert expand_nodelist("node[01-03,07]", "SLURM_JOB_NODELIST") == ["node01", "node02", "node03", "node07"]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(PlatformError, match=r"neither python-hostlist \(pip install 'mlaunch\[slurm\]'\) nor"):
+        expand_nodelist("node[01-03]", "SLURM_JOB_NODELIST")

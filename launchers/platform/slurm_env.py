@@ -7,8 +7,9 @@ mlaunch instances, not training processes. What is read (measured with slurmd 22
 - ``SLURM_JOB_ID`` (or ``SLURM_JOBID``) makes it a Slurm sighting at all;
 - the hosts: ``SLURM_STEP_NODELIST`` inside an ``srun`` step, else ``SLURM_JOB_NODELIST``
   (``SLURM_NODELIST``), in Slurm's compressed form (``node[01-04,07]``, ``a[1-2],b3``,
-  ``n[001-003]-ib``) expanded by python-hostlist, the maintained library Slurm sites use; the
-  first host is the master;
+  ``n[001-003]-ib``) expanded by python-hostlist (the maintained library Slurm sites use;
+  ``pip install 'mlaunch[slurm]'``), else by Slurm's own ``scontrol show hostnames`` (python-hostlist
+  ships no wheel, and a platform's offline wheelhouse must not need it); the first host is the master;
 - the node count: ``SLURM_STEP_NUM_NODES`` in a step, else ``SLURM_NNODES``
   (``SLURM_JOB_NUM_NODES``); it must equal the number of hosts;
 - this node's index: ``SLURM_NODEID``; ``SLURM_PROCID`` (the task's rank) must equal it and
@@ -90,8 +91,6 @@ def _hosts(env: Mapping[str, str], in_step: bool) -> tuple[str, list[str]]:
 
 def expand_nodelist(text: str, what: str) -> list[str]:
     """Slurm's compressed host list → host names, in Slurm's order; bounded before it is expanded."""
-    import hostlist  # python-hostlist
-
     spec = text.strip()
     if not spec:
         raise PlatformError(f"Slurm env {what} is empty; expected host names such as node[01-04,07]")
@@ -100,19 +99,51 @@ def expand_nodelist(text: str, what: str) -> list[str]:
     count = _count_hosts(spec)
     if count > MAX_NODES:
         raise PlatformError(f"Slurm env {what}={spec[:80]!r} names {count:,} hosts; mlaunch runs at most {MAX_NODES:,}")
-    try:
-        hosts = [str(h) for h in hostlist.expand_hostlist(spec, allow_duplicates=True)]
-    except hostlist.BadHostlist as exc:
-        raise PlatformError(
-            f"Slurm env {what}={spec[:200]!r} is not a Slurm host list ({exc}); "
-            "expected e.g. node[01-04,07] or a1,b[2-3]"
-        ) from None
+    hosts = _expand(spec, what)
     if not hosts or any(not h or h != h.strip() for h in hosts):
         raise PlatformError(f"Slurm env {what}={spec[:200]!r} has an empty or blank host name")
     if len(set(hosts)) != len(hosts):
         twice = next(h for h in hosts if hosts.count(h) > 1)
         raise PlatformError(f"Slurm env {what}={spec[:200]!r} names host {twice} twice; expected each node once")
     return hosts
+
+
+def _expand(spec: str, what: str) -> list[str]:
+    try:
+        import hostlist  # python-hostlist
+    except ImportError:
+        return _scontrol_hostnames(spec, what)
+    try:
+        return [str(h) for h in hostlist.expand_hostlist(spec, allow_duplicates=True)]
+    except hostlist.BadHostlist as exc:
+        raise PlatformError(
+            f"Slurm env {what}={spec[:200]!r} is not a Slurm host list ({exc}); "
+            "expected e.g. node[01-04,07] or a1,b[2-3]"
+        ) from None
+
+
+def _scontrol_hostnames(spec: str, what: str) -> list[str]:
+    """Slurm's own expansion, where python-hostlist is not installed (scontrol is on every Slurm node)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("scontrol")
+    if exe is None:
+        raise PlatformError(
+            f"cannot expand Slurm env {what}={spec[:80]!r}: neither python-hostlist "
+            "(pip install 'mlaunch[slurm]') nor Slurm's scontrol is available"
+        )
+    try:
+        done = subprocess.run([exe, "show", "hostnames", spec], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PlatformError(f"cannot expand Slurm env {what} with {exe}: {exc}") from None
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip()[:200]
+        raise PlatformError(
+            f"Slurm env {what}={spec[:200]!r} is not a Slurm host list (scontrol: {why}); "
+            "expected e.g. node[01-04,07] or a1,b[2-3]"
+        )
+    return done.stdout.split()
 
 
 def _count_hosts(spec: str) -> int:
