@@ -82,6 +82,29 @@ def test_a_hang_carries_its_cause_so_the_other_nodes_dump_their_stacks_and_statu
         a.close(0)
 
 
+def test_a_failure_left_over_from_an_ended_attempt_does_not_stop_the_next() -> None:
+    """An attempt can end through another channel (MPI's completion channel) before its plane event is polled."""
+    a, b = agents()
+    try:
+        time.sleep(0.3)
+        b.report_failure(Failure("rank 3", 3, 1, 7, None, [], None))
+        assert a.first_failure(0, 2) is not None  # arrived, not polled
+        a.start_generation(1)
+        b.start_generation(1)
+        time.sleep(0.2)
+        assert a.poll() is None  # generation 0's failure does not stop generation 1
+        b.report_failure(Failure("rank 2", 2, 1, 5, None, [], None))
+        deadline = time.monotonic() + 2
+        event = None
+        while event is None and time.monotonic() < deadline:
+            event = a.poll()
+            time.sleep(0.01)
+        assert isinstance(event, RemoteFailure) and event.generation == 1 and event.exit_code == 5
+    finally:
+        b.close(0)
+        a.close(0)
+
+
 def test_a_silent_node_is_lost_and_exchanges_end() -> None:
     a, b = agents(node_timeout=1.0)
     try:

@@ -83,7 +83,14 @@ class NetworkEvents(JobEvents):
             while os.read(self._wake_r, 512):
                 pass
         with self._cond:
-            return self._events.pop(0) if self._events else None
+            for index, event in enumerate(self._events):
+                if isinstance(event, RemoteFailure) and 0 <= event.generation != self.generation:
+                    continue  # another attempt's: an old one is over, a newer one is for later
+                return self._events.pop(index)
+            self._events = [  # an attempt that ended (through the MPI completion channel, say) left it behind
+                e for e in self._events if not (isinstance(e, RemoteFailure) and e.generation < self.generation)
+            ]
+            return None
 
     def first_failure(self, generation: int, wait: float = 0.0) -> RemoteFailure | None:
         end = time.monotonic() + wait
@@ -178,6 +185,7 @@ class NetworkEvents(JobEvents):
                 message.get("signal"),
                 str(message.get("host", "")),
                 str(message.get("cause") or ""),
+                int(message["gen"]),
             )
             with self._cond:
                 self._first[int(message["gen"])] = failure

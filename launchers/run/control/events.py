@@ -31,6 +31,7 @@ class RemoteFailure:
     signal: int | None
     host: str = ""
     cause: str = ""  # e.g. "hung: no progress for 5m ...": the other nodes dump their stacks too
+    generation: int = -1  # the attempt it ended (-1: not said); a stale one must not stop the next attempt
 
     def describe(self) -> str:
         how = f"killed by {signal_name(self.signal)}" if self.signal else "exited"
