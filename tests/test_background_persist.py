@@ -30,7 +30,7 @@ from launchers.run.background_persist import BackgroundPersist
 from launchers.run.runner import make_plan
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
-from elastic_testlib import children, final_checksum, wait_for  # noqa: E402
+from elastic_testlib import CHAOS, children, final_checksum, wait_for  # noqa: E402
 
 np = pytest.importorskip("numpy")
 STEPS = 300
@@ -201,9 +201,12 @@ def _watch(ckpt: Path, proc: subprocess.Popen[str], seen: dict[int, str]) -> Non
 
 
 def _rank_pid(mlaunch_pid: int, rank: int) -> int | None:
+    """The training process of ``rank`` — not a warm standby waiting for the next attempt (same env)."""
     for pid in children(mlaunch_pid):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if b"launchers.run.standby" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
         except OSError:
             continue
         if f"RANK={rank}".encode() in env and b"MLAUNCH_RUN_ID=" in b"\0".join(env):
@@ -235,11 +238,24 @@ def test_steps_are_persisted_in_the_background_and_load(tmp_path: Path) -> None:
 
 
 @needs_torch
+def _paced(job: Path) -> Path:
+    """The example through the chaos wrapper with 30 ms per step: the kill must land while it trains.
+
+    Unpaced, a quiet machine trains the 300 steps in a few seconds and the first background step
+    ≥ 20 can be seen so late that the kill hits a rank that already finished (no restart at all).
+    """
+    text = job.read_text().replace("entry: train.py", f"entry: {CHAOS}")
+    text = text.replace("  GLOO_SOCKET_IFNAME: lo\n", '  GLOO_SOCKET_IFNAME: lo\n  CHAOS_STEP_SLEEP: "0.03"\n')
+    assert str(CHAOS) in text and "CHAOS_STEP_SLEEP" in text
+    job.write_text(text)
+    return job
+
+
 def test_resume_after_kill_minus_nine_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    reference = run_mlaunch(["--engine", "pytorch", str(example_job(tmp_path / "ref"))], timeout=300)
+    reference = run_mlaunch(["--engine", "pytorch", str(_paced(example_job(tmp_path / "ref")))], timeout=300)
     assert reference.returncode == 0, reference.stderr
     extra = "  persist_every: 5\n"
-    job = example_job(tmp_path, extra)
+    job = _paced(example_job(tmp_path, extra))
     job.write_text(job.read_text().replace("max_restarts: 0", "max_restarts: 1"))
     proc, lines = _start(job)
     seen: dict[int, str] = {}
@@ -253,8 +269,9 @@ def test_resume_after_kill_minus_nine_matches_an_uninterrupted_run(tmp_path: Pat
     watcher.join(timeout=10)
     out = "".join(lines)
     assert proc.returncode == 0, err
+    assert f"rank 1 (pid {pid}) was killed by SIGKILL" in err, err  # the kill hit the training rank
     resumed = re.findall(r"resumed from step (\d+)", out)
-    assert resumed and int(resumed[0]) >= 20, out[-2000:]
+    assert resumed and int(resumed[0]) >= 20, (out[-2000:], err[-3000:], pid)
     assert final_checksum(out) == final_checksum(reference.stdout)
 
 
