@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,12 @@ def test_a_commit_never_outlives_the_runs_clear(tmp_path: Path, monkeypatch: pyt
     assert not [p for p in ckpt.iterdir() if p.name.startswith("step_")]
 
 
-def _start(job: Path) -> tuple[subprocess.Popen[str], list[str]]:
+def _start(job: Path) -> tuple[subprocess.Popen[str], list[str], Callable[[float], str]]:
+    """mlaunch in the background: its stdout lines as they come, and a wait that returns its stderr.
+
+    Both pipes are read by threads only: ``communicate()`` beside a stdout reader would take part of
+    stdout away from it (lines such as "resumed from step N" went missing that way).
+    """
     proc = subprocess.Popen(
         [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
         env=clean_env(),
@@ -183,13 +189,21 @@ def _start(job: Path) -> tuple[subprocess.Popen[str], list[str]]:
         stderr=subprocess.PIPE,
     )
     lines: list[str] = []
+    errs: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True),
+        threading.Thread(target=lambda: errs.extend(proc.stderr or []), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
 
-    def pump() -> None:
-        assert proc.stdout is not None
-        lines.extend(proc.stdout)
+    def wait(timeout: float) -> str:
+        proc.wait(timeout=timeout)
+        for reader in readers:
+            reader.join(timeout=30)
+        return "".join(errs)
 
-    threading.Thread(target=pump, daemon=True).start()
-    return proc, lines
+    return proc, lines, wait
 
 
 def _watch(ckpt: Path, proc: subprocess.Popen[str], seen: dict[int, str]) -> None:
@@ -219,10 +233,10 @@ def test_steps_are_persisted_in_the_background_and_load(tmp_path: Path) -> None:
     reference = run_mlaunch(["--engine", "pytorch", str(example_job(tmp_path / "ref", steps=120))], timeout=300)
     assert reference.returncode == 0, reference.stderr
     job = example_job(tmp_path, "  persist_every: 5\n", steps=120, args=', "--keep-checkpoints"')
-    proc, lines = _start(job)
+    proc, lines, wait = _start(job)
     seen: dict[int, str] = {}
     _watch(tmp_path / "ckpt", proc, seen)
-    _, err = proc.communicate(timeout=300)
+    err = wait(300)
     assert proc.returncode == 0, err
     assert final_checksum("".join(lines)) == final_checksum(reference.stdout)
     background = sorted(step for step, source in seen.items() if source == "background")
@@ -257,7 +271,7 @@ def test_resume_after_kill_minus_nine_matches_an_uninterrupted_run(tmp_path: Pat
     extra = "  persist_every: 5\n"
     job = _paced(example_job(tmp_path, extra))
     job.write_text(job.read_text().replace("max_restarts: 0", "max_restarts: 1"))
-    proc, lines = _start(job)
+    proc, lines, wait = _start(job)
     seen: dict[int, str] = {}
     watcher = threading.Thread(target=_watch, args=(tmp_path / "ckpt", proc, seen), daemon=True)
     watcher.start()
@@ -265,7 +279,7 @@ def test_resume_after_kill_minus_nine_matches_an_uninterrupted_run(tmp_path: Pat
     pid = _rank_pid(proc.pid, 1)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    _, err = proc.communicate(timeout=300)
+    err = wait(300)
     watcher.join(timeout=10)
     out = "".join(lines)
     assert proc.returncode == 0, err
