@@ -75,6 +75,44 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+class BackgroundMlaunch:
+    """``mlaunch ARGS`` in the background: its stdout lines as they arrive, ``wait()`` returns its stderr.
+
+    Both pipes are read by threads only: ``communicate()`` beside a stdout reader takes part of
+    stdout away from it (a "resumed from step N" line once went missing that way).
+    """
+
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+        import threading
+
+        self.proc = subprocess.Popen(
+            [*mlaunch_cmd(), *args], env=env or clean_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.lines: list[str] = []
+        self._errs: list[str] = []
+        self._readers = [
+            threading.Thread(target=lambda: self.lines.extend(self.proc.stdout or []), daemon=True),
+            threading.Thread(target=lambda: self._errs.extend(self.proc.stderr or []), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float) -> str:
+        """Wait for mlaunch to exit; its whole stderr."""
+        self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=30)
+        return "".join(self._errs)
+
+
 def run_mlaunch(
     args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

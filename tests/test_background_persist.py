@@ -17,11 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
+from conftest import EXAMPLES, ROOT, BackgroundMlaunch, clean_env, needs_torch, run_mlaunch
 
 from launchers.config.loader import load_job
 from launchers.elastic import layout, shardfile, staging
@@ -175,35 +174,8 @@ def test_a_commit_never_outlives_the_runs_clear(tmp_path: Path, monkeypatch: pyt
     assert not [p for p in ckpt.iterdir() if p.name.startswith("step_")]
 
 
-def _start(job: Path) -> tuple[subprocess.Popen[str], list[str], Callable[[float], str]]:
-    """mlaunch in the background: its stdout lines as they come, and a wait that returns its stderr.
-
-    Both pipes are read by threads only: ``communicate()`` beside a stdout reader would take part of
-    stdout away from it (lines such as "resumed from step N" went missing that way).
-    """
-    proc = subprocess.Popen(
-        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
-        env=clean_env(),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    lines: list[str] = []
-    errs: list[str] = []
-    readers = [
-        threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True),
-        threading.Thread(target=lambda: errs.extend(proc.stderr or []), daemon=True),
-    ]
-    for reader in readers:
-        reader.start()
-
-    def wait(timeout: float) -> str:
-        proc.wait(timeout=timeout)
-        for reader in readers:
-            reader.join(timeout=30)
-        return "".join(errs)
-
-    return proc, lines, wait
+def _start(job: Path) -> BackgroundMlaunch:
+    return BackgroundMlaunch(["--engine", "pytorch", str(job)])
 
 
 def _watch(ckpt: Path, proc: subprocess.Popen[str], seen: dict[int, str]) -> None:
@@ -233,12 +205,12 @@ def test_steps_are_persisted_in_the_background_and_load(tmp_path: Path) -> None:
     reference = run_mlaunch(["--engine", "pytorch", str(example_job(tmp_path / "ref", steps=120))], timeout=300)
     assert reference.returncode == 0, reference.stderr
     job = example_job(tmp_path, "  persist_every: 5\n", steps=120, args=', "--keep-checkpoints"')
-    proc, lines, wait = _start(job)
+    run = _start(job)
     seen: dict[int, str] = {}
-    _watch(tmp_path / "ckpt", proc, seen)
-    err = wait(300)
-    assert proc.returncode == 0, err
-    assert final_checksum("".join(lines)) == final_checksum(reference.stdout)
+    _watch(tmp_path / "ckpt", run.proc, seen)
+    err = run.wait(300)
+    assert run.proc.returncode == 0, err
+    assert final_checksum(run.stdout) == final_checksum(reference.stdout)
     background = sorted(step for step, source in seen.items() if source == "background")
     assert len(background) >= 3, (seen, err)  # appeared while training ran
     assert all(step % 5 == 0 for step in background)
@@ -271,18 +243,18 @@ def test_resume_after_kill_minus_nine_matches_an_uninterrupted_run(tmp_path: Pat
     extra = "  persist_every: 5\n"
     job = _paced(example_job(tmp_path, extra))
     job.write_text(job.read_text().replace("max_restarts: 0", "max_restarts: 1"))
-    proc, lines, wait = _start(job)
+    run = _start(job)
     seen: dict[int, str] = {}
-    watcher = threading.Thread(target=_watch, args=(tmp_path / "ckpt", proc, seen), daemon=True)
+    watcher = threading.Thread(target=_watch, args=(tmp_path / "ckpt", run.proc, seen), daemon=True)
     watcher.start()
     assert wait_for(lambda: any(s == "background" and step >= 20 for step, s in list(seen.items())), 300), seen
-    pid = _rank_pid(proc.pid, 1)
+    pid = _rank_pid(run.pid, 1)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    err = wait(300)
+    err = run.wait(300)
     watcher.join(timeout=10)
-    out = "".join(lines)
-    assert proc.returncode == 0, err
+    out = run.stdout
+    assert run.proc.returncode == 0, err
     assert f"rank 1 (pid {pid}) was killed by SIGKILL" in err, err  # the kill hit the training rank
     resumed = re.findall(r"resumed from step (\d+)", out)
     assert resumed and int(resumed[0]) >= 20, (out[-2000:], err[-3000:], pid)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
-from conftest import EXAMPLES, ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
+from conftest import EXAMPLES, ROOT, BackgroundMlaunch, needs_torch, run_mlaunch
 
 from launchers.elastic import layout
 
@@ -37,6 +35,13 @@ def example_job(tmp_path: Path) -> Path:
     return job
 
 
+def _train_until_step_10(job: Path) -> BackgroundMlaunch:
+    """The example under mlaunch in the background, once rank 0 printed a two-digit step."""
+    run = BackgroundMlaunch(["--engine", "pytorch", str(job)])
+    assert wait_for(lambda: any(re.search(r"step (\d{2,}) loss", line) for line in list(run.lines)), 300)
+    return run
+
+
 def test_example_interrupted_by_sigterm_resumes_to_the_same_checksum(tmp_path: Path) -> None:
     job = example_job(tmp_path)
     uninterrupted = run_mlaunch(["--engine", "pytorch", str(job)], timeout=300)
@@ -45,27 +50,11 @@ def test_example_interrupted_by_sigterm_resumes_to_the_same_checksum(tmp_path: P
     assert expected
     assert not layout.committed(tmp_path / "ckpt")  # a finished run leaves no resume point behind
 
-    proc = subprocess.Popen(
-        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
-        env=clean_env(),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    lines: list[str] = []
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        lines.extend(proc.stdout)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    assert wait_for(lambda: any(re.search(r"step (\d{2,}) loss", line) for line in list(lines)), 300)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    reader.join(timeout=10)
-    assert proc.returncode == 143, err
-    assert "final-checksum" not in "".join(lines)  # it really stopped mid-way
+    run = _train_until_step_10(job)
+    run.proc.send_signal(signal.SIGTERM)
+    err = run.wait(120)
+    assert run.proc.returncode == 143, err
+    assert "final-checksum" not in run.stdout  # it really stopped mid-way
     stopped_at = layout.committed(tmp_path / "ckpt")[0].step
     assert 10 <= stopped_at < STEPS - 1
 
@@ -88,21 +77,10 @@ def test_sigterm_spares_the_dataloader_workers_of_a_guarded_rank(tmp_path: Path)
     job = example_job(tmp_path)
     job.write_text(job.read_text().replace(f'"--steps", "{STEPS}"', f'"--steps", "{STEPS}", "--workers", "2"'))
     assert '"--workers", "2"' in job.read_text()
-    proc = subprocess.Popen(
-        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
-        env=clean_env(),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
-    reader.start()
-    assert wait_for(lambda: any(re.search(r"step (\d{2,}) loss", line) for line in list(lines)), 300)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    reader.join(timeout=10)
-    assert proc.returncode == 143, err
+    run = _train_until_step_10(job)
+    run.proc.send_signal(signal.SIGTERM)
+    err = run.wait(120)
+    assert run.proc.returncode == 143, err
     assert "DataLoader worker" not in err and "Traceback" not in err, err
     assert re.search(r"\[node 0 rank 0\] .*committed step \d+ to ", err), err  # the ranks' own save, not the agent's
     assert "flash save" not in err, err
@@ -120,26 +98,15 @@ def test_sigterm_to_every_process_group_as_slurm_sends_it_stops_the_ranks_cleanl
 
     job = example_job(tmp_path)
     job.write_text(job.read_text().replace(f'"--steps", "{STEPS}"', f'"--steps", "{STEPS}", "--workers", "2"'))
-    proc = subprocess.Popen(
-        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
-        env=clean_env(),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
-    reader.start()
-    assert wait_for(lambda: any(re.search(r"step (\d{2,}) loss", line) for line in list(lines)), 300)
-    ranks = [c for c in psutil.Process(proc.pid).children() if "train.py" in " ".join(c.cmdline())]
+    run = _train_until_step_10(job)
+    ranks = [c for c in psutil.Process(run.pid).children() if "train.py" in " ".join(c.cmdline())]
     assert len(ranks) == 4
     workers = [w for r in ranks for w in r.children()]
     assert len(workers) == 8, workers
     for rank in ranks:
         os.killpg(rank.pid, signal.SIGTERM)  # every process of the rank's group: the rank and its workers
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    reader.join(timeout=10)
-    assert proc.returncode == 143, err
+    run.proc.send_signal(signal.SIGTERM)
+    err = run.wait(120)
+    assert run.proc.returncode == 143, err
     assert "DataLoader worker" not in err and "Traceback" not in err, err
     assert re.search(r"\[node 0 rank 0\] .*committed step \d+ to ", err), err
