@@ -15,36 +15,20 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import needs_torch
 from health_faults import finish, slow_link, start, starved_cgroup, write_job
-from netns import IP, Host, NetnsHosts, netns_unavailable_reason
+from netns import IP, Host, hosts_fixture
 
 from launchers.health.check import HEALTH_EXIT_CODE
 from launchers.run.observe.events_log import read_events
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_torch]
 
-
-def _hosts(count: int) -> Iterator[list[Host]]:
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with NetnsHosts(count) as net:
-        yield net.hosts
-
-
-@pytest.fixture
-def hosts3() -> Iterator[list[Host]]:
-    yield from _hosts(3)
-
-
-@pytest.fixture
-def hosts4() -> Iterator[list[Host]]:
-    yield from _hosts(4)
+hosts3 = pytest.fixture(hosts_fixture(3), name="hosts3")
+hosts4 = pytest.fixture(hosts_fixture(4), name="hosts4")
 
 
 def dump(results: list[tuple[int, str, str]]) -> str:

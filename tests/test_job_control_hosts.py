@@ -19,39 +19,23 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
-from netns import IP, Host, NetnsHosts, netns_unavailable_reason
+from netns import IP, Host, hosts_fixture
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import CHAOS, final_checksum  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
+hosts2 = pytest.fixture(hosts_fixture(2), name="hosts2")
+hosts3 = pytest.fixture(hosts_fixture(3), name="hosts3")
+
 BEHAVE = ROOT / "tests" / "scripts" / "behave.py"
 STEPS = 24
 NODE_TIMEOUT = 3.0
-
-
-def _hosts(count: int) -> Iterator[list[Host]]:
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with NetnsHosts(count) as net:
-        yield net.hosts
-
-
-@pytest.fixture
-def hosts2() -> Iterator[list[Host]]:
-    yield from _hosts(2)
-
-
-@pytest.fixture
-def hosts3() -> Iterator[list[Host]]:
-    yield from _hosts(3)
 
 
 def write_job(tmp: Path, *, nodes: int, procs: int, entry: Path, args: str = "", extra: str = "") -> Path:

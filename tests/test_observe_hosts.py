@@ -13,28 +13,20 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch
-from netns import Host, NetnsHosts, netns_unavailable_reason
+from netns import Host, hosts_fixture
 
 from launchers.run.observe.events_log import read_events
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
+hosts2 = pytest.fixture(hosts_fixture(2), name="hosts2")
+
 STRAGGLE = ROOT / "tests" / "scripts" / "straggle.py"
-
-
-@pytest.fixture
-def hosts2() -> Iterator[list[Host]]:
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with NetnsHosts(2) as net:
-        yield net.hosts
 
 
 def _start(hosts: list[Host], tmp: Path, env: dict[str, str]) -> list[subprocess.Popen[str]]:
