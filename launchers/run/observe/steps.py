@@ -41,7 +41,9 @@ class RankProgress:
         if len(self.samples) < 2:
             return None
         (s0, w0), (s1, w1) = self.samples[0], self.samples[-1]
-        return (s1 - s0) / (w1 - w0) if w1 > w0 and s1 > s0 else 0.0 if w1 > w0 else None
+        if w1 <= w0:
+            return None
+        return max(s1 - s0, 0) / (w1 - w0)
 
     def update(self, report: progress.Progress) -> int:
         """Take a new sample; the steps it advanced (0: nothing new)."""
