@@ -1,20 +1,19 @@
-"""Node 0's one process: wait for the peers, run mpirun, tell the peers how it ended.
+"""Node 0's one process: wait for the peers, run mpirun, exit with its code.
 
 ``python -m bootstrap.head [options] -- mpirun ...`` is what the MPI engine plans on node 0;
 the supervisor runs it like any rank (prefixed output, log file, SIGTERM → grace → SIGKILL).
 
-1. Links to every peer's completion listener (``bootstrap.completion``) and keeps them
-   beating, so the peers know node 0 is alive from the start.
-2. Checks every host's sshd concurrently with a real SSH login (``bootstrap.readiness``),
+1. Checks every host's sshd concurrently with a real SSH login (``bootstrap.readiness``),
    one overall deadline, and writes the hostfile (``address slots=N``) in node order.
-3. Runs mpirun in its own process group with an environment reduced to what the job needs:
+2. Runs mpirun in its own process group with an environment reduced to what the job needs:
    the variables named by mpirun's ``-x`` options plus a few basics (HOME, LANG...). Ranks
    started here inherit exactly what remote ranks get; nothing else of mlaunch's
    environment — credentials included — reaches them. SIGTERM/SIGINT/SIGHUP are forwarded
    to mpirun (which stops every rank on every node); if it is still there shortly before the
    supervisor's grace period ends, it and its local ranks are SIGKILLed. mpirun also gets a
    parent-death signal, so it never outlives this wrapper.
-4. Sends the exit code to every peer and exits with it (128+N if stopped by signal N).
+3. Exits with mpirun's code (128+N if stopped by signal N). Node 0's mlaunch tells the
+   other nodes through the job's control plane (``launchers.run.control``).
 """
 
 from __future__ import annotations
@@ -32,9 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-from bootstrap.completion import Notifier, heartbeat_interval
 from bootstrap.hosts import render_hostfile
-from bootstrap.keys import completion_secret, write_private
+from bootstrap.keys import write_private
 from launchers import log
 from launchers.config.secrets import looks_secret
 from launchers.run.signals import STOP_SIGNALS
@@ -63,8 +61,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--key-file", type=Path)
     parser.add_argument("--known-hosts", type=Path)
     parser.add_argument("--peer-timeout", type=float, default=300.0)
-    parser.add_argument("--completion-port", type=int, default=36667)
-    parser.add_argument("--node0-timeout", type=float, default=60.0)
     parser.add_argument("--grace", type=float, default=30.0, help="the supervisor's grace period")
     parser.add_argument("--keep-env", action="append", default=[], help="another env name mpirun keeps")
     parser.add_argument(
@@ -209,7 +205,6 @@ def main(argv: list[str] | None = None) -> int:
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
     stopper = Stopper()
     stopper.install()
-    notifier: Notifier | None = None
     code: int
     hosts = [h for h in args.hosts.split(",") if h] if not args.local else []
     if args.local:
@@ -218,21 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         assert args.key_file is not None and args.known_hosts is not None
         from bootstrap.readiness import PeersNotReady, load_client_key, load_pinned_host_key, wait_for_peers
 
-        peers = hosts[1:]
-        if peers:
-            notifier = Notifier(
-                peers,
-                args.completion_port,
-                completion_secret(args.key_file),
-                args.job,
-                args.attempt,
-                heartbeat_interval(args.node0_timeout),
-            ).start()
         try:
             pkey, host_key = load_client_key(args.key_file), load_pinned_host_key(args.known_hosts)
         except Exception as exc:  # noqa: BLE001 - any unreadable/malformed key is the same user problem
             say(f"cannot load the job's keys ({args.key_file}, {args.known_hosts}): {exc}")
-            return finish(notifier, EXIT_PEERS_NOT_READY, args)
+            return finish(EXIT_PEERS_NOT_READY)
         say(f"waiting for sshd on {len(hosts)} host(s), port {args.ssh_port} (deadline {args.peer_timeout:g}s)")
         started = time.monotonic()
         try:
@@ -242,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         except PeersNotReady as exc:
             code = 128 + stopper.signal if stopper.signal else EXIT_PEERS_NOT_READY
             say(str(exc))
-            return finish(notifier, code, args)
+            return finish(code)
         slowest = max(statuses.values(), key=lambda s: s.elapsed)
         say(
             f"all {len(hosts)} host(s) accept the job key after {time.monotonic() - started:.2f}s "
@@ -259,20 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         code = run_mpirun(command, env, stopper, args.grace)
         if stopper.signal is not None:
             code = 128 + stopper.signal
-    return finish(notifier, code, args)
+    return finish(code)
 
 
-def finish(notifier: Notifier | None, code: int, args: argparse.Namespace) -> int:
-    """Tell every peer the exit code; name the ones that could not be told."""
-    if notifier is not None:
-        links = notifier.finish(code, timeout=min(max(args.node0_timeout, 5.0), 30.0))
-        missed = [link for link in links.values() if not link.delivered]
-        if missed:
-            say(
-                "could not tell "
-                + ", ".join(f"{link.host} ({link.last_error or 'no link'})" for link in missed)
-                + f" that the job ended; they stop on their own after {args.node0_timeout:g}s"
-            )
+def finish(code: int) -> int:
+    """Say a non-zero code; node 0's mlaunch tells the other nodes."""
     if code:
         say(f"exit code {code}")
     return code

@@ -12,14 +12,13 @@ Files in the secret directory (all private ones 0600, the directory 0700):
 - ``ssh_host_ed25519_key`` / ``ssh_host_ed25519_key.pub`` — the job-wide host key;
 - ``known_hosts`` — ``mlaunch-job <host public key>``, for ``ssh -o HostKeyAlias=mlaunch-job``.
 
-The completion channel between nodes is authenticated with an HMAC whose key is derived
-from the client private key, so no extra secret has to be distributed.
+The job's control plane (``launchers.run.control``) mixes the client private key into its
+message key for MPI jobs, so no extra secret has to be distributed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -151,8 +150,3 @@ def remove_secrets(files: NodeFiles) -> None:
     for path in files.secret_files:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-
-
-def completion_secret(client_key: Path) -> bytes:
-    """HMAC key of the completion channel, derived from the job's private key (same on every node)."""
-    return hashlib.sha256(b"mlaunch completion channel v1\0" + client_key.read_bytes()).digest()

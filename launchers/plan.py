@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from launchers.platform.cluster import Cluster
 
+# Roles of processes that only follow node 0 (the MPI engine's peer: node 0's mpirun runs this
+# node's ranks through its sshd). They end when node 0 says the job ended, with its exit code.
+FOLLOWER_ROLES = ("peer",)
+
 
 @dataclass
 class ProcessSpec:

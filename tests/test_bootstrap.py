@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env
 
-from bootstrap import completion, hosts, keys, readiness, sshd
+from bootstrap import hosts, keys, readiness, sshd
 from bootstrap.runtime import NodeFiles, runtime_root, ssh_client_args
 from launchers.platform.cluster import free_port
 
@@ -77,20 +77,6 @@ def test_problems_name_what_is_missing(tmp_path: Path, secret: Path) -> None:
     (secret / "id_ed25519").write_text("not a key")
     found = " | ".join(keys.problems(secret))
     assert "lacks authorized_keys" in found and "id_ed25519 is not a private key" in found
-
-
-def test_completion_secret_is_shared_by_nodes_and_differs_per_job(tmp_path: Path, secret: Path) -> None:
-    other = tmp_path / "other"
-    keys.generate(other)
-    copy = tmp_path / "copy"
-    copy.write_bytes((secret / "id_ed25519").read_bytes())
-    assert keys.completion_secret(secret / "id_ed25519") == keys.completion_secret(copy)
-    assert keys.completion_secret(secret / "id_ed25519") != keys.completion_secret(other / "id_ed25519")
-
-
-# ----------------------------------------------------------------------------------------
-# sshd + readiness (real sshd on loopback, real paramiko)
-# ----------------------------------------------------------------------------------------
 
 
 def test_sshd_config_is_key_only() -> None:
@@ -267,155 +253,51 @@ def test_hostfile_and_volcano_hosts(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# Completion channel
+# A peer node's process (node 0's exit code reaches it through the control plane:
+# tests/test_control_plane.py, and on netns hosts tests/test_mpi_hosts.py)
 # ----------------------------------------------------------------------------------------
 
 
-def listener_on_loopback(secret: bytes, job: str = "j", attempt: int = 0) -> tuple[completion.Listener, int]:
-    sock = completion.bind_listener(["127.0.0.1"], 0)
-    listener = completion.Listener(sock, secret, job, attempt)
-    threading.Thread(target=listener.serve, args=(lambda: False,), daemon=True).start()
-    return listener, int(sock.getsockname()[1])
+def test_peer_holds_the_node_until_stopped_then_stops_sshd_and_its_sessions(
+    running_sshd: tuple[NodeFiles, int],
+) -> None:
+    import psutil
 
-
-def test_notifier_delivers_the_exit_code() -> None:
-    key = os.urandom(32)
-    listener, port = listener_on_loopback(key)
-    notifier = completion.Notifier(["127.0.0.1"], port, key, "j", 0, heartbeat=0.05).start()
-    deadline = time.monotonic() + 5
-    while listener.links == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert listener.links == 1
-    first = listener.last_contact
-    time.sleep(0.2)
-    assert listener.last_contact and first and listener.last_contact > first  # heartbeats arrive
-    links = notifier.finish(7, timeout=5)
-    assert links["127.0.0.1"].delivered and listener.code == 7 and listener.done.is_set()
-
-
-@pytest.mark.parametrize(
-    ("their_job", "their_attempt", "their_key"), [("j", 0, b"x" * 32), ("other", 0, None), ("j", 1, None)]
-)
-def test_wrong_key_job_or_attempt_is_rejected(their_job: str, their_attempt: int, their_key: bytes | None) -> None:
-    key = os.urandom(32)
-    listener, port = listener_on_loopback(key)
-    notifier = completion.Notifier(["127.0.0.1"], port, their_key or key, their_job, their_attempt, 0.05).start()
-    links = notifier.finish(3, timeout=1)
-    assert not links["127.0.0.1"].delivered and links["127.0.0.1"].rejected
-    assert listener.code is None and listener.rejected >= 1 and listener.last_contact is None
-
-
-def test_stray_and_replayed_messages_cannot_end_a_peer() -> None:
-    key = os.urandom(32)
-    listener, port = listener_on_loopback(key)
-
-    def talk(lines: list[str]) -> tuple[str, list[str | None]]:
-        chan = completion.LineSocket(socket.create_connection(("127.0.0.1", port), timeout=5))
-        banner = chan.recv(5) or ""
-        answers = []
-        for line in lines:
-            chan.send(line)
-            try:
-                answers.append(chan.recv(2))
-            except (TimeoutError, OSError):
-                answers.append(None)
-        chan.close()
-        return banner.split(" ")[1], answers
-
-    # garbage, then an unsigned exit
-    assert talk(["hello"])[1] == [None]
-    nonce, answers = talk(["exit 1 0 " + "0" * 64])
-    assert answers == ["bad"]
-    # a correctly signed exit for one connection's nonce, replayed on another connection
-    mac = completion.mac(key, nonce, "j", 0, 1, "exit", "0")
-    assert talk([f"exit 1 0 {mac}"])[1] == ["bad"]
-    # exit before hello is refused even when signed for this connection
-    chan = completion.LineSocket(socket.create_connection(("127.0.0.1", port), timeout=5))
-    nonce = (chan.recv(5) or "").split(" ")[1]
-    chan.send(f"exit 1 0 {completion.mac(key, nonce, 'j', 0, 1, 'exit', '0')}")
-    assert chan.recv(2) is None
-    chan.close()
-    assert listener.code is None and not listener.done.is_set() and listener.last_contact is None
-
-
-def run_peer(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bootstrap.peer", *args],
-        env=clean_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    layout, port = running_sshd
+    session = subprocess.Popen(
+        ["ssh", *ssh_client_args(layout, port), "127.0.0.1", "sleep", "300"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-
-
-def test_peer_exits_non_zero_when_node0_never_comes(secret: Path) -> None:
-    started = time.monotonic()
-    result = run_peer(
-        "--listen", "127.0.0.1", "--port", str(free_port()), "--key-file", str(secret / "id_ed25519"),
-        "--job", "j", "--first-contact", "1", "--node0-timeout", "1",
-    )  # fmt: skip
-    assert result.returncode == completion.EXIT_NODE0_LOST, result.stderr
-    assert "never connected within 1s" in result.stderr
-    assert time.monotonic() - started < 10
-
-
-def start_peer(secret: Path, port: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "bootstrap.peer", "--listen", "127.0.0.1", "--port", str(port),
-            "--key-file", str(secret / "id_ed25519"), "--job", "j", "--attempt", "2",
-            "--first-contact", "20", "--node0-timeout", "1",
-        ],
+    peer = subprocess.Popen(
+        [sys.executable, "-m", "bootstrap.peer", "--node0", "h0", "--runtime-dir", str(layout.dir)],
         env=clean_env(),
         cwd=ROOT,
         stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
-
-
-def connect_when_listening(port: int) -> socket.socket:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=5)
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
-def test_peer_exits_with_node0s_code(secret: Path) -> None:
-    port = free_port()
-    proc = start_peer(secret, port)
-    connect_when_listening(port).close()
-    notifier = completion.Notifier(["127.0.0.1"], port, keys.completion_secret(secret / "id_ed25519"), "j", 2, 0.2)
-    notifier.start()
-    assert notifier.finish(5, timeout=10)["127.0.0.1"].delivered
-    _, err = proc.communicate(timeout=15)
-    assert proc.returncode == 5, err
-    assert "reports the job ended with exit code 5" in err
-
-
-@pytest.mark.parametrize("how", ["silent", "closed"])
-def test_peer_gives_up_when_node0_falls_silent_or_goes_away(secret: Path, how: str) -> None:
-    """node 0 says hello, then freezes (no heartbeat) or its connection drops without a word."""
-    key = keys.completion_secret(secret / "id_ed25519")
-    port = free_port()
-    proc = start_peer(secret, port)
-    chan = completion.LineSocket(connect_when_listening(port))
-    nonce = (chan.recv(5) or "").split(" ")[1]
-    chan.send(f"hello 1 - {completion.mac(key, nonce, 'j', 2, 1, 'hello', '-')}")
-    assert chan.recv(5) == "ok"
-    hello_at = time.monotonic()
-    if how == "closed":
-        chan.close()
-    _, err = proc.communicate(timeout=15)
-    chan.close()
-    assert proc.returncode == completion.EXIT_NODE0_LOST, err
-    expected = "stopped sending heartbeats" if how == "silent" else "no word from it for 1s"
-    assert expected in err
-    assert 1.0 <= time.monotonic() - hello_at < 8
+    )
+    try:
+        assert peer.stderr is not None
+        assert "holding this node for h0's mpirun" in peer.stderr.readline()
+        daemon = psutil.Process(int(layout.sshd_pid.read_text()))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            "sleep" in " ".join(p.cmdline()) for p in daemon.children(recursive=True)
+        ):
+            time.sleep(0.05)
+        sleepers = [p for p in daemon.children(recursive=True) if "sleep" in " ".join(p.cmdline())]
+        assert sleepers and peer.poll() is None  # it holds the node: nothing ends on its own
+        peer.send_signal(signal.SIGTERM)
+        assert peer.wait(timeout=10) == 128 + signal.SIGTERM
+        psutil.wait_procs([daemon, *sleepers], timeout=5)
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in [daemon, *sleepers])
+        assert not layout.sshd_pid.exists()
+        sshd.start(layout, port, ["127.0.0.1"])  # the fixture's stop() wants one
+    finally:
+        peer.kill()
+        peer.wait()
+        session.kill()
+        session.wait()
 
 
 # ----------------------------------------------------------------------------------------

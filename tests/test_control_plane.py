@@ -12,7 +12,7 @@ import pytest
 
 from launchers.plan import ProcessSpec
 from launchers.platform.cluster import free_port
-from launchers.run.control import ExchangeFailed, LocalEvents, Lost, RemoteFailure
+from launchers.run.control import ExchangeFailed, JobEnded, LocalEvents, Lost, RemoteFailure
 from launchers.run.control.wire import job_secret, seal, unseal
 from launchers.run.outcome import Failure
 from launchers.run.rank_env import error_file_lines
@@ -20,16 +20,26 @@ from launchers.run.rank_env import error_file_lines
 zmq = pytest.importorskip("zmq")
 
 
-def agents(node_timeout: float = 5.0) -> list[Any]:
+def agents(node_timeout: float = 5.0, secrets: tuple[bytes, bytes] = (b"k" * 32, b"k" * 32)) -> list[Any]:
     from launchers.run.control.agent import NetworkEvents
 
     port = free_port()
     return [
         NetworkEvents(
-            node=node, nnodes=2, master_addr="127.0.0.1", port=port, secret=b"k" * 32, node_timeout=node_timeout
+            node=node, nnodes=2, master_addr="127.0.0.1", port=port, secret=secrets[node], node_timeout=node_timeout
         )
         for node in (0, 1)
     ]
+
+
+def next_event(events: Any, timeout: float = 3.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        event = events.poll()
+        if event is not None:
+            return event
+        time.sleep(0.005)
+    return None
 
 
 def test_a_failure_reaches_the_other_node_fast_and_both_agree_who_was_first() -> None:
@@ -118,6 +128,53 @@ def test_a_silent_node_is_lost_and_exchanges_end() -> None:
         a.close(1)
 
 
+def test_node0s_exit_code_reaches_the_other_nodes_and_ends_their_exchanges() -> None:
+    """What the MPI engine's peers exit with: node 0's mlaunch says the job's code as it leaves."""
+    a, b = agents()
+    try:
+        time.sleep(0.3)
+        closing = threading.Thread(target=a.close, args=(5,))
+        closing.start()  # node 0 waits (up to CLOSE_WAIT) for node 1 to leave
+        event = next_event(b)
+        assert isinstance(event, JobEnded) and event.exit_code == 5 and event.node == 0
+        assert b.ended == event and "reports the job ended with exit code 5" in event.describe()
+        with pytest.raises(ExchangeFailed, match="exit code 5"):  # nobody to restart with
+            b.exchange("start/1", None, time.monotonic() + 5)
+        assert b.lost is None  # node 0's silence after its last word is not a loss
+    finally:
+        b.close(5)
+        closing.join()
+
+
+def test_an_end_from_an_agent_with_another_key_is_dropped() -> None:
+    a, b = agents(secrets=(b"k" * 32, b"x" * 32))  # node 1 does not hold the job's secret
+    try:
+        time.sleep(0.3)
+        b.report_failure(Failure("rank 3", 3, 1, 9, None, [], None))
+        assert a.first_failure(0, 1.0) is None and a.hub.rejected > 0
+        assert next_event(a, 0.3) is None
+    finally:
+        b._halt.set()
+        a.close(0)
+
+
+def test_a_node_waits_join_timeout_for_node0_then_gives_up() -> None:
+    """Nodes start at different times: before node 0's hub first answers, the longer join timeout applies."""
+    from launchers.run.control.agent import NetworkEvents
+
+    started = time.monotonic()
+    b = NetworkEvents(
+        node=1, nnodes=2, master_addr="127.0.0.1", port=free_port(), secret=b"k" * 32, node_timeout=0.5,
+        join_timeout=1.5,
+    )  # fmt: skip
+    try:
+        event = next_event(b, 5)
+        assert isinstance(event, Lost) and event.node == 0 and "never answered" in event.describe()
+        assert 1.5 <= time.monotonic() - started < 4
+    finally:
+        b.close(1)
+
+
 def test_messages_are_authenticated() -> None:
     frames = seal(b"secret", {"t": "fail", "node": 1})
     assert unseal(b"secret", frames) == {"t": "fail", "node": 1}
@@ -127,6 +184,19 @@ def test_messages_are_authenticated() -> None:
     assert one != job_secret("job2", "10.0.0.1", 7666, {}) and one != job_secret(
         "job", "10.0.0.1", 7666, {"MA_JOB_ID": "x"}
     )
+
+
+def test_a_shared_key_file_makes_the_secret_unguessable_from_public_facts(tmp_path: Path) -> None:
+    """The MPI engine mixes the job's ssh key in: a job's name and addresses are not enough to speak on its plane."""
+    key, other = tmp_path / "k1", tmp_path / "k2"
+    key.write_bytes(b"private key one")
+    other.write_bytes(b"private key two")
+    copy = tmp_path / "copy"
+    copy.write_bytes(key.read_bytes())  # every node holds its own copy of the same secret
+    plain = job_secret("job", "10.0.0.1", 7666, {})
+    with_key = job_secret("job", "10.0.0.1", 7666, {}, str(key))
+    assert with_key != plain and with_key == job_secret("job", "10.0.0.1", 7666, {}, str(copy))
+    assert with_key != job_secret("job", "10.0.0.1", 7666, {}, str(other))
 
 
 def test_local_events_need_no_network() -> None:

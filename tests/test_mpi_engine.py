@@ -110,9 +110,23 @@ def test_peer_plan_runs_sshd_and_waits_for_node0(tmp_path: Path) -> None:
     assert [s.name for s in node.bootstrap] == ["keys", "sshd", "completion"]
     [proc] = node.processes
     assert proc.role == "peer" and proc.argv[1:3] == ["-m", "bootstrap.peer"]
-    assert option(proc.argv, "--port") == "40000" and option(proc.argv, "--listen") == "job-worker-2.job"
-    assert option(proc.argv, "--first-contact") == "120" and option(proc.argv, "--node0-timeout") == "20"
+    assert option(proc.argv, "--node0") == "job-worker-0.job"
     assert "mpirun" not in " ".join(proc.argv)
+    # node 0's exit code, failures and a lost node 0 travel on the job's control plane, on completion_port
+    [completion] = [s for s in node.bootstrap if s.name == "completion"]
+    assert completion.params["port"] == 40000
+    assert plan.control_port == 40000
+
+
+def test_node0_timeout_is_the_older_name_of_monitor_node_timeout(tmp_path: Path) -> None:
+    from launchers.run.control import node_timeout
+
+    def timeout_of(body: str) -> float:
+        return node_timeout(load_job(write_job(tmp_path, body, keys=False)))
+
+    assert timeout_of("mpi: {node0_timeout: 20}\n") == 20
+    assert timeout_of("mpi: {node0_timeout: 20}\nmonitor: {node_timeout: 7s}\n") == 7
+    assert timeout_of("mpi: {}\n") == 30
 
 
 def test_exports_exactly_what_the_job_needs_and_never_credentials(tmp_path: Path) -> None:

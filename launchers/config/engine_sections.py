@@ -123,10 +123,14 @@ class MpiOptions(Section):
         default_factory=list, description="extra env names (or globs such as MA_*) passed to every rank; no secrets"
     )
     completion_port: Port | None = Field(
-        None, description="port on which peer nodes wait for node 0's exit code; default sshd_port + 1"
+        None,
+        description="port of the job's control plane on node 0 (it tells the peer nodes the exit code, and notices "
+        "a lost node); default sshd_port + 1; control.port wins when set",
     )
-    node0_timeout: Duration = Field(
-        60.0, description="peer nodes exit non-zero after this long without word from node 0"
+    node0_timeout: Duration | None = Field(
+        None,
+        description="the older name of monitor.node_timeout for MPI jobs (used when monitor.node_timeout is not set): "
+        "peer nodes exit non-zero after this long without word from node 0",
     )
 
     @field_validator("export")

@@ -17,6 +17,11 @@ class MonitorOptions(Section):
         description="a node whose mlaunch sends nothing for this long (killed, link down) is declared lost; "
         "the other nodes stop their ranks and exit non-zero (several real nodes only)",
     )
+    join_timeout: Duration = Field(
+        300.0,
+        description="how long a node waits for node 0's control plane to answer the first time (the nodes of a job "
+        "start at different times); after that it exits non-zero (several real nodes only)",
+    )
     hang_timeout: Duration | None = Field(
         None,
         description="a rank that reported progress (launchers.elastic: guard.should_stop, ckpt.stage, heartbeat) "

@@ -5,11 +5,14 @@ What ModelArts' ``run_mpi.sh`` does by hand, as a plan (``mlaunch plan`` shows e
 - **every node** copies the job secret (``mlaunch keys DIR``) into a private runtime
   directory and starts a key-only sshd on ``mpi.sshd_port`` (36666), host key pinned;
 - **node 0** runs one process, ``python -m bootstrap.head -- mpirun ...``: it checks every
-  host's sshd concurrently with a real SSH login, writes the hostfile (``host slots=N``),
-  runs mpirun (which starts every rank on every node through ssh) and finally tells each
-  peer node the exit code;
-- **the other nodes** run one process, ``python -m bootstrap.peer``, which waits for that
-  code and exits with it — or exits non-zero if node 0 vanishes (no ``sleep 365d``).
+  host's sshd concurrently with a real SSH login, writes the hostfile (``host slots=N``) and
+  runs mpirun (which starts every rank on every node through ssh);
+- **the other nodes** run one process, ``python -m bootstrap.peer``, which holds the node (its
+  sshd) until its mlaunch stops it. The job's control plane (``launchers.run.control``, on
+  ``mpi.completion_port``, its key derived from the job's ssh secret too) carries the rest:
+  node 0's mlaunch tells every node the job's exit code and each exits with it; a failure
+  restarts every node together; a node 0 that vanishes is lost after ``monitor.node_timeout``
+  (or the older ``mpi.node0_timeout``), and the peers exit non-zero (no ``sleep 365d``).
 
 With no platform env (or a single node) the job runs on this machine: one mpirun on
 localhost with nodes × procs_per_node slots, no sshd, so an MPI job can be tried on a laptop.
@@ -29,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from bootstrap.runtime import NodeFiles, node_files_for
+from bootstrap.runtime import CLIENT_KEY, NodeFiles, node_files_for
 from launchers.config.job import Job
 from launchers.engines.base import Cleanup, base_env, log_file, policy_of
 from launchers.engines.mpi_commands import (
@@ -63,7 +66,8 @@ class MpiEngine:
         if not cluster.simulated:
             cluster = replace(cluster, master_port=job.mpi.sshd_port)
         if is_multi_node(cluster):
-            keys_source(job, cluster.env)  # a missing or broken secret stops here, before anything starts
+            keys = keys_source(job, cluster.env)  # a missing or broken secret stops here, before anything starts
+            cluster = replace(cluster, control_port=completion_port(job), control_key=str(keys / CLIENT_KEY))
         return cluster
 
     @staticmethod
@@ -93,7 +97,7 @@ class MpiEngine:
         return env
 
     def restart_cluster(self, cluster: Cluster, attempt: int) -> Cluster:
-        """Same hosts and ports: sshd and the completion port are fixed for the job."""
+        """Same hosts and ports: sshd and the control plane's port are fixed for the job."""
         return cluster
 
     # -- plan ------------------------------------------------------------------------------
@@ -153,10 +157,6 @@ class MpiEngine:
             str(layout.known_hosts),
             "--peer-timeout",
             f"{opts.peer_timeout:g}",
-            "--completion-port",
-            str(completion_port(job)),
-            "--node0-timeout",
-            f"{opts.node0_timeout:g}",
             "--grace",
             f"{job.checkpoint.grace_period:g}",
             "--",
@@ -174,38 +174,16 @@ class MpiEngine:
                 },
             ),
             BootstrapStep("hostfile", {"path": str(layout.hostfile), "hosts": hosts, "slots": cluster.procs_per_node}),
+            # node 0's control plane (launchers.run.control) tells the peers the exit code, on this port
             BootstrapStep("completion", {"role": "notify", "port": completion_port(job), "peers": hosts[1:]}),
         ]
         return NodePlan(0, hosts[0], [self._head_process(job, attempt, head)], steps)
 
     def _peer_node(self, job: Job, cluster: Cluster, attempt: int) -> NodePlan:
-        opts = job.mpi
         layout = self._layout(job, cluster)
         hosts = cluster_hosts(cluster)
         node = cluster.node_rank
-        argv = [
-            sys.executable,
-            "-m",
-            "bootstrap.peer",
-            "--listen",
-            hosts[node],
-            "--port",
-            str(completion_port(job)),
-            "--key-file",
-            str(layout.client_key),
-            "--job",
-            job.job_name,
-            "--attempt",
-            str(attempt),
-            "--node0",
-            hosts[0],
-            "--first-contact",
-            f"{opts.peer_timeout + opts.node0_timeout:g}",
-            "--node0-timeout",
-            f"{opts.node0_timeout:g}",
-            "--runtime-dir",
-            str(layout.dir),
-        ]
+        argv = [sys.executable, "-m", "bootstrap.peer", "--node0", hosts[0], "--runtime-dir", str(layout.dir)]
         steps = [
             *node_steps(job, cluster, layout),
             BootstrapStep("completion", {"role": "wait", "port": completion_port(job), "node0": hosts[0]}),

@@ -78,7 +78,7 @@ def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> H
     deadline = start + job.health_check.timeout
     topic = f"health/{events.generation}"
     node, host = cluster.node_rank, socket.gethostname()
-    port = control_port(job, cluster.master_port) + STORE_PORT_OFFSET
+    port = control_port(job, cluster.master_port, cluster.control_port) + STORE_PORT_OFFSET
     use_links = torch_ready()
     store = None
     if use_links and node == 0:  # hosted before the others are told to connect

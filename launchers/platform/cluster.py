@@ -82,6 +82,8 @@ class Cluster:
     notes: list[str] = field(default_factory=list)
     platform_args: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # the environment detection saw
+    control_port: int = 0  # the engine's port for the job's control plane (0: the documented default)
+    control_key: str = ""  # a secret file every node holds, mixed into the control plane's key ("" if none)
 
     @property
     def world_size(self) -> int:

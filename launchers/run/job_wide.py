@@ -18,7 +18,7 @@ FIRST_FAILURE_WAIT = 2.0  # seconds to wait for the hub's word on who failed fir
 
 
 def job_exit_code(events: JobEvents, attempt: int, outcome: Outcome) -> tuple[int, bool]:
-    """The job's exit code after failed ``attempt``, and whether the job ends now (a lost node)."""
+    """The job's exit code after failed ``attempt``, and whether the job ends now (a lost node, node 0 ended it)."""
     first = events.first_failure(attempt, FIRST_FAILURE_WAIT if events.networked else 0.0)
     code = outcome.exit_code
     if first is not None:
@@ -29,6 +29,10 @@ def job_exit_code(events: JobEvents, attempt: int, outcome: Outcome) -> tuple[in
     if lost is not None:
         say(f"job failed: {lost.describe()}; not restarting; exit code {code or 1}")
         return code or 1, True
+    ended = events.ended
+    if ended is not None:  # node 0 ended the job: nobody is left to restart with
+        say(f"{ended.describe()}; not restarting; exit code {ended.exit_code or code or 1}")
+        return ended.exit_code or code or 1, True
     return code, False
 
 

@@ -25,10 +25,10 @@ from launchers.engines import get_engine
 from launchers.engines.base import Engine
 from launchers.errors import UserError
 from launchers.log import say
-from launchers.plan import LaunchPlan, ProcessSpec
+from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
 from launchers.run import signals as early_signals
-from launchers.run.control import control_port
+from launchers.run.control import control_port, node_timeout
 from launchers.run.flash_hook import FlashHook
 from launchers.run.hang import HangMonitor
 from launchers.run.labels import process_labels
@@ -85,12 +85,14 @@ def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> La
         plan = apply_high_availability(job, cluster, plan)
     add_rank_env(job, plan)
     if plan.nnodes > 1 and not plan.simulated:  # the port of attempt 0's rendezvous: the same for every attempt
-        plan.control_port = control_port(job, cluster.master_port - attempt)
+        plan.control_port = control_port(job, cluster.master_port - attempt, cluster.control_port)
     return plan
 
 
-def finished_summary(outcome: Outcome, total: int) -> str:
+def finished_summary(outcome: Outcome, total: int, processes: Sequence[ProcessSpec] = ()) -> str:
     """What a succeeded run says: service processes (ps, schedulers) stopped after the workers are not "exited 0"."""
+    if processes and all(spec.role in FOLLOWER_ROLES for spec in processes):
+        return "node 0 reports exit code 0 (this node's ranks ran under node 0's mpirun)"
     codes = list(outcome.exit_codes.values())
     stopped = sum(1 for code in codes if code != 0)
     if not codes or not stopped:
@@ -191,7 +193,7 @@ def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
             say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
             return 128 + received[0]
         with long_phase("waiting for every node before the restart"):
-            met = meet_before_restart(run.events, attempt, job.monitor.node_timeout + 5)
+            met = meet_before_restart(run.events, attempt, node_timeout(job) + 5)
         if not met:
             return code
         run.events.start_generation(attempt)
@@ -278,7 +280,7 @@ def _ticks(*calls: Callable[[], None]) -> Callable[[], None]:
 def _run_exit_code(outcome: Outcome, plan: LaunchPlan, roots: set[str]) -> int | None:
     """mlaunch's exit code when the attempt ends the run (success, a stop); None after a failure."""
     if outcome.status == "succeeded":
-        say(f"job finished: {finished_summary(outcome, len(plan.processes))}")
+        say(f"job finished: {finished_summary(outcome, len(plan.processes), plan.processes)}")
         return 0
     if outcome.status == "signalled":
         assert outcome.signal is not None

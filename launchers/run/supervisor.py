@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from launchers.elastic import progress
 from launchers.log import say
-from launchers.plan import ProcessSpec, process_label
+from launchers.plan import FOLLOWER_ROLES, ProcessSpec, process_label
 from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of
 from launchers.run.procs import children_of, process_env, start_process
@@ -58,7 +58,7 @@ from launchers.run.teardown import Teardown
 from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from launchers.run.control import JobEvents
+    from launchers.run.control import JobEnded, JobEvents
 
 
 class Supervisor:
@@ -228,12 +228,15 @@ class Supervisor:
         """Another node's first failure stops this node's ranks too (flash save first); a lost node stops them now."""
         if self.job_events is None:
             return
-        from launchers.run.control import Lost
+        from launchers.run.control import JobEnded, Lost
 
         event = self.job_events.poll()
         if event is None or self.teardown.stopping:
             return
         live = self._live()
+        if isinstance(event, JobEnded):
+            self._job_ended(event, live)
+            return
         if isinstance(event, Lost):
             # No flash save: what the remaining ranks staged is not one consistent step of the job.
             self._failure = Failure(f"node {event.node}", -1, 0, 1, None, [event.describe()], None)
@@ -246,6 +249,16 @@ class Supervisor:
             self.announce(f"{event.cause}; writing every process's stacks to its log")
             self.dump_stacks()
         self.teardown.after_failure(self._failure, self.on_failure)
+
+    def _job_ended(self, event: JobEnded, live: list[Worker]) -> None:
+        """Node 0 ended the job: followers stop with its code; other ranks stop unless it succeeded."""
+        followers = all(w.spec.role in FOLLOWER_ROLES for w in live)
+        if event.exit_code == 0 and not followers:
+            return  # node 0's ranks are done; this node's finish on their own
+        if event.exit_code != 0:
+            self._failure = Failure(f"node {event.node}", -1, 0, event.exit_code, None, [event.describe()], None)
+        self.announce(f"{event.describe()}; stopping the {len(live)} processes here")
+        self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 2.0) if followers else None)
 
     def _check_hang(self) -> None:
         """Ranks without progress for ``monitor.hang_timeout``: their stacks, then a failure like any other."""

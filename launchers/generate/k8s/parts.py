@@ -76,7 +76,7 @@ def engine_ports(job: Job, engine: str, target: str) -> list[dict[str, Any]]:
     elif engine == "mpi":
         ports.append({"containerPort": job.mpi.sshd_port, "name": "sshd"})
         done = getattr(job.mpi, "completion_port", None) or job.mpi.sshd_port + 1
-        ports.append({"containerPort": done, "name": "mpi-done"})  # node 0 tells the others the exit code
+        ports.append({"containerPort": done, "name": "mpi-done"})  # node 0's control plane (the exit code, failures)
     elif engine == "ascend":
         if target == "ascendjob":
             port = job.ascend.sched_port if job.ascend.style == "msrun" else ASCENDJOB_PORT

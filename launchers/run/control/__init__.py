@@ -19,18 +19,34 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from launchers.run.control.events import ExchangeFailed, JobEvents, LocalEvents, Lost, RemoteFailure
+from launchers.run.control.events import (
+    ExchangeFailed,
+    JobEnded,
+    JobEvent,
+    JobEvents,
+    LocalEvents,
+    Lost,
+    RemoteFailure,
+)
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
     from launchers.platform.cluster import Cluster
 
 
-def control_port(job: Job, master_port: int) -> int:
-    """The control plane's port: job.yaml's ``control.port``, else the rendezvous port + the documented offset."""
+def control_port(job: Job, master_port: int, engine_default: int = 0) -> int:
+    """The control plane's port: job.yaml's ``control.port``, else the engine's (MPI: ``mpi.completion_port``),
+    else the rendezvous port + the documented offset."""
     from launchers.config.monitor import CONTROL_PORT_OFFSET
 
-    return job.control.port or master_port + CONTROL_PORT_OFFSET
+    return job.control.port or engine_default or master_port + CONTROL_PORT_OFFSET
+
+
+def node_timeout(job: Job) -> float:
+    """``monitor.node_timeout``, or the MPI engine's older name for it (``mpi.node0_timeout``) when only that is set."""
+    if "node_timeout" not in job.monitor.model_fields_set and job.mpi.node0_timeout is not None:
+        return job.mpi.node0_timeout
+    return job.monitor.node_timeout
 
 
 def open_job_events(job: Job, cluster: Cluster) -> JobEvents:
@@ -40,24 +56,28 @@ def open_job_events(job: Job, cluster: Cluster) -> JobEvents:
     from launchers.run.control.agent import NetworkEvents
     from launchers.run.control.wire import job_secret
 
-    port = control_port(job, cluster.master_port)
-    secret = job_secret(job.job_name, cluster.master_addr, port, cluster.env)
+    port = control_port(job, cluster.master_port, cluster.control_port)
+    secret = job_secret(job.job_name, cluster.master_addr, port, cluster.env, cluster.control_key)
     return NetworkEvents(
         node=cluster.node_rank,
         nnodes=cluster.nnodes,
         master_addr=cluster.master_addr,
         port=port,
         secret=secret,
-        node_timeout=job.monitor.node_timeout,
+        node_timeout=node_timeout(job),
+        join_timeout=max(job.monitor.join_timeout, node_timeout(job)),
     )
 
 
 __all__ = [
     "ExchangeFailed",
+    "JobEnded",
+    "JobEvent",
     "JobEvents",
     "LocalEvents",
     "Lost",
     "RemoteFailure",
     "control_port",
+    "node_timeout",
     "open_job_events",
 ]

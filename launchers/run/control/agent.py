@@ -3,7 +3,9 @@
 The thread heartbeats, receives what the hub relays and wakes the supervisor's loop (a
 byte on ``wake_fd``). Only that thread touches the DEALER socket: the supervisor's thread
 hands it what to send through an in-process PUSH/PULL pair, so a report leaves at once.
-The hub is lost to an agent that hears nothing from it for ``node_timeout``.
+The hub is lost to an agent that hears nothing from it for ``node_timeout`` — or, before it
+first answered, for ``join_timeout`` (the nodes of a job start at different times).
+Node 0's agent says the job's exit code on the plane when it closes (``JobEnded``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import zmq
 
 from launchers.log import say
-from launchers.run.control.events import ExchangeFailed, JobEvents, Lost, RemoteFailure
+from launchers.run.control.events import ExchangeFailed, JobEnded, JobEvent, JobEvents, Lost, RemoteFailure
 from launchers.run.control.hub import HEARTBEAT, Hub
 from launchers.run.control.wire import seal, unseal
 from launchers.run.outcome import Failure
@@ -29,13 +31,22 @@ CLOSE_WAIT = 10.0  # node 0 keeps the hub this long at most for the other nodes 
 
 class NetworkEvents(JobEvents):
     def __init__(
-        self, *, node: int, nnodes: int, master_addr: str, port: int, secret: bytes, node_timeout: float
+        self,
+        *,
+        node: int,
+        nnodes: int,
+        master_addr: str,
+        port: int,
+        secret: bytes,
+        node_timeout: float,
+        join_timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.node = node
         self.nnodes = nnodes
         self.secret = secret
         self.node_timeout = node_timeout
+        self.join_timeout = max(node_timeout, join_timeout or 0.0)
         self.host = socket.gethostname()
         self.context: zmq.Context[Any] = zmq.Context()
         self.hub: Hub | None = None
@@ -51,9 +62,10 @@ class NetworkEvents(JobEvents):
         self.wake_fd: int | None = read_fd
         self._wake_r = read_fd
         self._cond = threading.Condition()
-        self._events: list[RemoteFailure | Lost] = []
+        self._events: list[JobEvent] = []
         self._results: dict[str, dict[int, Any]] = {}
         self._lost: Lost | None = None
+        self._ended: JobEnded | None = None
         self._hub_closing = False
         self._halt = threading.Event()
         address = f"tcp://{'127.0.0.1' if node == 0 else master_addr}:{port}"
@@ -74,11 +86,15 @@ class NetworkEvents(JobEvents):
     def lost(self) -> Lost | None:
         return self._lost
 
+    @property
+    def ended(self) -> JobEnded | None:
+        return self._ended
+
     def report_failure(self, failure: Failure) -> None:
         # The hub decides which failure was the job's first; it tells every node, this one too.
         self._send({"t": "fail", "gen": self.generation, **_failure_fields(failure)})
 
-    def poll(self) -> RemoteFailure | Lost | None:
+    def poll(self) -> JobEvent | None:
         with contextlib.suppress(OSError):
             while os.read(self._wake_r, 512):
                 pass
@@ -105,6 +121,8 @@ class NetworkEvents(JobEvents):
             while topic not in self._results:
                 if self._lost is not None:
                     raise ExchangeFailed(self._lost.describe())
+                if self._ended is not None:
+                    raise ExchangeFailed(self._ended.describe())
                 if time.monotonic() >= deadline:
                     raise ExchangeFailed(f"not every node answered {topic.split('/')[0]!r} in time")
                 self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
@@ -121,6 +139,8 @@ class NetworkEvents(JobEvents):
 
     def close(self, exit_code: int) -> None:
         with contextlib.suppress(zmq.ZMQError):
+            if self.node == 0:  # the job's last word: peers that follow node 0 exit with it
+                self._send({"t": "end", "code": exit_code, "host": self.host})
             self._send({"t": "bye", "code": exit_code})
         if self.hub is not None:
             end = time.monotonic() + CLOSE_WAIT
@@ -152,6 +172,7 @@ class NetworkEvents(JobEvents):
         poller.register(dealer, zmq.POLLIN)
         poller.register(pull, zmq.POLLIN)
         heard = next_beat = time.monotonic()
+        joined = False
         try:
             while not self._halt.is_set():
                 ready = dict(poller.poll(50))
@@ -161,18 +182,26 @@ class NetworkEvents(JobEvents):
                 while dealer in ready and dealer.poll(0):
                     message = unseal(self.secret, dealer.recv_multipart())
                     if message is not None:
-                        heard = time.monotonic()
+                        heard, joined = time.monotonic(), True
                         self._on_message(message)
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + HEARTBEAT
                     with contextlib.suppress(zmq.Again):
                         dealer.send_multipart(seal(self.secret, {"t": "hb", "node": self.node}), zmq.NOBLOCK)
-                if now - heard > self.node_timeout and not self._hub_closing and self._lost is None:
-                    self._on_lost(Lost(0, "the master, hosting the control plane", now - heard))
+                silent = now - heard
+                if silent > (self.node_timeout if joined else self.join_timeout) and self._quiet_is_loss():
+                    what = "the master, hosting the control plane" + (
+                        "" if joined else "; it never answered: not started, unreachable, or another job secret"
+                    )
+                    self._on_lost(Lost(0, what, silent))
         finally:
             dealer.close()
             pull.close(linger=0)
+
+    def _quiet_is_loss(self) -> bool:
+        """Silence from a hub that said it closes, or after node 0 ended the job, is no loss."""
+        return not self._hub_closing and self._lost is None and self._ended is None
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message["t"]
@@ -201,6 +230,14 @@ class NetworkEvents(JobEvents):
             self._on_lost(Lost(int(message["lost"]), str(message.get("host", "")), float(message["seconds"])))
         elif kind == "closing":
             self._hub_closing = True
+        elif kind == "end" and int(message["node"]) != self.node:
+            ended = JobEnded(int(message["node"]), int(message["code"]), str(message.get("host", "")))
+            with self._cond:
+                if self._ended is None:
+                    self._ended = ended
+                    self._events.append(ended)
+                self._cond.notify_all()
+            self._wake()
         elif kind == "view" and isinstance(message.get("nodes"), dict):
             with self._cond:
                 for node, entry in message["nodes"].items():

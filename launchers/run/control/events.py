@@ -2,7 +2,8 @@
 
 The supervisor reports its first local failure (``report_failure``) and, in its loop, asks
 ``poll()`` for what happened elsewhere: a ``RemoteFailure`` (another node's rank failed
-first: stop this node's ranks too) or ``Lost`` (a node stopped answering). ``wake_fd``, when
+first: stop this node's ranks too), ``Lost`` (a node stopped answering) or ``JobEnded``
+(node 0's mlaunch ended the job: its last word). ``wake_fd``, when
 not None, becomes readable when something arrived, so the loop wakes at once. The runner
 asks who failed first in a generation (``first_failure``), meets the other nodes before a
 restart (``exchange``), and the flash save agrees on its step through ``exchange``.
@@ -64,6 +65,28 @@ class Lost:
         return f"{where} is lost: its mlaunch sent nothing for {self.seconds:.1f}s"
 
 
+@dataclass(frozen=True)
+class JobEnded:
+    """Node 0's mlaunch ended the job with ``exit_code`` (its last word on the plane).
+
+    Nodes whose only processes follow node 0 (the MPI engine's peers: node 0's mpirun runs
+    their ranks) stop them and exit with this code; any other node stops its ranks when the
+    code is not 0 (the job is over: nobody is left to restart with), and finishes on its own
+    when it is 0.
+    """
+
+    node: int
+    exit_code: int
+    host: str = ""
+
+    def describe(self) -> str:
+        where = f"node {self.node}" + (f" ({self.host})" if self.host else "")
+        return f"{where} reports the job ended with exit code {self.exit_code}"
+
+
+JobEvent = RemoteFailure | Lost | JobEnded
+
+
 class JobEvents:
     """The control plane's interface; this base is the in-process one (one mlaunch runs every node)."""
 
@@ -84,6 +107,11 @@ class JobEvents:
     def lost(self) -> Lost | None:
         return None
 
+    @property
+    def ended(self) -> JobEnded | None:
+        """Node 0's word that the job is over (never for node 0 itself)."""
+        return None
+
     def start_generation(self, generation: int) -> None:
         self.generation = generation
 
@@ -91,8 +119,8 @@ class JobEvents:
         """This node's first failure of the current generation."""
         self._first.setdefault(self.generation, RemoteFailure.of(self.node, failure))
 
-    def poll(self) -> RemoteFailure | Lost | None:
-        """What happened on other nodes since the last call: their first failure, a lost node, or nothing."""
+    def poll(self) -> JobEvent | None:
+        """What happened on other nodes since the last call: their first failure, a lost node, the job's end."""
         return None
 
     def first_failure(self, generation: int, wait: float = 0.0) -> RemoteFailure | None:
@@ -112,7 +140,7 @@ class JobEvents:
         return dict(self._view)
 
     def close(self, exit_code: int) -> None:
-        """Leave the job (node 0: once the others left, or after a while)."""
+        """Leave the job (node 0: tell every node the job ended with ``exit_code``, wait for them to leave)."""
 
 
 class LocalEvents(JobEvents):

@@ -3,6 +3,8 @@
 - ``hello``/``hb`` from an agent: it is alive (its last message time is what ``node_timeout`` is measured from);
 - ``fail``: the first failure of a generation is broadcast to every agent, later ones are not;
 - ``put``: a node's value for a topic; once every node gave one, ``got`` (all values) goes to every node;
+- ``end``: node 0's mlaunch ended the job with an exit code: relayed to every agent (and to
+  one that joins later);
 - ``bye``: the node left on purpose (not lost);
 - ``st``: a node's status entry; every second the entries that changed go to every node (``view``);
 - a joined node silent for ``node_timeout`` is broadcast as ``lost``; the hub says ``hb`` to
@@ -18,6 +20,7 @@ from typing import Any
 
 import zmq
 
+from launchers.log import say
 from launchers.run.control.wire import seal, unseal
 
 HEARTBEAT = 0.5  # seconds between heartbeats, both ways
@@ -40,6 +43,7 @@ class Hub(threading.Thread):
         self.lost: set[int] = set()
         self.first: dict[int, dict[str, Any]] = {}
         self.gathers: dict[str, dict[str, Any]] = {}
+        self.ended: dict[str, Any] | None = None
         self.rejected = 0
         self.status: dict[str, Any] = {}
         self._status_changed = False
@@ -79,6 +83,11 @@ class Hub(threading.Thread):
             node = message.get("node") if message else None
             if message is None or not isinstance(node, int) or not 0 <= node < self.nnodes:
                 self.rejected += 1
+                if self.rejected == 1:
+                    say(
+                        "control plane: dropped a message that does not verify (another job on this port, or a node "
+                        "with another job secret: MLAUNCH_JOB_SECRET, the MPI job's ssh secret)"
+                    )
                 continue
             if node in self.lost:
                 continue  # declared lost: whatever it says now is too late
@@ -93,6 +102,8 @@ class Hub(threading.Thread):
             for topic, values in self.gathers.items():  # a rejoining agent learns what it missed
                 if len(values) == self.nnodes:
                     self._send(node, {"t": "got", "topic": topic, "values": values})
+            if self.ended is not None:
+                self._send(node, self.ended)
         elif kind == "fail":
             generation = int(message["gen"])
             if generation not in self.first:
@@ -103,6 +114,9 @@ class Hub(threading.Thread):
             values[str(node)] = message.get("value")
             if len(values) == self.nnodes:
                 self._broadcast({"t": "got", "topic": message["topic"], "values": values})
+        elif kind == "end" and node == 0 and self.ended is None:
+            self.ended = {"t": "end", "node": 0, "code": int(message["code"]), "host": self.hosts.get(0, "")}
+            self._broadcast(self.ended)
         elif kind == "bye":
             self.left.add(node)
         elif kind == "st":

@@ -2,7 +2,8 @@
 
 The secret is ``MLAUNCH_JOB_SECRET`` when set (the same value on every node), else derived
 from what every node of the job shares and nothing outside it is told: the job's name,
-the master address, the control port and the platform's job id where one is set. A
+the master address, the control port, the platform's job id where one is set, and a
+secret file every node holds where the engine has one (MPI: the job's ssh key). A
 message whose MAC does not match is dropped (and counted), never acted on.
 """
 
@@ -18,8 +19,12 @@ SECRET_ENV = "MLAUNCH_JOB_SECRET"
 JOB_ID_ENV = ("MLAUNCH_JOB_ID", "MA_JOB_ID", "VC_JOB_ID", "SLURM_JOB_ID", "JOB_ID")  # the same on every node
 
 
-def job_secret(job_name: str, master_addr: str, port: int, env: Mapping[str, str]) -> bytes:
-    """The per-job key: the given secret, else one derived from the facts every node shares."""
+def job_secret(job_name: str, master_addr: str, port: int, env: Mapping[str, str], key_file: str = "") -> bytes:
+    """The per-job key: the given secret, else one derived from the facts every node shares.
+
+    ``key_file`` is a secret file every node of the job holds (the MPI engine's job ssh key):
+    its bytes go into the derived key, so knowing the job's name and addresses is not enough.
+    """
     import os
 
     given = os.environ.get(SECRET_ENV) or env.get(SECRET_ENV)
@@ -27,7 +32,11 @@ def job_secret(job_name: str, master_addr: str, port: int, env: Mapping[str, str
         return hashlib.sha256(b"mlaunch-control-given\0" + given.encode()).digest()
     job_id = next((env[name] for name in JOB_ID_ENV if env.get(name)), "")
     facts = "\0".join(["mlaunch-control", job_name, master_addr, str(port), job_id])
-    return hashlib.sha256(facts.encode()).digest()
+    digest = hashlib.sha256(facts.encode())
+    if key_file:
+        with open(key_file, "rb") as key:
+            digest.update(b"\0key\0" + hashlib.sha256(key.read()).digest())
+    return digest.digest()
 
 
 def seal(secret: bytes, message: Mapping[str, Any]) -> list[bytes]:
