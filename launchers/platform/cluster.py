@@ -43,7 +43,6 @@ from launchers.platform.appended_args import PYTORCH_PLATFORM_ARGS, from_args, s
 from launchers.platform.modelarts_env import from_modelarts_env, from_volcano_env, normalise_vj_name
 from launchers.platform.sighting import Sighting, env_int, merge_sightings
 from launchers.platform.skypilot_env import from_skypilot_env
-from launchers.platform.slurm_env import from_slurm_env
 from launchers.platform.torch_env import from_torch_env
 from launchers.platform.trainer_env import from_trainer_env
 
@@ -108,6 +107,15 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(sock.getsockname()[1])
 
 
+def _slurm_sighting(env: Mapping[str, str]) -> Sighting | None:
+    """Slurm's reader, imported only inside a Slurm job (its node-list parser is off the common path)."""
+    if "SLURM_JOB_ID" not in env and "SLURM_JOBID" not in env:
+        return None
+    from launchers.platform.slurm_env import from_slurm_env
+
+    return from_slurm_env(env)
+
+
 def collect_sightings(env: Mapping[str, str], args: Mapping[str, str]) -> list[Sighting]:
     """Every platform input present, in precedence order."""
     found = [
@@ -115,7 +123,7 @@ def collect_sightings(env: Mapping[str, str], args: Mapping[str, str]) -> list[S
         from_trainer_env(env),
         from_torch_env(env),
         from_skypilot_env(env),
-        from_slurm_env(env),
+        _slurm_sighting(env),
         from_modelarts_env(env),
     ]
     # VC_TASK_INDEX is an index *within a task*: with a master/worker torch env (Volcano

@@ -30,7 +30,6 @@ from pathlib import Path
 from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE
 from launchers.errors import PlatformError
 from launchers.platform.sighting import Sighting, env_int
-from launchers.platform.trainer_mpi import from_trainer_hostfile
 
 SOURCE = "kubeflow-trainer"
 TRAINER_PORT = 29500  # constants.ContainerTrainerPort: PET_MASTER_PORT and the node container's port
@@ -75,6 +74,10 @@ def node_hosts(master: str, nnodes: int | None) -> list[str]:
 def from_trainer_env(env: Mapping[str, str], dev_dir: Path = Path("/dev")) -> Sighting | None:
     """Trainer v2's torch plugin env, else the hostfile of its MPI launcher pod, else None."""
     if not is_trainer_env(env):
+        if "JOB_COMPLETION_INDEX" not in env:
+            return None  # not a Trainer pod at all: its MPI reader stays unimported
+        from launchers.platform.trainer_mpi import from_trainer_hostfile
+
         return from_trainer_hostfile(env)
     s = Sighting(SOURCE)
     nnodes = env_int(env, "PET_NNODES", minimum=1, maximum=MAX_NODES, meaning="the number of nodes")

@@ -13,8 +13,8 @@ the grace-budget monitor, warm standby workers for restarts when job.yaml lists
 from __future__ import annotations
 
 import os
+import secrets
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -121,7 +121,7 @@ def run_job(
     if stop is not None:  # stopped while loading and planning: launch nothing
         say(f"stopped by {signal_name(stop)} before anything was launched")
         return 128 + stop
-    run_id = uuid.uuid4().hex
+    run_id = secrets.token_hex(16)
     from launchers.run.control import open_job_events
 
     events = open_job_events(job, cluster)

@@ -17,13 +17,13 @@ from launchers.run.observe import goodput
 from launchers.run.observe.events_log import EventLog
 from launchers.run.observe.status_file import job_status, node_entry, rank_entry, write_status
 from launchers.run.observe.steps import StepTracker
-from launchers.run.observe.straggler import RankSample, StragglerDetector
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
     from launchers.health.outcome import HealthOutcome
     from launchers.plan import LaunchPlan
     from launchers.run.control import JobEvents
+    from launchers.run.observe.straggler import StragglerDetector
     from launchers.run.outcome import Outcome
 
 STATUS_EVERY = 1.0  # seconds between status publications
@@ -41,7 +41,11 @@ class JobObserver:
         self.hang_timeout = job.monitor.hang_timeout
         factor = job.monitor.straggler_factor
         judge = self.simulated or events.node == 0
-        self.detector = StragglerDetector(factor, job.monitor.straggler_steps) if factor and judge else None
+        self.detector: StragglerDetector | None = None
+        if factor and judge:  # imported only when job.yaml turns it on (monitor.straggler_factor)
+            from launchers.run.observe.straggler import StragglerDetector
+
+            self.detector = StragglerDetector(factor, job.monitor.straggler_steps)
         self.clock = goodput.Goodput(time.time())
         self.tracker: StepTracker | None = None
         self.attempt = 0
@@ -187,6 +191,8 @@ class JobObserver:
                 if entry.get("index") == 0 and isinstance(entry.get("stragglers"), list):
                     self._stragglers = set(entry["stragglers"])
             return
+        from launchers.run.observe.straggler import RankSample
+
         samples = [
             RankSample(r["rank"], n["index"], n.get("host", ""), _int(r.get("step")), r.get("own_step_time_s"))
             for n in nodes
