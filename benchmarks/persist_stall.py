@@ -10,10 +10,15 @@ with the state as one float32 torch tensor; the checkpoint directory is on the d
     python benchmarks/persist_stall.py                     # 10 MB and 1 GiB, 5 rounds each
     python benchmarks/persist_stall.py --sizes 10MB --rounds 20
     python benchmarks/persist_stall.py --under-mlaunch      # stage() while mlaunch persists
+    python benchmarks/persist_stall.py --dlrover /tmp/dlr   # and DLRover's flash checkpoint, same run
 
 ``--under-mlaunch`` runs a one-rank job under mlaunch with ``checkpoint.persist_every`` (every
 ``--every`` steps) and reports the stall of ``stage()`` in the rank while mlaunch copies and
 writes in the background, and how many steps mlaunch committed.
+
+``--dlrover SITE`` also measures DLRover's ``DdpCheckpointer.save_checkpoint`` (memory, and disk
+with its background saver) on the same sizes in the same run (``persist_stall_dlrover.py``), with
+the ratio of mlaunch's ``stage()`` median to DLRover's memory-save median.
 
 Medians and extremes of the rounds are printed; on a machine shared with other work they
 are noisy (say so when quoting them).
@@ -127,6 +132,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=2, help="persist_every for --under-mlaunch")
     parser.add_argument("--steps", type=int, default=10, help="steps for --under-mlaunch")
     parser.add_argument("--step-time", type=float, default=None, help="default: 0.05 s per 10 MB, at least 0.05 s")
+    parser.add_argument("--dlrover", default=None, help="a directory DLRover is installed in (pip --target)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -142,19 +148,62 @@ def main() -> None:
     from launchers.elastic import staging
 
     with tempfile.TemporaryDirectory(dir=args.dir or ".") as tmp:
+        stage_medians: dict[str, float] = {}
         try:
-            print(f"{'size':>8}  {'call':>6}  {'median ms':>10}  {'min ms':>8}  {'max ms':>8}  {'GB/s':>6}")
+            print(f"{'size':>8}  {'call':>14}  {'median ms':>10}  {'min ms':>8}  {'max ms':>8}  {'GB/s':>6}")
             for text in args.sizes.split(","):
                 nbytes = parse_size(text)
                 for call, secs in measure(nbytes, args.rounds, Path(tmp)).items():
-                    med = statistics.median(secs)
-                    print(
-                        f"{text:>8}  {call:>6}  {med * 1e3:10.2f}  {min(secs) * 1e3:8.2f}  "
-                        f"{max(secs) * 1e3:8.2f}  {nbytes / med / 1e9:6.2f}",
-                        flush=True,
-                    )
+                    print_row(text, f"mlaunch {call}", nbytes, secs)
+                    if call == "stage":
+                        stage_medians[text] = statistics.median(secs)
         finally:
             staging.unlink_run(os.environ["MLAUNCH_RUN_ID"])
+        if args.dlrover:
+            report_dlrover(args, Path(tmp), stage_medians)
+
+
+def print_row(size: str, call: str, nbytes: int, secs: list[float], note: str = "") -> None:
+    med = statistics.median(secs)
+    print(
+        f"{size:>8}  {call:>14}  {med * 1e3:10.2f}  {min(secs) * 1e3:8.2f}  {max(secs) * 1e3:8.2f}  "
+        f"{nbytes / med / 1e9:6.2f}{note}",
+        flush=True,
+    )
+
+
+def report_dlrover(args: argparse.Namespace, where: Path, stage_medians: dict[str, float]) -> None:
+    """DLRover's memory and disk saves on the same sizes, in a process of its own (its saver is a daemon)."""
+    from launchers.platform.cluster import free_port
+
+    texts = args.sizes.split(",")
+    sizes = [parse_size(text) for text in texts]
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(HERE.parent / "persist_stall_dlrover.py"),
+            args.dlrover,
+            ",".join(map(str, sizes)),
+            str(args.rounds),
+            str(where),
+            str(free_port()),
+        ],
+        env={k: v for k, v in os.environ.items() if not k.startswith("MLAUNCH_")},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    found = [line for line in done.stdout.splitlines() if line.startswith("dlrover-times ")]
+    if not found:
+        print(f"DLRover did not run (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        return
+    results = json.loads(found[-1].split(" ", 1)[1])
+    for text, nbytes in zip(texts, sizes, strict=True):
+        for call, secs in results[str(nbytes)].items():
+            note = ""
+            if call == "memory" and text in stage_medians:
+                note = f"  mlaunch stage() / this = {stage_medians[text] / statistics.median(secs):.2f}x"
+            print_row(text, f"dlrover {call}", nbytes, secs, note)
 
 
 def report_under_mlaunch(args: argparse.Namespace) -> None:

@@ -439,7 +439,7 @@ def test_tensorflow_round_trip(tmp_path: Path, target: str, chief: bool, nodes: 
 @pytest.mark.parametrize("nodes", NODES)
 @pytest.mark.parametrize("target", ["mpijob", "volcano"])
 def test_mpi_round_trip(tmp_path: Path, target: str, nodes: int) -> None:
-    """Node 0 runs mpirun over every node's slots; every other pod waits for its exit code."""
+    """Node 0 runs mpirun over every node's slots; every other pod waits for its exit code (control plane)."""
     if reason := engine_missing("mpi"):
         pytest.skip(reason)
     procs = 2
@@ -464,7 +464,8 @@ def test_mpi_round_trip(tmp_path: Path, target: str, nodes: int) -> None:
             (peer,) = plan.processes
             assert peer.role == "peer"
             assert peer.argv[peer.argv.index("--node0") + 1] == hosts[0]
-            assert peer.argv[peer.argv.index("--listen") + 1] == hosts[node]
+            (completion,) = [s.params for s in plan.nodes[0].bootstrap if s.name == "completion"]
+            assert completion["node0"] == hosts[0] and plan.nodes[0].host == hosts[node]
     assert {plan.world_size for plan in rt.plans} == {nodes * procs}
     assert len({plan.master_addr for plan in rt.plans}) == 1
 
