@@ -84,20 +84,25 @@ def test_yaml_12_values(tmp_path: Path, body: str, check) -> None:  # type: igno
     assert check(load_job(job_file(tmp_path, "entry: t.py\n" + body)))
 
 
-def test_a_one_megabyte_job_plans_in_under_two_seconds(tmp_path: Path) -> None:
+# Time goals (a 1 MB job plans in < 2 s, refusals at once) are in benchmarks/input_bounds.py, measured
+# against an empty job in the same run; here only the behaviour and the fuzz suite's hang bound.
+HANG_BOUND = 20.0
+
+
+def test_a_one_megabyte_job_plans(tmp_path: Path) -> None:
     line = "  - --option-with-a-long-name=" + "v" * 200 + "\n"
     body = "args:\n" + line * ((1024 * 1024 - 200) // len(line))
     start = time.perf_counter()
     result = plan(tmp_path, "entry: t.py\n" + body, engine="pytorch")
     assert result.code == 0, result.stderr
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < HANG_BOUND
 
 
 def test_a_one_megabyte_list_of_tiny_values_is_refused_early(tmp_path: Path) -> None:
     start = time.perf_counter()
     result = plan(tmp_path, "entry: t.py\nargs:\n" + "  - x\n" * 170_000)
     assert result.code == 2 and "more than 50,000 values" in result.stderr, result.stderr
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < HANG_BOUND
 
 
 def test_a_job_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:
@@ -153,7 +158,7 @@ def test_planning_a_huge_simulation_is_refused_at_once(tmp_path: Path, engine: s
     result = plan(tmp_path, "entry: t.py\nnodes: 64\nprocs_per_node: 1024\n", engine=engine)
     if engine != "mpi":  # one mpirun for every rank: nothing per rank is planned
         assert result.code == 2 and "a simulation runs at most 4096" in result.stderr, result.stderr
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < HANG_BOUND
 
 
 def test_tensorflow_free_port_search_is_bounded(tmp_path: Path) -> None:
@@ -162,7 +167,7 @@ def test_tensorflow_free_port_search_is_bounded(tmp_path: Path) -> None:
     assert result.code == 2 and "4256 tasks needs as many free ports" in result.stderr, result.stderr
     result = plan(tmp_path, "entry: t.py\nnodes: 30000\n", engine="tensorflow")
     assert result.code == 2 and "a simulation runs at most 4096" in result.stderr, result.stderr
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < HANG_BOUND
 
 
 @pytest.mark.parametrize(

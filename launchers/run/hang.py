@@ -135,18 +135,23 @@ def dump_stacks(
 ) -> None:
     """Every process's Python stacks into its log, before anything is killed.
 
-    The stack signal goes to every process group in one loop (processes that did not register
-    it ignore it); ranks that never imported ``launchers.elastic`` get ``py-spy dump`` when it
-    is installed. ``pump`` reads the workers' output (so the stacks reach the logs) and says
-    whether any arrived; this returns once they stopped arriving, within ``DUMP_WAIT``.
+    The stack signal goes to each rank that registered it (``launchers.elastic``), and only to
+    that process: its DataLoader workers inherited the handler and would write their stacks into
+    the same log at the same moment, interleaved line by line. A process without a registered
+    rank in its tree (a wrapper that started one some other way) gets it for its whole group
+    (SIGURG is ignored by whoever did not register it); ranks that never imported
+    ``launchers.elastic`` get ``py-spy dump`` when it is installed. ``pump`` reads the workers'
+    output (so the stacks reach the logs) and says whether any arrived; this returns once they
+    stopped arriving, within ``DUMP_WAIT``.
     """
     registered = {p.pid for p in progress.read_run(run_id) if p.stack_signal}
-    for worker in workers:
+    unregistered = [w for w in workers if not _has_registered(w, registered)]
+    for worker in unregistered:
         signal_group(worker.pid, progress.STACK_SIGNAL)
-    for pid in registered:  # a rank in a process group of its own (under a wrapper that made one)
+    for pid in registered:  # the rank alone, wherever it is (under a wrapper that made a group of its own too)
         with contextlib.suppress(OSError):
             os.kill(pid, progress.STACK_SIGNAL)
-    spies = _py_spy(w for w in workers if not _has_registered(w, registered))
+    spies = _py_spy(unregistered)
     end = time.monotonic() + DUMP_WAIT
     quiet_since = time.monotonic()
     while time.monotonic() < end:
