@@ -176,30 +176,29 @@ def report_dlrover(args: argparse.Namespace, where: Path, stage_medians: dict[st
     """DLRover's memory and disk saves on the same sizes, in a process of its own (its saver is a daemon)."""
     from launchers.platform.cluster import free_port
 
-    texts = args.sizes.split(",")
-    sizes = [parse_size(text) for text in texts]
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(HERE.parent / "persist_stall_dlrover.py"),
-            args.dlrover,
-            ",".join(map(str, sizes)),
-            str(args.rounds),
-            str(where),
-            str(free_port()),
-        ],
-        env={k: v for k, v in os.environ.items() if not k.startswith("MLAUNCH_")},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    found = [line for line in done.stdout.splitlines() if line.startswith("dlrover-times ")]
-    if not found:
-        print(f"DLRover did not run (exit {done.returncode}):\n{done.stderr[-3000:]}")
-        return
-    results = json.loads(found[-1].split(" ", 1)[1])
-    for text, nbytes in zip(texts, sizes, strict=True):
-        for call, secs in results[str(nbytes)].items():
+    for text in args.sizes.split(","):
+        nbytes = parse_size(text)
+        # one process per size: DLRover's saver keeps the shared memory of the first state it saw
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(HERE.parent / "persist_stall_dlrover.py"),
+                args.dlrover,
+                str(nbytes),
+                str(args.rounds),
+                str(where),
+                str(free_port()),
+            ],
+            env={k: v for k, v in os.environ.items() if not k.startswith("MLAUNCH_")},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        found = [line for line in done.stdout.splitlines() if line.startswith("dlrover-times ")]
+        if not found:
+            print(f"DLRover did not run (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            return
+        for call, secs in json.loads(found[-1].split(" ", 1)[1])[str(nbytes)].items():
             note = ""
             if call == "memory" and text in stage_medians:
                 note = f"  mlaunch stage() / this = {stage_medians[text] / statistics.median(secs):.2f}x"
