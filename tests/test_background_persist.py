@@ -10,6 +10,7 @@ made to happen on demand.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -215,6 +216,10 @@ def test_steps_are_persisted_in_the_background_and_load(tmp_path: Path) -> None:
     assert len(background) >= 3, (seen, err)  # appeared while training ran
     assert all(step % 5 == 0 for step in background)
     assert "persisted step" in err
+    # mlaunch's own commits reach the status view and events.jsonl (the ranks never report them)
+    events = [json.loads(line) for line in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
+    shown = [e["step"] for e in events if e.get("event") == "checkpoint" and e.get("source") == "background"]
+    assert shown and all(step % 5 == 0 for step in shown), (shown, background)
     kept = layout.committed(tmp_path / "ckpt")
     assert 1 <= len(kept) <= 3  # checkpoint.keep
     for item in kept:  # every rank's shard of every kept step loads, and holds that step

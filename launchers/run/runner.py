@@ -227,7 +227,7 @@ def _attempt(
             log_mode="wb" if attempt == 0 else "ab",
             standbys=run.standbys,
             on_failure=flash,
-            tick=_ticks(monitor, run.observer.tick, *([background.tick] if background else [])),
+            tick=_ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer)),
             reserve=flash.reserve,
             job_events=run.events,
             hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
@@ -256,6 +256,13 @@ def _background_persist(
     from launchers.run.background_persist import BackgroundPersist
 
     return BackgroundPersist(run_id, attempt, plan, job.checkpoint.persist_every, exchange)
+
+
+def _background_ticks(background: BackgroundPersist | None, observer: JobObserver) -> list[Callable[[], None]]:
+    """The background writer's tick, and its commits into the status view (the ranks never report them)."""
+    if background is None:
+        return []
+    return [background.tick, lambda: observer.background_committed(background.committed)]
 
 
 def _health_check(job: Job, cluster: Cluster, events: JobEvents, observer: JobObserver) -> int | None:

@@ -151,6 +151,17 @@ class JobObserver:
             self._committed = newest
             self.log.write("checkpoint", attempt=self.attempt, step=newest)
 
+    def background_committed(self, steps: list[int]) -> None:
+        """Steps mlaunch itself committed (``checkpoint.persist_every``): the ranks never report these."""
+        if not steps or self.tracker is None:
+            return
+        newest = max(steps)
+        for r in self.tracker.ranks.values():  # this node's ranks have it (node 0 committed it for all)
+            r.committed_step = max(r.committed_step, newest)
+        if newest > self._committed:
+            self._committed = newest
+            self.log.write("checkpoint", attempt=self.attempt, step=newest, source="background")
+
     def _publish(self) -> None:
         tracker = self.tracker
         if tracker is None:
