@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, clean_env
@@ -207,6 +208,16 @@ def test_openssh_client_with_mlaunch_options(running_sshd: tuple[NodeFiles, int]
 
 
 @needs_sshd
+def command_of(proc: Any) -> str:
+    """A process's command line; "" for one that is gone or a zombie (sshd's session helpers come and go)."""
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def test_stop_ends_sessions_too(running_sshd: tuple[NodeFiles, int]) -> None:
     layout, port = running_sshd
     session = subprocess.Popen(
@@ -220,10 +231,10 @@ def test_stop_ends_sessions_too(running_sshd: tuple[NodeFiles, int]) -> None:
         daemon = psutil.Process(int(layout.sshd_pid.read_text()))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not any(
-            "sleep" in " ".join(p.cmdline()) for p in daemon.children(recursive=True)
+            "sleep" in command_of(p) for p in daemon.children(recursive=True)
         ):
             time.sleep(0.05)
-        sleepers = [p for p in daemon.children(recursive=True) if "sleep" in " ".join(p.cmdline())]
+        sleepers = [p for p in daemon.children(recursive=True) if "sleep" in command_of(p)]
         assert sleepers
         assert sshd.stop(layout)
         psutil.wait_procs(sleepers, timeout=5)
@@ -282,10 +293,10 @@ def test_peer_holds_the_node_until_stopped_then_stops_sshd_and_its_sessions(
         daemon = psutil.Process(int(layout.sshd_pid.read_text()))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not any(
-            "sleep" in " ".join(p.cmdline()) for p in daemon.children(recursive=True)
+            "sleep" in command_of(p) for p in daemon.children(recursive=True)
         ):
             time.sleep(0.05)
-        sleepers = [p for p in daemon.children(recursive=True) if "sleep" in " ".join(p.cmdline())]
+        sleepers = [p for p in daemon.children(recursive=True) if "sleep" in command_of(p)]
         assert sleepers and peer.poll() is None  # it holds the node: nothing ends on its own
         peer.send_signal(signal.SIGTERM)
         assert peer.wait(timeout=10) == 128 + signal.SIGTERM
