@@ -38,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench_env import platform_free_env
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 NPROC = 2
@@ -176,9 +178,7 @@ class Job:
             f"'--step-time', '{step_time}']\nnodes: 1\nprocs_per_node: {NPROC}\nlog_dir: {work / 'logs'}\n"
             f"env: {{GLOO_SOCKET_IFNAME: lo}}\ncheckpoint: {{dir: {self.ckpt}, grace_period: 120s, keep: 1}}\n"
         )
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MA_", "VC_", "PET_", "MLAUNCH_"))}
-        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(name, None)
+        env = platform_free_env()
         # The workers import launchers.elastic: from this checkout, installed or not.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(

@@ -42,6 +42,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench_env import platform_free_env
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 
@@ -248,9 +250,7 @@ def free_port() -> int:
 
 
 def base_env(ckpt: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MA_", "VC_", "PET_", "MLAUNCH_"))}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = platform_free_env()
     env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", BENCH_CKPT_DIR=str(ckpt), PYTHONUNBUFFERED="1")
     # The workers import launchers.elastic: from this checkout, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))

@@ -18,13 +18,14 @@ a hang bound.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_env import platform_free_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,9 +48,7 @@ CASES: list[tuple[str, str, str, int, str, float]] = [
 
 
 def plan_once(engine: str, job: Path) -> tuple[float, int, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MA_", "VC_", "PET_", "MLAUNCH_", "TF_CONFIG"))}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = platform_free_env()
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "launchers", "plan", "--engine", engine, str(job)],

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_env import platform_free_env
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 
@@ -105,9 +107,7 @@ def under_mlaunch(nbytes: int, steps: int, every: int, step_time: float, where: 
         f"'--step-time', '{step_time}']\nnodes: 1\nprocs_per_node: 1\nlog_dir: {where / 'logs'}\n"
         f"checkpoint: {{dir: {where / 'ckpt'}, keep: 2, persist_every: {every}}}\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MA_", "VC_", "PET_", "MLAUNCH_"))}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = platform_free_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     done = subprocess.run(
         [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)],

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import functools
 import os
 import shlex
@@ -35,13 +34,13 @@ from bootstrap.hosts import render_hostfile
 from bootstrap.keys import write_private
 from launchers import log
 from launchers.config.secrets import looks_secret
+from launchers.run.procs import die_with_parent
 from launchers.run.signals import STOP_SIGNALS
 
 # Kept for mpirun beside the -x names: what a login needs, never a credential.
 BASE_ENV = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TZ", "MLAUNCH_RUN_ID")
 BASE_PREFIXES = ("LC_",)
 EXIT_PEERS_NOT_READY = 1
-_PR_SET_PDEATHSIG = 1
 say = functools.partial(log.say, who="mlaunch mpi")
 
 
@@ -152,8 +151,7 @@ class Stopper:
 
 
 def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    die_with_parent(signal.SIGTERM)
 
 
 def run_mpirun(command: list[str], env: dict[str, str], stopper: Stopper, grace: float) -> int:

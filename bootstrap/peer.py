@@ -17,8 +17,6 @@ Exit code: 128+N when stopped by signal N (the code mlaunch reports is the job's
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import functools
 import signal
 import sys
@@ -27,9 +25,9 @@ from pathlib import Path
 from bootstrap.runtime import NodeFiles
 from bootstrap.sshd import stop
 from launchers import log
+from launchers.run.procs import die_with_parent
 
 say = functools.partial(log.say, who="mlaunch peer")
-_PR_SET_PDEATHSIG = 1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_signal)
-    with contextlib.suppress(OSError, AttributeError):  # gone with the parent: no node held for nobody
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    # Gone with its mlaunch, and by SIGTERM (not the supervisor's SIGKILL): sshd is stopped on the way out.
+    die_with_parent(signal.SIGTERM)
     say(f"holding this node for {args.node0}'s mpirun; the job's output is on node 0")
     try:
         while not received:

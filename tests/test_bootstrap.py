@@ -218,6 +218,16 @@ def command_of(proc: Any) -> str:
         return ""
 
 
+def session_processes(daemon: Any, word: str, timeout: float = 10) -> list[Any]:
+    """The processes under sshd whose command line holds ``word``, once the ssh session has started one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [p for p in daemon.children(recursive=True) if word in command_of(p)]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def test_stop_ends_sessions_too(running_sshd: tuple[NodeFiles, int]) -> None:
     layout, port = running_sshd
     session = subprocess.Popen(
@@ -229,12 +239,7 @@ def test_stop_ends_sessions_too(running_sshd: tuple[NodeFiles, int]) -> None:
         import psutil
 
         daemon = psutil.Process(int(layout.sshd_pid.read_text()))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(
-            "sleep" in command_of(p) for p in daemon.children(recursive=True)
-        ):
-            time.sleep(0.05)
-        sleepers = [p for p in daemon.children(recursive=True) if "sleep" in command_of(p)]
+        sleepers = session_processes(daemon, "sleep")
         assert sleepers
         assert sshd.stop(layout)
         psutil.wait_procs(sleepers, timeout=5)
@@ -291,12 +296,7 @@ def test_peer_holds_the_node_until_stopped_then_stops_sshd_and_its_sessions(
         assert peer.stderr is not None
         assert "holding this node for h0's mpirun" in peer.stderr.readline()
         daemon = psutil.Process(int(layout.sshd_pid.read_text()))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(
-            "sleep" in command_of(p) for p in daemon.children(recursive=True)
-        ):
-            time.sleep(0.05)
-        sleepers = [p for p in daemon.children(recursive=True) if "sleep" in command_of(p)]
+        sleepers = session_processes(daemon, "sleep")
         assert sleepers and peer.poll() is None  # it holds the node: nothing ends on its own
         peer.send_signal(signal.SIGTERM)
         assert peer.wait(timeout=10) == 128 + signal.SIGTERM

@@ -30,6 +30,11 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
+def die_with_parent(sig: int) -> bool:
+    """``sig`` to this process when its parent dies (``PR_SET_PDEATHSIG``); False where it cannot be set."""
+    return _prctl(_PR_SET_PDEATHSIG, sig)
+
+
 def become_subreaper() -> bool:
     """Orphaned grandchildren are re-parented to us (and reaped by us) instead of to init."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -57,7 +62,7 @@ def start_process(
 
     def child_setup() -> None:
         # Die with mlaunch even if it is SIGKILLed; if it already died, do not run at all.
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent(signal.SIGKILL)
         if os.getppid() != parent:
             os._exit(137)
 

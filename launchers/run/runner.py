@@ -89,14 +89,14 @@ def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> La
     return plan
 
 
-def finished_summary(outcome: Outcome, total: int, processes: Sequence[ProcessSpec] = ()) -> str:
+def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
     """What a succeeded run says: service processes (ps, schedulers) stopped after the workers are not "exited 0"."""
     if processes and all(spec.role in FOLLOWER_ROLES for spec in processes):
         return "node 0 reports exit code 0 (this node's ranks ran under node 0's mpirun)"
     codes = list(outcome.exit_codes.values())
     stopped = sum(1 for code in codes if code != 0)
     if not codes or not stopped:
-        return f"all {total} processes exited 0"
+        return f"all {len(processes)} processes exited 0"
     return f"all {len(codes) - stopped} required processes exited 0; {stopped} service process(es) stopped after them"
 
 
@@ -287,7 +287,7 @@ def _ticks(*calls: Callable[[], None]) -> Callable[[], None]:
 def _run_exit_code(outcome: Outcome, plan: LaunchPlan, roots: set[str]) -> int | None:
     """mlaunch's exit code when the attempt ends the run (success, a stop); None after a failure."""
     if outcome.status == "succeeded":
-        say(f"job finished: {finished_summary(outcome, len(plan.processes), plan.processes)}")
+        say(f"job finished: {finished_summary(outcome, plan.processes)}")
         return 0
     if outcome.status == "signalled":
         assert outcome.signal is not None

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from launchers.run.control.events import (
     ExchangeFailed,
     JobEnded,
-    JobEvent,
     JobEvents,
     LocalEvents,
     Lost,
@@ -65,14 +64,13 @@ def open_job_events(job: Job, cluster: Cluster) -> JobEvents:
         port=port,
         secret=secret,
         node_timeout=node_timeout(job),
-        join_timeout=max(job.monitor.join_timeout, node_timeout(job)),
+        join_timeout=job.monitor.join_timeout,  # never shorter than node_timeout (the agent sees to it)
     )
 
 
 __all__ = [
     "ExchangeFailed",
     "JobEnded",
-    "JobEvent",
     "JobEvents",
     "LocalEvents",
     "Lost",

@@ -194,7 +194,7 @@ class NetworkEvents(JobEvents):
                     what = "the master, hosting the control plane" + (
                         "" if joined else "; it never answered: not started, unreachable, or another job secret"
                     )
-                    self._on_lost(Lost(0, what, silent))
+                    self._final(Lost(0, what, silent))
         finally:
             dealer.close()
             pull.close(linger=0)
@@ -227,28 +227,24 @@ class NetworkEvents(JobEvents):
                 self._results[str(message["topic"])] = {int(k): v for k, v in message["values"].items()}
                 self._cond.notify_all()
         elif kind == "lost":
-            self._on_lost(Lost(int(message["lost"]), str(message.get("host", "")), float(message["seconds"])))
+            self._final(Lost(int(message["lost"]), str(message.get("host", "")), float(message["seconds"])))
         elif kind == "closing":
             self._hub_closing = True
         elif kind == "end" and int(message["node"]) != self.node:
-            ended = JobEnded(int(message["node"]), int(message["code"]), str(message.get("host", "")))
-            with self._cond:
-                if self._ended is None:
-                    self._ended = ended
-                    self._events.append(ended)
-                self._cond.notify_all()
-            self._wake()
+            self._final(JobEnded(int(message["node"]), int(message["code"]), str(message.get("host", ""))))
         elif kind == "view" and isinstance(message.get("nodes"), dict):
             with self._cond:
                 for node, entry in message["nodes"].items():
                     if str(node).isascii() and str(node).isdigit() and int(node) != self.node:
                         self._view[int(node)] = entry
 
-    def _on_lost(self, lost: Lost) -> None:
+    def _final(self, event: Lost | JobEnded) -> None:
+        """A lost node or the job's end: the first of its kind is kept and queued, later ones are not."""
+        attr = "_lost" if isinstance(event, Lost) else "_ended"
         with self._cond:
-            if self._lost is None:
-                self._lost = lost
-                self._events.append(lost)
+            if getattr(self, attr) is None:
+                setattr(self, attr, event)
+                self._events.append(event)
             self._cond.notify_all()
         self._wake()
 
