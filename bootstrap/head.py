@@ -34,7 +34,7 @@ from bootstrap.hosts import render_hostfile
 from bootstrap.keys import write_private
 from launchers import log
 from launchers.config.secrets import looks_secret
-from launchers.run.procs import die_with_parent
+from launchers.prctl import die_with_parent
 from launchers.run.signals import STOP_SIGNALS
 
 # Kept for mpirun beside the -x names: what a login needs, never a credential.

@@ -25,7 +25,7 @@ from pathlib import Path
 from bootstrap.runtime import NodeFiles
 from bootstrap.sshd import stop
 from launchers import log
-from launchers.run.procs import die_with_parent
+from launchers.prctl import die_with_parent
 
 say = functools.partial(log.say, who="mlaunch peer")
 

@@ -8,36 +8,17 @@ as their parent-death signal, so they never outlive mlaunch; with their output o
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 from collections.abc import Mapping
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-
-_libc: ctypes.CDLL | None = None
-
-
-def _prctl(option: int, value: int) -> bool:
-    global _libc
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        return int(_libc.prctl(option, value, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def die_with_parent(sig: int) -> bool:
-    """``sig`` to this process when its parent dies (``PR_SET_PDEATHSIG``); False where it cannot be set."""
-    return _prctl(_PR_SET_PDEATHSIG, sig)
+from launchers.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl
 
 
 def become_subreaper() -> bool:
     """Orphaned grandchildren are re-parented to us (and reaped by us) instead of to init."""
-    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    return prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def process_env(extra: Mapping[str, str], run_id: str) -> dict[str, str]:
