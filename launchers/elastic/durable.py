@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from launchers.elastic import direct_io
 
 _CHUNK = 64 << 20  # large writes go in pieces so a deadline can stop one part-way
 SLOW_WRITE_ENV = "MLAUNCH_TEST_SLOW_WRITE"  # seconds to sleep before each shard write (tests only)
@@ -57,6 +60,31 @@ def write_all(fd: int, data: memoryview, deadline: float | None = None, at: int 
     ``at`` is the file offset the data lands at (for the early writeback of each chunk).
     """
     _in_chunks(fd, data.nbytes, deadline, at, lambda pos, n: os.write(fd, data[pos : pos + n]))
+
+
+def deadline_check(deadline: float | None) -> Callable[[], None]:
+    """A callable that raises ``DeadlineExceeded`` once ``deadline`` (time.monotonic) has passed."""
+
+    def check() -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise DeadlineExceeded("write deadline passed")
+
+    return check
+
+
+def write_image(fd: int, pieces: Iterable[tuple[int, memoryview]], length: int, deadline: float | None) -> bool:
+    """Write an image of ``length`` bytes from ordered ``(offset, bytes)`` pieces past the page cache.
+
+    Returns False (nothing written) where direct writes are not wanted or not supported:
+    the caller then writes buffered.
+    """
+    if not direct_io.wanted(length):
+        return False
+    try:
+        direct_io.write_pieces(fd, pieces, length, deadline_check(deadline))
+    except direct_io.Unsupported:
+        return False
+    return True
 
 
 def _in_chunks(fd: int, length: int, deadline: float | None, at: int, put: Callable[[int, int], int]) -> None:
@@ -116,11 +144,15 @@ def copy_range_to_file(
 ) -> int:
     """Persist ``length`` bytes of ``src_fd`` from ``offset`` (a staged slot) to ``path`` with fsync.
 
-    ``sendfile`` copies inside the kernel: no user-space mapping of the source has to be
-    faulted in page by page, so this runs at ``cp`` speed. ``check`` runs before the fsync.
+    A large page-aligned slot goes to the disk straight from its shared-memory pages
+    (``direct_io``); otherwise ``sendfile`` copies inside the kernel, at ``cp`` speed.
+    ``check`` runs before the fsync.
     """
 
     def send(fd: int) -> int:
+        if _copy_direct(fd, src_fd, offset, length, deadline):
+            return length
+
         def put(done: int, n: int) -> int:
             sent = os.sendfile(fd, src_fd, offset + done, n)
             if sent <= 0:
@@ -131,6 +163,25 @@ def copy_range_to_file(
         return length
 
     return create_synced(path, send, check)
+
+
+def _copy_direct(fd: int, src_fd: int, offset: int, length: int, deadline: float | None) -> bool:
+    """``O_DIRECT`` from a mapping of the source; False (nothing written) where that cannot be done."""
+    whole = direct_io.round_up(length)
+    if not direct_io.wanted(length) or offset % mmap.ALLOCATIONGRANULARITY:
+        return False
+    if os.fstat(src_fd).st_size < offset + whole:
+        return False  # the last page is not in the source file
+    source = mmap.mmap(src_fd, whole, prot=mmap.PROT_READ, offset=offset)
+    view = memoryview(source)
+    try:
+        direct_io.write_mapped(fd, view, length, deadline_check(deadline))
+    except direct_io.Unsupported:
+        return False
+    finally:
+        view.release()
+        source.close()
+    return True
 
 
 def _remove_quietly(path: str | os.PathLike[str]) -> None:

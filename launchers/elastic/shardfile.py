@@ -44,7 +44,7 @@ from launchers.elastic import plain
 from launchers.elastic.durable import SLOW_WRITE_ENV as SLOW_WRITE_ENV
 from launchers.elastic.durable import DeadlineExceeded as DeadlineExceeded
 from launchers.elastic.durable import copy_range_to_file as copy_range_to_file
-from launchers.elastic.durable import create_synced, write_all
+from launchers.elastic.durable import create_synced, write_all, write_image
 from launchers.elastic.durable import fsync_dir as fsync_dir
 
 MAGIC = b"MLCKPT02"
@@ -219,7 +219,12 @@ def _pieces(enc: Encoded) -> Iterator[tuple[int, memoryview]]:
 
 
 def write_fd(fd: int, enc: Encoded, deadline: float | None = None) -> int:
-    """Write the image at the fd's current position (assumed 0); returns the size written."""
+    """Write the image at the fd's current position (assumed 0); returns the size written.
+
+    A large image goes past the page cache where the file system allows (``direct_io``).
+    """
+    if write_image(fd, _pieces(enc), enc.size, deadline):
+        return enc.size
     pos = 0
     for offset, view in _pieces(enc):
         if offset > pos:

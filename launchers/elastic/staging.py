@@ -122,6 +122,7 @@ class Segment:
     def _open(self, capacity: int) -> None:
         """(Re)create the file with ``capacity`` per slot and map it; OSError if no space."""
         self.close()
+        capacity = -(-capacity // mmap.PAGESIZE) * mmap.PAGESIZE  # slots start on page boundaries
         total = HEADER_SIZE + NSLOTS * capacity
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
