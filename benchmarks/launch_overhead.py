@@ -8,6 +8,7 @@ Runs are interleaved (a, b, c, a, b, c, ...) so machine noise hits all three ali
 and ratios are printed. Targets: mlaunch's overhead over (a) ≤ 0.3 s and ≤ 0.1× torchrun's.
 
     python benchmarks/launch_overhead.py [--repeats 7]
+    git worktree add /tmp/before REV && python benchmarks/launch_overhead.py --before /tmp/before
 """
 
 from __future__ import annotations
@@ -71,10 +72,17 @@ def run_torchrun(script: Path) -> float:
     return time.perf_counter() - start
 
 
-def run_mlaunch(job: Path) -> float:
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_mlaunch(job: Path, tree: Path = ROOT) -> float:
+    """mlaunch from ``tree`` (this checkout, or another one given with ``--before``)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)],
+        cwd=tree,
+        env=env,
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -85,6 +93,11 @@ def run_mlaunch(job: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout of mlaunch (git worktree add DIR REV) to run interleaved, as the 'before' figure",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "trivial.py"
@@ -92,11 +105,17 @@ def main() -> None:
         job = Path(tmp) / "job.yaml"
         job.write_text(f"entry: {script}\nprocs_per_node: {NPROC}\nlog_dir: {tmp}/logs\n")
         times: dict[str, list[float]] = {"plain": [], "torchrun": [], "mlaunch": []}
+        if args.before:
+            times["before"] = []
+            run_mlaunch(job, args.before)  # its first run writes its bytecode caches
         run_plain(script)  # warm the page cache for torch before measuring
+        run_mlaunch(job)
         for _ in range(args.repeats):
             times["plain"].append(run_plain(script))
             times["torchrun"].append(run_torchrun(script))
             times["mlaunch"].append(run_mlaunch(job))
+            if args.before:
+                times["before"].append(run_mlaunch(job, args.before))
     med = {k: statistics.median(v) for k, v in times.items()}
     over_mlaunch = med["mlaunch"] - med["plain"]
     over_torchrun = med["torchrun"] - med["plain"]
@@ -112,6 +131,11 @@ def main() -> None:
         f"  mlaunch / plain = {med['mlaunch'] / med['plain']:.3f}×   torchrun / plain = "
         f"{med['torchrun'] / med['plain']:.3f}×"
     )
+    if args.before:
+        over_before = med["before"] - med["plain"]
+        print(f"  mlaunch ({args.before}) overhead over plain: {over_before:+.3f} s")
+        ratio_before = med["mlaunch"] / med["before"]
+        print(f"  this mlaunch / that one: {ratio_before:.3f}×, overhead {over_mlaunch - over_before:+.3f} s")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability, _mpi, _prest
 
 def run_checks(job_file: Path, engine: str | None, extra_args: Sequence[str], *, simulate: bool = False) -> int:
     """Print every finding; return 0 when nothing is an error, else 2."""
-    from launchers.run.runner import make_plan, resolve_engine_name
+    from launchers.run.planning import make_plan, resolve_engine_name
 
     job = load_job(job_file)
     print(f"ok: {job_file} is a valid job file")

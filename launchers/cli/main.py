@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from launchers.cli import pydantic_plugins
 from launchers.errors import EXIT_USER_ERROR, UserError
 from launchers.log import say
 from launchers.run import signals as early_signals
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> Any:
     args = sys.argv[1:] if argv is None else list(argv)
     if argv is None:  # the real entry point (maybe a container's PID 1): keep any early stop signal
         early_signals.install()
+        pydantic_plugins.install()
     try:
         fast = parse_fast_run(args, _command_names())
         if fast is not None:

@@ -12,7 +12,6 @@ the grace-budget monitor, warm standby workers for restarts when job.yaml lists
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,23 +20,24 @@ from typing import TYPE_CHECKING, Any
 
 from launchers.config.job import Job
 from launchers.elastic import progress, staging
-from launchers.engines import get_engine
 from launchers.engines.base import Engine
-from launchers.errors import UserError
 from launchers.log import say
 from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
 from launchers.run import signals as early_signals
-from launchers.run.control import control_port, node_timeout
+from launchers.run.control import node_timeout
 from launchers.run.flash_hook import FlashHook
 from launchers.run.hang import HangMonitor
 from launchers.run.labels import process_labels
 from launchers.run.observe.observer import JobObserver
 from launchers.run.observe.phases import long_phase
 from launchers.run.outcome import Outcome, signal_name
+from launchers.run.planning import make_plan as make_plan
+from launchers.run.planning import plan_attempt
+from launchers.run.planning import resolve_engine_name as resolve_engine_name
 from launchers.run.preflight import check_launchable
 from launchers.run.procs import become_subreaper
-from launchers.run.rank_env import add_rank_env, clear_error_files, error_file_lines
+from launchers.run.rank_env import clear_error_files, error_file_lines
 from launchers.run.signal_router import SignalRouter
 from launchers.run.standby_pool import StandbyPool
 from launchers.run.supervisor import Supervisor
@@ -49,44 +49,6 @@ if TYPE_CHECKING:
     from launchers.run.flash_save import Exchange
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
-
-
-def resolve_engine_name(job: Job, engine: str | None) -> str:
-    """``--engine`` wins over job.yaml's ``engine:``; neither is a user error."""
-    name = engine or job.engine
-    if not name:
-        src = job.source or "job.yaml"
-        raise UserError(f"no engine given: pass --engine pytorch|ascend|tensorflow|mpi or set `engine:` in {src}")
-    return name
-
-
-def make_plan(
-    job: Job,
-    engine_name: str,
-    extra_args: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
-    *,
-    simulate: bool = False,
-) -> tuple[Engine, Cluster, LaunchPlan]:
-    """Detect the cluster and plan attempt 0 — pure, used by both ``plan`` and ``run``."""
-    engine = get_engine(engine_name)
-    cluster = engine.detect(job, os.environ if env is None else env, extra_args, simulate=simulate)
-    return engine, cluster, plan_attempt(engine, job, cluster, 0)
-
-
-def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> LaunchPlan:
-    """The engine's plan, plus what job-wide features add to it (high-availability side processes, env)."""
-    plan = engine.plan(job, cluster, attempt)
-    for proc in plan.processes:  # the elastic runtime's Checkpointer keeps this many
-        proc.env.setdefault("MLAUNCH_CHECKPOINT_KEEP", str(job.checkpoint.keep))
-    if job.high_availability.enabled:
-        from launchers.engines.high_availability import apply_high_availability
-
-        plan = apply_high_availability(job, cluster, plan)
-    add_rank_env(job, plan)
-    if plan.nnodes > 1 and not plan.simulated:  # the port of attempt 0's rendezvous: the same for every attempt
-        plan.control_port = control_port(job, cluster.master_port - attempt, cluster.control_port)
-    return plan
 
 
 def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:

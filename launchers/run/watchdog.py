@@ -102,19 +102,44 @@ def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
 
 def kill_marked_processes(run_id: str, exclude: Iterable[int] = ()) -> list[int]:
     """SIGKILL every process whose initial environment has ``MLAUNCH_RUN_ID=<run_id>``."""
-    import psutil  # only in the watchdog's final sweep: off mlaunch's start-up path
-
     skip = set(exclude)
     killed: list[int] = []
-    for proc in psutil.process_iter():
-        if proc.pid in skip:
-            continue
-        try:
-            if proc.environ().get("MLAUNCH_RUN_ID") != run_id:
-                continue
-        except psutil.Error:
+    for pid in marked_processes(run_id):
+        if pid in skip:
             continue
         with contextlib.suppress(OSError):
-            os.kill(proc.pid, signal.SIGKILL)
-            killed.append(proc.pid)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
     return killed
+
+
+def marked_processes(run_id: str) -> list[int]:
+    """Pids whose initial environment has ``MLAUNCH_RUN_ID=<run_id>`` (processes of other users are not readable).
+
+    Read from /proc/<pid>/environ directly: mlaunch waits for this sweep as it exits, and
+    importing psutil for it cost ~15 ms of every job's end. psutil where /proc is missing.
+    """
+    marker = f"MLAUNCH_RUN_ID={run_id}".encode()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        import psutil  # no /proc (another OS)
+
+        found = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("MLAUNCH_RUN_ID") == run_id:
+                    found.append(proc.pid)
+        return found
+    pids = []
+    for entry in entries:
+        if not (entry.isascii() and entry.isdigit()):
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:  # exited meanwhile, or not ours to read
+            continue
+        if marker in env.split(b"\0"):
+            pids.append(int(entry))
+    return pids
