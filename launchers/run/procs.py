@@ -11,7 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from launchers.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl
 
@@ -107,24 +107,36 @@ def signal_stop(leaders: list[int], sig: int, guarded: set[int]) -> None:
             os.kill(pid, sig)
 
 
-def _children_map() -> dict[int, list[int]] | None:
-    """Parent pid → child pids, from one pass over /proc/<pid>/stat (None where /proc cannot be read)."""
-    children: dict[int, list[int]] = {}
+def proc_files(name: str) -> Iterator[tuple[int, bytes]] | None:
+    """(pid, contents of /proc/<pid>/<name>) for every process readable now; None where there is no /proc."""
     try:
         entries = os.listdir("/proc")
     except OSError:
         return None
-    for entry in entries:
-        if not (entry.isascii() and entry.isdigit()):
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:  # exited meanwhile
-            continue
+
+    def read() -> Iterator[tuple[int, bytes]]:
+        for entry in entries:
+            if not (entry.isascii() and entry.isdigit()):
+                continue
+            try:
+                with open(f"/proc/{entry}/{name}", "rb") as fh:
+                    yield int(entry), fh.read()
+            except OSError:  # exited meanwhile, or not ours to read
+                continue
+
+    return read()
+
+
+def _children_map() -> dict[int, list[int]] | None:
+    """Parent pid → child pids, from one pass over /proc/<pid>/stat (None where /proc cannot be read)."""
+    children: dict[int, list[int]] = {}
+    stats = proc_files("stat")
+    if stats is None:
+        return None
+    for pid, stat in stats:
         fields = stat[stat.rfind(b")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
         if len(fields) > 1 and fields[1].isdigit():
-            children.setdefault(int(fields[1]), []).append(int(entry))
+            children.setdefault(int(fields[1]), []).append(pid)
     return children
 
 
