@@ -37,12 +37,38 @@ def cached_fraction(path: Path) -> float:
         return sum(v & 1 for v in vec) / pages
 
 
+def takes_direct_writes(directory: Path) -> bool:
+    """Whether this file system accepts O_DIRECT (a CI machine's /tmp may be an overlay that does not)."""
+    probe = directory / ".direct-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    try:
+        with mmap.mmap(-1, mmap.PAGESIZE) as page:
+            os.pwrite(fd, page, 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+@pytest.fixture
+def direct_dir(tmp_path: Path) -> Path:
+    if not takes_direct_writes(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT (the buffered fallback is tested on ramfs)")
+    return tmp_path
+
+
 def state(n: int, seed: int = 0) -> dict[str, object]:
     rng = np.random.default_rng(seed)
     return {"w": rng.standard_normal(n).astype(np.float32), "b": np.arange(n % 1000 + 3, dtype=np.int16), "step": n}
 
 
-def test_large_shard_skips_the_page_cache_and_reads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_shard_skips_the_page_cache_and_reads_back(direct_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path = direct_dir
     st = state(10_000_003)  # 40 MB: above direct_io.MIN_SIZE
     direct, buffered = tmp_path / "direct.mlck", tmp_path / "buffered.mlck"
     shardfile.write_file(direct, shardfile.encode(st))
@@ -88,7 +114,8 @@ def shm_source(size: int) -> Iterator[tuple[int, bytes]]:
         path.unlink()
 
 
-def test_agent_copy_from_an_aligned_slot_is_direct_and_an_unaligned_one_is_not(tmp_path: Path) -> None:
+def test_agent_copy_from_an_aligned_slot_is_direct_and_an_unaligned_one_is_not(direct_dir: Path) -> None:
+    tmp_path = direct_dir
     size = 40 << 20
     with shm_source(size + 2 * mmap.PAGESIZE) as (fd, data):
         length = size - 123  # the last page is partial
