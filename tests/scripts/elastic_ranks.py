@@ -43,14 +43,18 @@ def main() -> int:
         dist.init_process_group("gloo")
     rank = int(os.environ["RANK"])
     ckpt = elastic.Checkpointer(ckpt_dir, keep=int(os.environ.get("KEEP", "3")))
+    code = 0
     if mode == "save":
         step = int(os.environ.get("STEP", "1"))
         try:
             path = ckpt.save(step, state_for(rank, step))
+            print(f"saved {path}", flush=True)
         except elastic.CheckpointError as exc:
+            # every rank gets here together (the save fails on all of them), so the group still
+            # ends cleanly: a gloo group left to the interpreter's exit while a peer is already
+            # gone can abort the process (SIGABRT) instead of exiting 3
             print(f"save failed: {exc}", flush=True)
-            return 3
-        print(f"saved {path}", flush=True)
+            code = 3
     elif mode == "load":
         state = ckpt.load_latest()
         print(f"loaded {state['step']} {digest(state)}" if state else "loaded none", flush=True)
@@ -72,7 +76,7 @@ def main() -> int:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    return 0
+    return code
 
 
 if __name__ == "__main__":
