@@ -94,9 +94,9 @@ def _in_chunks(fd: int, length: int, deadline: float | None, at: int, put: Calla
     wrote; each large chunk's writeback starts at once (it lands at file offset ``at + pos``).
     """
     pos = 0
+    check_deadline = deadline_check(deadline)
     while pos < length:
-        if deadline is not None and time.monotonic() > deadline:
-            raise DeadlineExceeded("write deadline passed")
+        check_deadline()
         written = put(pos, min(_CHUNK, length - pos))
         if written >= (1 << 20) and _libc is not False:
             start_writeback(fd, at + pos, written)
