@@ -13,7 +13,7 @@ the supervisor runs it like any rank (prefixed output, log file, SIGTERM → gra
    supervisor's grace period ends, it and its local ranks are SIGKILLed. mpirun also gets a
    parent-death signal, so it never outlives this wrapper.
 3. Exits with mpirun's code (128+N if stopped by signal N). Node 0's mlaunch tells the
-   other nodes through the job's control plane (``launchers.run.control``).
+   other nodes through the job's control plane (``launchers.control``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Files in the secret directory (all private ones 0600, the directory 0700):
 - ``ssh_host_ed25519_key`` / ``ssh_host_ed25519_key.pub`` — the job-wide host key;
 - ``known_hosts`` — ``mlaunch-job <host public key>``, for ``ssh -o HostKeyAlias=mlaunch-job``.
 
-The job's control plane (``launchers.run.control``) mixes the client private key into its
+The job's control plane (``launchers.control``) mixes the client private key into its
 message key for MPI jobs, so no extra secret has to be distributed.
 """
 

@@ -3,7 +3,7 @@
 ``python -m bootstrap.peer --node0 HOST --runtime-dir DIR`` — what the MPI engine plans on
 every node but node 0. The ranks here are started by node 0's mpirun through this node's
 sshd; this process only stands for them under the supervisor. The job's control plane
-(``launchers.run.control``) tells this node's mlaunch how the job ended — node 0's exit code,
+(``launchers.control``) tells this node's mlaunch how the job ended — node 0's exit code,
 a failure to restart from, a lost node 0 — and mlaunch stops this process (SIGTERM) and exits
 with the job's code.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 
 
@@ -28,3 +29,11 @@ def say(message: str, *, who: str = "mlaunch") -> None:
     except (RuntimeError, ValueError, AttributeError, OSError):
         with contextlib.suppress(OSError):
             os.write(2, line.encode(errors="replace"))
+
+
+def signal_name(sig: int) -> str:
+    """``SIGTERM`` for 15: how messages name a signal (``signal 77`` for one without a name)."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

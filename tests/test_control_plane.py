@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
+from launchers.control import ExchangeFailed, JobEnded, LocalEvents, Lost, RemoteFailure
+from launchers.control.wire import job_secret, seal, unseal
 from launchers.plan import ProcessSpec
 from launchers.platform.cluster import free_port
-from launchers.run.control import ExchangeFailed, JobEnded, LocalEvents, Lost, RemoteFailure
-from launchers.run.control.wire import job_secret, seal, unseal
-from launchers.run.outcome import Failure
+from launchers.run.outcome import Failure, remote_failure
 from launchers.run.rank_env import error_file_lines
 
 zmq = pytest.importorskip("zmq")
 
 
 def agents(node_timeout: float = 5.0, secrets: tuple[bytes, bytes] = (b"k" * 32, b"k" * 32)) -> list[Any]:
-    from launchers.run.control.agent import NetworkEvents
+    from launchers.control.agent import NetworkEvents
 
     port = free_port()
     return [
@@ -78,7 +78,7 @@ def test_a_hang_carries_its_cause_so_the_other_nodes_dump_their_stacks_and_statu
             event = a.poll()
             time.sleep(0.001)
         assert isinstance(event, RemoteFailure) and event.hung and event.cause == cause
-        failure = event.as_failure()
+        failure = remote_failure(event)
         assert failure.describe() == f"node 1 rank 3 {cause}"  # no "(pid 0)": the pid lives on the other node
         b.publish({"index": 1, "host": "h1", "ranks": [{"rank": 3, "step": 6}]})
         a.publish({"index": 0, "host": "h0", "ranks": [{"rank": 0, "step": 6}]})
@@ -160,7 +160,7 @@ def test_an_end_from_an_agent_with_another_key_is_dropped() -> None:
 
 def test_a_node_waits_join_timeout_for_node0_then_gives_up() -> None:
     """Nodes start at different times: before node 0's hub first answers, the longer join timeout applies."""
-    from launchers.run.control.agent import NetworkEvents
+    from launchers.control.agent import NetworkEvents
 
     started = time.monotonic()
     b = NetworkEvents(

@@ -117,6 +117,29 @@ def test_the_training_side_imports_nothing_of_the_launcher() -> None:
     assert not offenders, sorted(offenders)
 
 
+def layer_offenders(layer: str, forbidden: tuple[str, ...]) -> set[str]:
+    """Every import from a module of ``layer`` into one of the ``forbidden`` packages (``a → b``)."""
+    return {
+        f"{name} → {target}"
+        for name, targets in import_graph().items()
+        if name == layer or name.startswith(layer + ".")
+        for target in targets
+        if target.startswith(forbidden)
+    }
+
+
+def test_the_control_plane_stands_below_run_and_health() -> None:
+    """launchers.control is the one plane run/ and health/ both use; it must know neither (issue 24)."""
+    assert not layer_offenders("launchers.control", ("launchers.run", "launchers.health", "launchers.cli")), (
+        "the control plane may use only launchers.log, config and platform types"
+    )
+
+
+def test_health_does_not_reach_into_run() -> None:
+    """run/ calls the health check before it starts ranks (run → health → control): never the other way."""
+    assert not layer_offenders("launchers.health", ("launchers.run", "launchers.cli"))
+
+
 def test_modules_stay_small() -> None:
     long = {
         str(path.relative_to(ROOT)): lines

@@ -119,7 +119,7 @@ def test_peer_plan_runs_sshd_and_waits_for_node0(tmp_path: Path) -> None:
 
 
 def test_node0_timeout_is_the_older_name_of_monitor_node_timeout(tmp_path: Path) -> None:
-    from launchers.run.control import node_timeout
+    from launchers.control import node_timeout
 
     def timeout_of(body: str) -> float:
         return node_timeout(load_job(write_job(tmp_path, body, keys=False)))

@@ -48,7 +48,7 @@ def test_plan_loads_neither_the_supervisor_nor_the_control_plane(tmp_path: Path)
     mods, proc = imported(["plan", "--engine", "pytorch", str(write_job(tmp_path))], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "launchers.run.planning" in mods
-    assert not {"launchers.run.supervisor", "launchers.run.control", "launchers.run.observe.observer"} & mods
+    assert not {"launchers.run.supervisor", "launchers.control", "launchers.run.observe.observer"} & mods
     assert "importlib.metadata" not in mods
 
 

@@ -8,7 +8,7 @@ What ModelArts' ``run_mpi.sh`` does by hand, as a plan (``mlaunch plan`` shows e
   host's sshd concurrently with a real SSH login, writes the hostfile (``host slots=N``) and
   runs mpirun (which starts every rank on every node through ssh);
 - **the other nodes** run one process, ``python -m bootstrap.peer``, which holds the node (its
-  sshd) until its mlaunch stops it. The job's control plane (``launchers.run.control``, on
+  sshd) until its mlaunch stops it. The job's control plane (``launchers.control``, on
   ``mpi.completion_port``, its key derived from the job's ssh secret too) carries the rest:
   node 0's mlaunch tells every node the job's exit code and each exits with it; a failure
   restarts every node together; a node 0 that vanishes is lost after ``monitor.node_timeout``
@@ -174,7 +174,7 @@ class MpiEngine:
                 },
             ),
             BootstrapStep("hostfile", {"path": str(layout.hostfile), "hosts": hosts, "slots": cluster.procs_per_node}),
-            # node 0's control plane (launchers.run.control) tells the peers the exit code, on this port
+            # node 0's control plane (launchers.control) tells the peers the exit code, on this port
             BootstrapStep("completion", {"role": "notify", "port": completion_port(job), "peers": hosts[1:]}),
         ]
         return NodePlan(0, hosts[0], [self._head_process(job, attempt, head)], steps)

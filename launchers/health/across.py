@@ -29,8 +29,8 @@ from launchers.log import say
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
+    from launchers.control import JobEvents
     from launchers.platform.cluster import Cluster
-    from launchers.run.control import JobEvents
 
 STORE_PORT_OFFSET = 1  # the link test's TCPStore: the control plane's port + this
 SHARE_MARGIN = 5.0  # seconds past the link rounds' budget the results may take to gather
@@ -63,7 +63,7 @@ def _sleep_until(moment: float) -> None:
 
 
 def _meet(events: JobEvents, topic: str, value: Any, deadline: float) -> dict[int, Any]:
-    from launchers.run.control import ExchangeFailed
+    from launchers.control import ExchangeFailed
 
     try:
         return events.exchange(topic, value, deadline)
@@ -73,7 +73,7 @@ def _meet(events: JobEvents, topic: str, value: Any, deadline: float) -> dict[in
 
 
 def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> HealthOutcome:
-    from launchers.run.control import control_port
+    from launchers.control import control_port
 
     deadline = start + job.health_check.timeout
     topic = f"health/{events.generation}"
@@ -131,7 +131,7 @@ def _gather(
     A lost node makes the exchange fail at once; node 0 still waits for the other nodes' results
     (they may be slower), until every node that is not lost gave one or the deadline passed.
     """
-    from launchers.run.control import ExchangeFailed
+    from launchers.control import ExchangeFailed
 
     try:
         return events.exchange(topic, value, deadline), None

@@ -26,8 +26,8 @@ from launchers.log import say
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
+    from launchers.control import JobEvents
     from launchers.platform.cluster import Cluster
-    from launchers.run.control import JobEvents
 
 __all__ = ["HEALTH_EXIT_CODE", "HealthOutcome", "run_health"]
 

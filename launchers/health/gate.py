@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 from launchers.health.check import HEALTH_EXIT_CODE, HealthOutcome, run_health
 from launchers.log import say
-from launchers.run.observe.phases import long_phase
+from launchers.phases import long_phase
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
+    from launchers.control import JobEvents
     from launchers.platform.cluster import Cluster
-    from launchers.run.control import JobEvents
 
 
 def before_start(

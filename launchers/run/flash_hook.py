@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from launchers.config.job import Job
 from launchers.elastic import staging
 from launchers.log import say
+from launchers.phases import long_phase
 from launchers.plan import LaunchPlan
-from launchers.run.observe.phases import long_phase
 from launchers.run.outcome import Failure, Outcome
 
 if TYPE_CHECKING:

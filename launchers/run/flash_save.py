@@ -21,7 +21,7 @@ Several nodes (each node's mlaunch persists its own ranks), the protocol chosen:
    ``node_<n>.done`` (tmp + fsync + rename) listing them;
 3. node 0 waits for every node's done file and commits: marker last, then the rename.
 
-With the job's control plane (``exchange``, ``launchers.run.control``) steps 1 and 3 meet
+With the job's control plane (``exchange``, ``launchers.control``) steps 1 and 3 meet
 there instead of in files: the candidates and the shard sizes are gathered by node 0's hub
 and handed to every node at once, and a lost node ends the wait at once.
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
+from launchers.control import ExchangeFailed, JobEvents
 from launchers.log import say
-from launchers.run.control import ExchangeFailed, JobEvents
 from launchers.run.outcome import Outcome
 
 FIRST_FAILURE_WAIT = 2.0  # seconds to wait for the hub's word on who failed first

@@ -7,19 +7,15 @@ exit code 128+N (``os.waitstatus_to_exitcode`` says -N).
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
+from launchers.log import signal_name
 from launchers.plan import ProcessSpec
 
-
-def signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
+if TYPE_CHECKING:
+    from launchers.control import RemoteFailure
 
 
 def exit_status(status: int) -> tuple[int, int | None]:
@@ -53,6 +49,11 @@ class Failure:
         else:
             how = f"exited with code {self.exit_code}"
         return f"{who} {how}"
+
+
+def remote_failure(event: RemoteFailure) -> Failure:
+    """Another node's first failure, as this node's outcome reports it (no pid, log or tail here)."""
+    return Failure(event.node_label, event.rank, 0, event.exit_code, event.signal, [], None, cause=event.cause)
 
 
 def launch_failure(spec: ProcessSpec, label: str, exc: OSError) -> Failure:

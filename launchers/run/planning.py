@@ -53,7 +53,7 @@ def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> La
         plan = apply_high_availability(job, cluster, plan)
     add_rank_env(job, plan)
     if plan.nnodes > 1 and not plan.simulated:  # the port of attempt 0's rendezvous: the same for every attempt
-        from launchers.run.control import control_port  # multi-node only: off the plan command's path
+        from launchers.control import control_port  # multi-node only: off the plan command's path
 
         plan.control_port = control_port(job, cluster.master_port - attempt, cluster.control_port)
     return plan

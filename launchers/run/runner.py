@@ -19,18 +19,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchers.config.job import Job
+from launchers.control import node_timeout
 from launchers.elastic import progress, staging
 from launchers.engines.base import Engine
 from launchers.log import say
+from launchers.phases import long_phase
 from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
 from launchers.platform.cluster import Cluster
 from launchers.run import signals as early_signals
-from launchers.run.control import node_timeout
 from launchers.run.flash_hook import FlashHook
 from launchers.run.hang import HangMonitor
 from launchers.run.labels import process_labels
 from launchers.run.observe.observer import JobObserver
-from launchers.run.observe.phases import long_phase
 from launchers.run.outcome import Outcome, signal_name
 from launchers.run.planning import make_plan as make_plan
 from launchers.run.planning import plan_attempt
@@ -44,8 +44,8 @@ from launchers.run.supervisor import Supervisor
 from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
+    from launchers.control import JobEvents
     from launchers.run.background_persist import BackgroundPersist
-    from launchers.run.control import JobEvents
     from launchers.run.flash_save import Exchange
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
@@ -84,7 +84,7 @@ def run_job(
         say(f"stopped by {signal_name(stop)} before anything was launched")
         return 128 + stop
     run_id = secrets.token_hex(16)
-    from launchers.run.control import open_job_events
+    from launchers.control import open_job_events
 
     events = open_job_events(job, cluster)
     observer = JobObserver(job, plan, run_id, events)

@@ -49,7 +49,7 @@ from launchers.elastic import progress
 from launchers.log import say
 from launchers.plan import FOLLOWER_ROLES, ProcessSpec, process_label
 from launchers.run.hang import HangMonitor, dump_stacks
-from launchers.run.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of
+from launchers.run.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of, remote_failure
 from launchers.run.procs import children_of, process_env, start_process
 from launchers.run.signal_router import SignalRouter
 from launchers.run.standby_pool import StandbyPool
@@ -58,7 +58,7 @@ from launchers.run.teardown import Teardown
 from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from launchers.run.control import JobEnded, JobEvents
+    from launchers.control import JobEnded, JobEvents
 
 
 class Supervisor:
@@ -228,7 +228,7 @@ class Supervisor:
         """Another node's first failure stops this node's ranks too (flash save first); a lost node stops them now."""
         if self.job_events is None:
             return
-        from launchers.run.control import JobEnded, Lost
+        from launchers.control import JobEnded, Lost
 
         event = self.job_events.poll()
         if event is None or self.teardown.stopping:
@@ -243,7 +243,7 @@ class Supervisor:
             self.announce(f"{event.describe()}; stopping the {len(live)} processes here")
             self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 2.0))
             return
-        self._failure = event.as_failure()
+        self._failure = remote_failure(event)
         self.announce(f"job-wide failure: {event.describe()}; stopping the {len(live)} processes here")
         if event.hung:  # every rank of the job writes its stacks, not only the hung rank's node
             self.announce(f"{event.cause}; writing every process's stacks to its log")

@@ -26,9 +26,9 @@ def health(
       mlaunch health --engine pytorch job.yaml --init_method tcp://10.0.0.1:6666 --rank 1 --world_size 4
     """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
     from launchers.config.job import load_job
+    from launchers.control import open_job_events
     from launchers.engines import get_engine
     from launchers.health.check import HEALTH_EXIT_CODE, run_health
-    from launchers.run.control import open_job_events
     from launchers.run.planning import resolve_engine_name
 
     job = load_job(job_file)

@@ -20,9 +20,9 @@ from launchers.run.observe.steps import StepTracker
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
+    from launchers.control import JobEvents
     from launchers.health.outcome import HealthOutcome
     from launchers.plan import LaunchPlan
-    from launchers.run.control import JobEvents
     from launchers.run.observe.straggler import StragglerDetector
     from launchers.run.outcome import Outcome
 

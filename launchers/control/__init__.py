@@ -1,4 +1,4 @@
-"""The job-wide control plane between the node agents (every node's mlaunch).
+"""The job-wide control plane between the node agents (every node's mlaunch): one package ``run/`` and ``health/`` use.
 
 Node 0's mlaunch hosts a hub at the master address (``control.port``, default the
 rendezvous port + 1000); every node's mlaunch joins it. Through it:
@@ -11,6 +11,13 @@ rendezvous port + 1000); every node's mlaunch joins it. Through it:
   and exit non-zero naming it;
 - every message is authenticated with a per-job secret (HMAC-SHA256, ``wire``).
 
+Messages (``hub`` and ``agent`` say what each does with them): agent → hub ``hello``, ``hb``,
+``fail``, ``put``, ``st``, ``end`` (node 0), ``bye``; hub → agents ``hb``, ``fail``, ``got``,
+``view``, ``lost``, ``end``, ``closing``.
+
+Layering: this package imports neither ``launchers.run`` nor ``launchers.health``; both use it
+(tests/test_layout.py).
+
 A local simulation (one mlaunch for every node) uses ``LocalEvents``: the same interface,
 in process, no socket and no pyzmq import. ``open_job_events`` picks one.
 """
@@ -19,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from launchers.run.control.events import (
+from launchers.control.events import (
     ExchangeFailed,
     JobEnded,
     JobEvents,
@@ -52,8 +59,8 @@ def open_job_events(job: Job, cluster: Cluster) -> JobEvents:
     """The control plane for this node: in process for one node or a simulation, else pyzmq to node 0's hub."""
     if cluster.simulated or cluster.nnodes <= 1:
         return LocalEvents()
-    from launchers.run.control.agent import NetworkEvents
-    from launchers.run.control.wire import job_secret
+    from launchers.control.agent import NetworkEvents
+    from launchers.control.wire import job_secret
 
     port = control_port(job, cluster.master_port, cluster.control_port)
     secret = job_secret(job.job_name, cluster.master_addr, port, cluster.env, cluster.control_key)

@@ -20,11 +20,18 @@ from typing import Any
 
 import zmq
 
+from launchers.control.events import (
+    ExchangeFailed,
+    JobEnded,
+    JobEvent,
+    JobEvents,
+    LocalFailure,
+    Lost,
+    RemoteFailure,
+)
+from launchers.control.hub import HEARTBEAT, Hub
+from launchers.control.wire import seal, unseal
 from launchers.log import say
-from launchers.run.control.events import ExchangeFailed, JobEnded, JobEvent, JobEvents, Lost, RemoteFailure
-from launchers.run.control.hub import HEARTBEAT, Hub
-from launchers.run.control.wire import seal, unseal
-from launchers.run.outcome import Failure
 
 CLOSE_WAIT = 10.0  # node 0 keeps the hub this long at most for the other nodes to leave
 
@@ -90,7 +97,7 @@ class NetworkEvents(JobEvents):
     def ended(self) -> JobEnded | None:
         return self._ended
 
-    def report_failure(self, failure: Failure) -> None:
+    def report_failure(self, failure: LocalFailure) -> None:
         # The hub decides which failure was the job's first; it tells every node, this one too.
         self._send({"t": "fail", "gen": self.generation, **_failure_fields(failure)})
 
@@ -253,7 +260,7 @@ class NetworkEvents(JobEvents):
             os.write(self._wake_w, b"!")
 
 
-def _failure_fields(failure: Failure) -> dict[str, Any]:
+def _failure_fields(failure: LocalFailure) -> dict[str, Any]:
     return {
         "rank": failure.rank,
         "label": failure.label,

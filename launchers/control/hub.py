@@ -20,8 +20,8 @@ from typing import Any
 
 import zmq
 
+from launchers.control.wire import seal, unseal
 from launchers.log import say
-from launchers.run.control.wire import seal, unseal
 
 HEARTBEAT = 0.5  # seconds between heartbeats, both ways
 

@@ -12,9 +12,19 @@ restart (``exchange``), and the flash save agrees on its step through ``exchange
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from launchers.run.outcome import Failure, signal_name
+from launchers.log import signal_name
+
+
+class LocalFailure(Protocol):
+    """A rank's failure as this node's supervisor saw it (``launchers.run.outcome.Failure``)."""
+
+    label: str
+    rank: int
+    exit_code: int
+    signal: int | None
+    cause: str
 
 
 class ExchangeFailed(RuntimeError):
@@ -43,12 +53,13 @@ class RemoteFailure:
     def hung(self) -> bool:
         return self.cause.startswith("hung")
 
-    def as_failure(self) -> Failure:
-        label = self.label if self.label.startswith("node ") else f"node {self.node} {self.label}"
-        return Failure(label, self.rank, 0, self.exit_code, self.signal, [], None, cause=self.cause)
+    @property
+    def node_label(self) -> str:
+        """Who failed, named with its node (``node 1 rank 3``)."""
+        return self.label if self.label.startswith("node ") else f"node {self.node} {self.label}"
 
     @classmethod
-    def of(cls, node: int, failure: Failure, host: str = "") -> RemoteFailure:
+    def of(cls, node: int, failure: LocalFailure, host: str = "") -> RemoteFailure:
         return cls(node, failure.rank, failure.label, failure.exit_code, failure.signal, host, failure.cause or "")
 
 
@@ -115,7 +126,7 @@ class JobEvents:
     def start_generation(self, generation: int) -> None:
         self.generation = generation
 
-    def report_failure(self, failure: Failure) -> None:
+    def report_failure(self, failure: LocalFailure) -> None:
         """This node's first failure of the current generation."""
         self._first.setdefault(self.generation, RemoteFailure.of(self.node, failure))
 
