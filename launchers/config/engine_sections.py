@@ -40,14 +40,14 @@ class PytorchOptions(Section):
         value = to_str(value)
         if value is None:
             return value
-        match = re.fullmatch(r"([0-9]{1,6})(?::([0-9]{1,6}))?", value.strip())
-        if not match:
-            raise ValueError("expected a node count like '2' or an elastic range like '2:3'")
+        match = re.fullmatch(r"([0-9]{1,6})(?::([0-9]{1,6}))?", value)
+        if not match:  # no spaces either: ' 2' would reach torchrun's --nnodes as it is
+            raise ValueError("expected a node count like '2' or an elastic range like '2:3' (digits only, no spaces)")
         low = int(match.group(1))
         high = int(match.group(2) or low)
         if not 1 <= low <= high <= MAX_NODES:
             raise ValueError(f"expected MIN:MAX with 1 ≤ MIN ≤ MAX ≤ {MAX_NODES} (or a count ≥ 1)")
-        return value.strip()
+        return value
 
 
 class TensorflowOptions(Section):
@@ -132,6 +132,16 @@ class MpiOptions(Section):
         description="the older name of monitor.node_timeout for MPI jobs (used when monitor.node_timeout is not set): "
         "peer nodes exit non-zero after this long without word from node 0",
     )
+
+    @field_validator("node0_timeout", mode="before")
+    @classmethod
+    def _node0_timeout_given(cls, value: Any) -> Any:
+        if value is None:  # written out, null means nothing: the key is either a duration or left out
+            raise ValueError(
+                "null is not a duration; give one such as 30s, or leave the key out (it is the MPI engine's older "
+                "name of monitor.node_timeout)"
+            )
+        return value
 
     @field_validator("export")
     @classmethod

@@ -69,6 +69,22 @@ def parse_job(text: str, source: Path) -> Job:
     return job
 
 
+def key_error(job: Job, loc: list[str | int], problem: str) -> JobFileError:
+    """A mistake found after loading (one that needs the engine): file, line and key named like the others.
+
+    The file is read again for the line: only on this error path, so loading stays one parse.
+    """
+    line = None
+    if job.source is not None:
+        try:
+            _, root = load_strict(job.source.read_text(encoding="utf-8"))
+            line = _line_of(root, loc)
+        except (OSError, ValueError, yaml.YAMLError):
+            line = None
+    where = f"{job.source or 'job.yaml'}" + (f", line {line}" if line else "")
+    return JobFileError(f"{where}: key '{_format_loc(loc)}': {problem}")
+
+
 def format_validation_error(exc: ValidationError, root: yaml.Node | None, source: Path) -> str:
     """One readable paragraph per problem: file, line, key path, what was expected, a hint."""
     lines = []
@@ -94,6 +110,7 @@ def format_validation_error(exc: ValidationError, root: yaml.Node | None, source
         else:
             got = err.get("input")
             got_text = f" got {got!r}" if not isinstance(got, (dict, list)) else ""
+            got_text = " got null" if got is None else got_text  # YAML's word for it, not Python's
             msg = err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]

@@ -6,7 +6,8 @@ is ten, not eight; ``2024-01-01`` is a string, not a date; ``<<`` merge keys are
 Refused, each with the line: tags other than the core ones (``!!set``, ``!!binary``, ``!x``),
 a key given twice (both lines named), nesting deeper than ``MAX_YAML_DEPTH``, more than
 ``MAX_YAML_NODES`` values once aliases are expanded, a number literal longer than
-``MAX_NUMBER_CHARS`` characters, a lone surrogate (``"\\ud800"``) in a string.
+``MAX_NUMBER_CHARS`` characters, a lone surrogate (``"\\ud800"``) in a string, a core tag on a
+value it does not fit (``!!bool ''`` once read as false; now the key is named).
 
 The document is composed once (libyaml's parser when present) and constructed from that
 node tree; the tree is returned too, so error messages can name lines without a second parse.
@@ -52,6 +53,7 @@ class CoreResolver(BaseResolver):
     """YAML 1.2 core schema: null, true/false, decimal/0o/0x integers, floats, .inf/.nan."""
 
 
+_FORMS: dict[str, re.Pattern[str]] = {}  # core tag → the scalars it takes (an explicit tag must fit too)
 for _tag, _pattern, _first in (
     ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
     ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
@@ -62,28 +64,41 @@ for _tag, _pattern, _first in (
     ),
     ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
 ):
-    CoreResolver.add_implicit_resolver(_T + _tag, re.compile(_pattern), list(_first))
+    _FORMS[_tag] = re.compile(_pattern)
+    CoreResolver.add_implicit_resolver(_T + _tag, _FORMS[_tag], list(_first))
+_MEANING = {"bool": "true or false", "int": "a whole number", "float": "a number", "null": "null (or ~)"}
+
+
+class TagMismatch(StrictYAMLError):
+    """An explicit core tag on a scalar it does not fit (``!!bool ''``); ``node`` is the value, for its key."""
+
+    def __init__(self, node: Node, kind: str) -> None:
+        shown = node.value if len(node.value) <= 40 else node.value[:40] + "..."
+        super().__init__(None, None, f"{shown!r} is not {_MEANING[kind]} (it is tagged !!{kind})", node.start_mark)
+        self.node = node
 
 
 class CoreConstructor(SafeConstructor):
     """Core-schema scalars, with number literals bounded in length."""
 
-    def _number_text(self, node: Node) -> str:
+    def _number_text(self, node: Node, kind: str) -> str:
         value = str(self.construct_scalar(node))  # type: ignore[arg-type]
         if len(value) > MAX_NUMBER_CHARS:
             raise StrictYAMLError(
                 None, None, f"a number of {len(value)} characters (at most {MAX_NUMBER_CHARS})", node.start_mark
             )
+        if not _FORMS[kind].match(value) and not (kind == "float" and _FORMS["int"].match(value)):
+            raise TagMismatch(node, kind)  # only an explicit tag gets here: the resolver matched the others
         return value
 
     def construct_core_int(self, node: Node) -> int:
-        text = self._number_text(node)
+        text = self._number_text(node, "int")
         if text.startswith(("0o", "0x")):
             return int(text[2:], 8 if text[1] == "o" else 16)
         return int(text, 10)
 
     def construct_core_float(self, node: Node) -> float:
-        text = self._number_text(node).lower()
+        text = self._number_text(node, "float").lower()
         if text.endswith(".nan"):
             return float("nan")
         if text.endswith(".inf"):
@@ -91,11 +106,19 @@ class CoreConstructor(SafeConstructor):
         return float(text)
 
     def construct_core_bool(self, node: Node) -> bool:
-        return str(self.construct_scalar(node)).lower() == "true"  # type: ignore[arg-type]
+        value = str(self.construct_scalar(node))  # type: ignore[arg-type]
+        if not _FORMS["bool"].match(value):
+            raise TagMismatch(node, "bool")
+        return value.lower() == "true"
+
+    def construct_core_null(self, node: Node) -> None:
+        if not _FORMS["null"].match(str(self.construct_scalar(node))):  # type: ignore[arg-type]
+            raise TagMismatch(node, "null")
+        return None
 
 
 CoreConstructor.yaml_constructors = {
-    _T + "null": SafeConstructor.construct_yaml_null,
+    _T + "null": CoreConstructor.construct_core_null,
     _T + "bool": CoreConstructor.construct_core_bool,
     _T + "int": CoreConstructor.construct_core_int,
     _T + "float": CoreConstructor.construct_core_float,
@@ -194,10 +217,16 @@ def load_strict(text: str) -> tuple[Any, Node | None]:
     ``StrictYAMLError`` at the last node read, so no input ends in a traceback.
     """
     loader = StrictLoader(text)
+    node = None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
         return data, node
+    except TagMismatch as exc:
+        path = _key_path(node, exc.node)
+        if path:
+            exc.problem = f"key '{path}': {exc.problem}"
+        raise
     except yaml.YAMLError:
         raise
     except Exception as exc:  # noqa: BLE001 - the promise is "no traceback for any input"
@@ -206,3 +235,19 @@ def load_strict(text: str) -> tuple[Any, Node | None]:
         ) from None
     finally:
         loader.dispose()
+
+
+def _key_path(root: Node | None, target: Node) -> str | None:
+    """The dotted key path (``tensorflow.chief``, ``args[2]``) of ``target`` in the tree, for a message."""
+    stack: list[tuple[Node, str]] = [(root, "")] if root is not None else []
+    seen = 0
+    while stack and seen <= MAX_YAML_NODES:
+        node, path = stack.pop()
+        seen += 1
+        if node is target:
+            return path or None
+        if isinstance(node, MappingNode):
+            stack.extend((value, f"{path}.{key.value}" if path else str(key.value)) for key, value in node.value)
+        elif isinstance(node, SequenceNode):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
+    return None

@@ -88,6 +88,25 @@ def _depth_ok(value: Any) -> bool:
     return True
 
 
+_HUGE_NUMBER = re.compile(r'(?:"((?:[^"\\]|\\.){0,64})"\s*:\s*)?(-?[0-9]{1000,})')
+
+
+def _huge_number(text: str) -> str | None:
+    """Where the over-long number is, and under which key: instead of Python's int-conversion message."""
+    found = _HUGE_NUMBER.search(text)
+    if found is None:
+        return None
+    start = found.start(2)
+    line = text.count("\n", 0, start) + 1
+    column = start - (text.rfind("\n", 0, start) + 1) + 1
+    field = f"field {found.group(1)!r} " if found.group(1) is not None else "a value "
+    digits = len(found.group(2).lstrip("-"))
+    return (
+        f"has {field}(line {line}, column {column}) that is a number of {digits} digits; "
+        "no count, index, id or port is that long"
+    )
+
+
 def parse_json(text: str, what: str, *, error: type[PlatformError] = PlatformError) -> Any:
     """JSON from the platform (TF_CONFIG, a rank table); ``error`` naming ``what`` and the position otherwise."""
     if len(text) > MAX_JSON_BYTES:
@@ -100,8 +119,8 @@ def parse_json(text: str, what: str, *, error: type[PlatformError] = PlatformErr
         ) from None
     except RecursionError:
         raise error(f"{what} nests more than {MAX_JSON_DEPTH} levels deep") from None
-    except ValueError as exc:  # a number of 5,000 digits
-        raise error(f"{what} has a value JSON cannot hold ({exc})") from None
+    except ValueError as exc:  # a number of 5,000 digits: Python's int-conversion limit
+        raise error(f"{what} {_huge_number(text) or f'has a value JSON cannot hold ({exc})'}") from None
     if isinstance(value, (dict, list)) and not _depth_ok(value):
         raise error(f"{what} nests more than {MAX_JSON_DEPTH} levels deep")
     return value

@@ -63,7 +63,8 @@ def _integer(value: Any, where: str, name: str) -> int:
     elif value is None:
         raise RankTableError(f"{where}: field {name!r} is missing")
     else:
-        raise RankTableError(f"{where}: field {name!r} is {value!r}; expected a whole number ≥ 0 (string or int)")
+        shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:40]}... ({len(str(value))} characters)"
+        raise RankTableError(f"{where}: field {name!r} is {shown}; expected a whole number ≥ 0 (string or int)")
     if not 0 <= number <= _MAX_ID:
         raise RankTableError(f"{where}: field {name!r} is {number}; expected a whole number from 0 to {_MAX_ID}")
     return number

@@ -138,10 +138,13 @@ def _scontrol_hostnames(spec: str, what: str) -> list[str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise PlatformError(f"cannot expand Slurm env {what} with {exe}: {exc}") from None
     if done.returncode != 0:
-        why = (done.stderr or done.stdout).strip()[:200]
+        # scontrol's own words go after mlaunch's sentence, not inside it: they run over several lines
+        # (a node without slurm.conf says four), and they may be about scontrol rather than the list.
+        said = "\n".join(f"    {line}" for line in (done.stderr or done.stdout).strip().splitlines()[:8])
         raise PlatformError(
-            f"Slurm env {what}={spec[:200]!r} is not a Slurm host list (scontrol: {why}); "
-            "expected e.g. node[01-04,07] or a1,b[2-3]"
+            f"cannot expand Slurm env {what}={spec[:200]!r}: python-hostlist is not installed (pip install "
+            f"'mlaunch[slurm]'), and `scontrol show hostnames` exited {done.returncode}; expected a host list "
+            f"such as node[01-04,07] or a1,b[2-3]. scontrol said:\n{said or '    (nothing)'}"
         )
     return done.stdout.split()
 

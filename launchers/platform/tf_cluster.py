@@ -40,6 +40,16 @@ class TfSighting:
     task_index: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)  # other TF_CONFIG keys, passed on
     role_flag: str | None = None  # "job_name" / "task_name" when flags carried the role
+    # Which input said what, for messages that name the argument or variable to fix:
+    hosts_from: dict[str, list[str]] = field(default_factory=dict)  # role → inputs listing its hosts
+    cluster_from: list[str] = field(default_factory=list)  # the inputs that describe the cluster
+    type_from: str | None = None  # e.g. "--job_name", "TF_CONFIG task.type", "MA_TASK_NAME"
+    index_from: str | None = None  # e.g. "--task_index", "TF_CONFIG task.index", "VC_TASK_INDEX"
+
+    def listing(self, role: str) -> str:
+        """The inputs that list ``role``'s hosts, or those that describe the cluster when none does."""
+        named = self.hosts_from.get(role) or self.cluster_from
+        return " and ".join(named) or self.source
 
 
 def parse_host_list(raw: str, what: str) -> list[str]:
@@ -78,7 +88,8 @@ def from_flags(args: Mapping[str, str], env: Mapping[str, str]) -> TfSighting | 
     cluster = {"worker": parse_host_list(args["worker_hosts"], "--worker_hosts")}
     if "ps_hosts" in args:
         cluster["ps"] = parse_host_list(args["ps_hosts"], "--ps_hosts")
-    s = TfSighting("modelarts-tf-flags", cluster)
+    s = TfSighting("modelarts-tf-flags", cluster, hosts_from={role: [f"--{role}_hosts"] for role in cluster})
+    s.cluster_from = ["/".join(f"--{role}_hosts" for role in cluster)]
     names = [n for n in ("job_name", "task_name") if n in args]
     if len(names) == 2 and args["job_name"].strip() != args["task_name"].strip():
         raise PlatformError(
@@ -88,8 +99,10 @@ def from_flags(args: Mapping[str, str], env: Mapping[str, str]) -> TfSighting | 
     if names:
         s.role_flag = names[0]
         s.task_type = _role(args[names[0]], f"--{names[0]}")
+        s.type_from = f"--{names[0]}"
     if "task_index" in args:
         s.task_index = _index(args["task_index"], "--task_index")
+        s.index_from = "--task_index"
     return s
 
 
@@ -119,12 +132,15 @@ def from_tf_config(env: Mapping[str, str]) -> TfSighting | None:
     if not isinstance(data, dict):
         raise PlatformError("platform env TF_CONFIG must be a JSON object with 'cluster' and 'task'")
     s = TfSighting("TF_CONFIG", _cluster_from_json(data.get("cluster"), "platform env TF_CONFIG"))
+    s.hosts_from = {role: [f"TF_CONFIG cluster.{role}"] for role in s.cluster}
+    s.cluster_from = ["TF_CONFIG cluster"]
     task = data.get("task")
     if task is not None:
         if not isinstance(task, dict) or "type" not in task:
             raise PlatformError('platform env TF_CONFIG: \'task\' must be an object like {"type": "worker", ...}')
         s.task_type = _role(str(task["type"]), "TF_CONFIG task.type")
         s.task_index = _index(task.get("index", 0), "TF_CONFIG task.index")
+        s.type_from, s.index_from = "TF_CONFIG task.type", "TF_CONFIG task.index"
     s.extras = {k: v for k, v in data.items() if k not in ("cluster", "task")}
     return s
 
@@ -154,14 +170,17 @@ def from_volcano_env(env: Mapping[str, str], port: int, hostname: str | None = N
                 )
     if "worker" not in cluster and "chief" not in cluster:
         raise PlatformError("platform env VC_PS_HOSTS is set but VC_WORKER_HOSTS (or VC_CHIEF_HOSTS) is not")
-    s = TfSighting("volcano-tf", cluster)
+    s = TfSighting("volcano-tf", cluster, hosts_from={role: [f"VC_{role.upper()}_HOSTS"] for role in cluster})
+    s.cluster_from = ["/".join(f"VC_{role.upper()}_HOSTS" for role in cluster)]
     task_name = env.get("MA_TASK_NAME", "").strip()
     if task_name:
         s.task_type = _role(task_name, "platform env MA_TASK_NAME")
+        s.type_from = "MA_TASK_NAME"
     index = None
     for name in ("VC_TASK_INDEX", "VK_TASK_INDEX"):
         index = env_int(env, name, meaning="this pod's index within its task")
         if index is not None:
+            s.index_from = name
             break
     if s.task_type is None:
         found = _pod_role(cluster, hostname or socket.gethostname())
@@ -171,7 +190,9 @@ def from_volcano_env(env: Mapping[str, str], port: int, hostname: str | None = N
                 f"name {hostname or socket.gethostname()!r} is in none of VC_PS_HOSTS/VC_WORKER_HOSTS/VC_CHIEF_HOSTS"
             )
         s.task_type, by_name = found
-        index = by_name if index is None else index
+        s.type_from = "the host name"
+        if index is None:
+            index, s.index_from = by_name, "the host name"
     s.task_index = index
     return s
 
@@ -194,6 +215,7 @@ def merge(sightings: list[TfSighting]) -> TfSighting:
             mine, theirs = first.cluster.get(role), other.cluster.get(role)
             if mine is None or theirs is None:
                 continue  # Volcano lists every task; flags only ps/worker
+            first.hosts_from.setdefault(role, []).extend(other.hosts_from.get(role, []))
             if not _same_hosts(mine, theirs):
                 raise PlatformError(
                     f"platform inputs disagree on the {role} hosts: {first.source} says {','.join(mine)}, "
@@ -207,11 +229,12 @@ def merge(sightings: list[TfSighting]) -> TfSighting:
                     f"{mine_v}, but {other.source} says {theirs_v}"
                 )
         if first.task_type is None:
-            first.task_type = other.task_type
+            first.task_type, first.type_from = other.task_type, other.type_from
         if first.task_index is None:
-            first.task_index = other.task_index
+            first.task_index, first.index_from = other.task_index, other.index_from
         for k, v in other.extras.items():
             first.extras.setdefault(k, v)
+        first.cluster_from += [name for name in other.cluster_from if name not in first.cluster_from]
     return first
 
 
@@ -225,7 +248,7 @@ def resolve_task(s: TfSighting, env: Mapping[str, str]) -> tuple[str, int]:
                 f"platform inputs disagree on this task's role: {s.source} says {task_type}, "
                 f"but MA_TASK_NAME says {named}"
             )
-        task_type = named
+        task_type, s.type_from = named, "MA_TASK_NAME"
     if task_type is None:
         raise PlatformError(
             f"{s.source} describes the cluster but not this task's role; expected --job_name (or --task_name) "
@@ -240,20 +263,36 @@ def resolve_task(s: TfSighting, env: Mapping[str, str]) -> tuple[str, int]:
             raise PlatformError(
                 f"platform inputs disagree on this task's index: {s.source} says {index}, but {name} says {pod_index}"
             )
-        index = pod_index
+        index, s.index_from = pod_index, name
         break
     hosts = s.cluster.get(task_type)
     if not hosts:
-        raise PlatformError(f"this task is a {task_type} ({s.source}) but the cluster lists no {task_type} hosts")
+        article = "an" if task_type[0] in "aeiou" else "a"
+        raise PlatformError(
+            f"this task is {article} {task_type} ({s.type_from or s.source} says so) but {s.listing(task_type)} "
+            f"lists no {task_type} hosts"
+        )
     if index is None:
         if len(hosts) > 1:
             raise PlatformError(
-                f"{s.source}: {len(hosts)} {task_type} tasks but not which one this is; expected --task_index, "
-                "TF_CONFIG task.index or VC_TASK_INDEX"
+                f"{s.listing(task_type)} lists {len(hosts)} {task_type} tasks but not which one this is; expected "
+                "--task_index, TF_CONFIG task.index or VC_TASK_INDEX"
             )
         index = 0
     if index >= len(hosts):
-        raise PlatformError(
-            f"this task is {task_type} {index} ({s.source}) but only {len(hosts)} {task_type} hosts are listed"
-        )
+        raise PlatformError(_index_past_hosts(s, task_type, index, hosts))
     return task_type, index
+
+
+def _index_past_hosts(s: TfSighting, task_type: str, index: int, hosts: list[str]) -> str:
+    """This task's index is past the hosts listed for its role: name the index's input and the list's."""
+    given = f"{s.index_from}={index}" if s.index_from else f"index {index}"
+    listing = s.listing(task_type)
+    verb = "list" if " and " in listing else "lists"
+    shown = ",".join(hosts[:4]) + (",..." if len(hosts) > 4 else "")
+    plural = "s" if len(hosts) != 1 else ""
+    return (
+        f"this task is {task_type} {index} ({given}) but {listing} {verb} {len(hosts)} {task_type} host{plural} "
+        f"({shown}); expected {s.index_from or 'the index'} from 0 to {len(hosts) - 1}, or this task's host in "
+        f"{listing}"
+    )

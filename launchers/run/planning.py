@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from launchers.config.engine_keys import check_engine_keys
 from launchers.config.job import Job
 from launchers.engines import get_engine
 from launchers.engines.base import Engine
@@ -38,6 +39,7 @@ def make_plan(
 ) -> tuple[Engine, Cluster, LaunchPlan]:
     """Detect the cluster and plan attempt 0 — pure, used by both ``plan`` and ``run``."""
     engine = get_engine(engine_name)
+    check_engine_keys(job, engine_name)
     cluster = engine.detect(job, os.environ if env is None else env, extra_args, simulate=simulate)
     return engine, cluster, plan_attempt(engine, job, cluster, 0)
 

@@ -4,7 +4,8 @@ One list of checks, used twice: ``mlaunch check`` prints them as findings, the r
 (``run_job``) refuses to start on the first error (exit 2, nothing launched) instead of
 ending with the shell's 127 after the start file ran half-way.
 
-- ``code_dir`` exists and is a directory; the start file exists (``check_entry_exists``);
+- ``code_dir`` exists and is a directory (every process's working directory, also with an absolute
+  ``entry``); the start file exists (``check_entry_exists``);
 - the interpreter for a ``.py`` start file (``python:``, else mlaunch's own) is found and executable;
 - no NUL or line break in what reaches a command line (argv of every planned process), no NUL in its env;
 - ``log_dir`` and ``checkpoint.dir`` exist as writable directories or can be created (nothing is created here).
@@ -43,9 +44,10 @@ def check_launchable(job: Job, plan: LaunchPlan) -> None:
 
 def _code_and_entry(job: Job) -> list[str]:
     code = job.code_path
-    if not Path(job.entry).is_absolute() and not code.is_dir():
+    if not code.is_dir():  # the processes' working directory, even when the start file is elsewhere
         what = "is not a directory" if code.exists() else "does not exist"
-        return [f"code_dir: {job.code_dir!r} → {code} {what}"]
+        why = "the processes' working directory: it must exist, also with an absolute entry"
+        return [f"code_dir: {job.code_dir!r} → {code} {what} ({why})"]
     from launchers.engines.base import check_entry_exists
 
     try:
