@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import collective, durable, layout, plain, progress, shardfile, staging
+from launchers.elastic import collective, durable, layout, plain, progress, resume, shardfile, staging
 
 DEFAULT_DIR = "output/ckpt"
 DEFAULT_KEEP = 3
 _DONE_WAIT = 600.0
-_UNTRUSTED = "needs trusted=True: "
 
 
 class CheckpointError(RuntimeError):
@@ -104,53 +103,20 @@ class Checkpointer:
         """Committed checkpoints, newest first."""
         return layout.committed(self.dir)
 
-    def load_latest(self) -> Any | None:
-        """This rank's state from the newest committed checkpoint, or None (fresh start).
+    def load_latest(self, into: Any = None) -> Any | None:
+        """Resume from the newest committed checkpoint; None when there is none (fresh start).
 
-        Uncommitted directories are ignored (and, on rank 0, removed). If this rank cannot
-        read its shard of the newest step, every rank falls back to an older one together.
-        A shard that would need ``trusted=True`` (pickled objects, or an older mlaunch's pickled
-        header) raises ``CheckpointError`` on every rank instead: starting over would hide it.
+        Without ``into``: this rank's state as it saved it (the job's world size must be the one
+        that saved it). With ``into`` (e.g. ``{"model": msd, "optim": osd, ...}`` from
+        ``get_state_dict(model, optimizer)``): its tensors and DTensors are filled in place and
+        its plain values replaced, whatever world size or mesh saved the checkpoint — each rank
+        reads only the pieces its shards need (DCP's planner decides which) — and the step is
+        returned. Collective when a process group is up. Uncommitted directories are ignored
+        (and, on rank 0, removed); if a rank cannot read the newest step, every rank falls back
+        to an older one together. A checkpoint that would need ``trusted=True``, or that does not
+        match ``into``, raises ``CheckpointError`` on every rank instead (see ``resume``).
         """
-        coll = self._coll()
-        rank, world = coll.rank(), coll.world_size()
-        if rank == 0:
-            layout.clean_partial(self.dir)
-        candidates = self.committed()
-        if world > 1:  # the same list on every rank: agree on the newest step everyone sees
-            newest = coll.all_reduce([candidates[0].step if candidates else -1], "min")[0]
-            candidates = [c for c in candidates if c.step <= newest]
-        for item in candidates:
-            state, error = self._read_shard(item, rank)
-            ok = 1 if error is None else -1 if error.startswith(_UNTRUSTED) else 0
-            if world > 1:
-                ok = coll.all_reduce([ok], "min")[0]
-            if ok < 0:
-                raise CheckpointError(f"cannot load step {item.step}: {error or 'another rank needs trusted=True'}")
-            if ok:
-                self.loaded = item
-                staging.update_status(rank, world, committed_step=item.step)
-                return state
-            if error is not None:
-                collective.say(f"cannot use step {item.step}: {error}; trying an older checkpoint")
-        self.loaded = None
-        return None
-
-    def _read_shard(self, item: layout.Committed, rank: int) -> tuple[Any, str | None]:
-        if item.world_size != self._coll().world_size():
-            return None, f"it was written by {item.world_size} ranks, this job has {self._coll().world_size()}"
-        for source in [rank, *[r for r in self.replicas if r != rank]]:
-            path = item.shard(source)
-            if str(source) not in item.manifest["shards"] or not path.exists():
-                continue
-            try:
-                state, _meta = shardfile.read_file(path, trusted=self.trusted)
-            except shardfile.UntrustedShard as exc:
-                return None, f"{_UNTRUSTED}{path}: {exc}"
-            except (OSError, ValueError) as exc:
-                return None, f"{path}: {exc}"
-            return state, None
-        return None, f"no shard for rank {rank} in {item.path}"
+        return resume.load_latest(self, into)
 
     def latest_shard(self) -> Path | None:
         """This rank's file in the newest committed checkpoint (for frameworks that load it themselves).
@@ -196,6 +162,9 @@ class Checkpointer:
             return False
         try:
             enc = shardfile.encode(state, self._meta(step, rank, world, "stage"), trusted=self.trusted)
+        except plain.UnsafeState as exc:  # a value the format cannot hold safely: the user's to fix
+            raise CheckpointError(f"cannot stage step {step}: {exc}") from None
+        try:
             seg.set_target(str(self.dir), self.keep)
             seg.stage(step, enc)
         except (OSError, ValueError, BufferError) as exc:

@@ -26,15 +26,12 @@ holding tensors came from a process that did); this module imports neither.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import pickle
-import struct
-import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from launchers.elastic import plain
@@ -46,16 +43,25 @@ from launchers.elastic.durable import DeadlineExceeded as DeadlineExceeded
 from launchers.elastic.durable import copy_range_to_file as copy_range_to_file
 from launchers.elastic.durable import create_synced, write_all, write_image
 from launchers.elastic.durable import fsync_dir as fsync_dir
+from launchers.elastic.shard_encode import ALIGN as ALIGN
+from launchers.elastic.shard_encode import FORMAT, MAGIC, PREFIX, Blob, Encoded, align
+from launchers.elastic.shard_encode import encode as encode
 
-MAGIC = b"MLCKPT02"
 LEGACY_MAGIC = b"MLCKPT01"  # pickled header: read only when trusted
-FORMAT = 2
-PREFIX = struct.Struct("<8sQQ")
-ALIGN = 64
 
 
 class ShardFormatError(ValueError):
     """The bytes are not a shard image (wrong magic, truncated, or unknown version)."""
+
+
+class ShardedState(ValueError):
+    """The shard holds DTensor shards: only a load that knows the target's layout can place them."""
+
+
+SHARDED_ADVICE = (
+    "it holds DTensor shards (FSDP2 / tensor parallel state), which are placed into the DTensors of the "
+    "running job: load it with load_latest(into=state), state being e.g. get_state_dict(model, optimizer)"
+)
 
 
 class UntrustedShard(ShardFormatError):
@@ -76,75 +82,6 @@ class TensorRef:
     index: int
 
 
-@dataclass
-class Blob:
-    kind: str  # "torch" | "numpy" | "pickle" (a trusted object)
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int  # from the start of the data section
-    nbytes: int
-
-
-@dataclass
-class Encoded:
-    """A state ready to be written: the header bytes and the memory of every blob (no copy yet)."""
-
-    prefix_and_header: bytes
-    blobs: list[Blob]
-    views: list[memoryview]
-    data_size: int
-    keepalive: list[Any] = field(default_factory=list)  # contiguous copies the views point into
-
-    @property
-    def data_start(self) -> int:
-        return _align(len(self.prefix_and_header))
-
-    @property
-    def size(self) -> int:
-        return self.data_start + self.data_size
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-# ----------------------------------------------------------------------------------------
-# Encoding
-# ----------------------------------------------------------------------------------------
-
-
-def _torch_view(tensor: Any, keep: list[Any]) -> tuple[str, tuple[int, ...], memoryview] | None:
-    """Raw bytes of a dense tensor (copied to CPU/contiguous only when needed); None: pickle it."""
-    torch = sys.modules["torch"]
-    t = tensor.detach()
-    if t.layout != torch.strided or t.is_quantized or getattr(t, "is_nested", False):
-        return None
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    t = t.contiguous()
-    keep.append(t)
-    nbytes = t.numel() * t.element_size()
-    dtype = str(t.dtype).removeprefix("torch.")
-    if nbytes == 0:
-        return dtype, tuple(t.shape), memoryview(b"")
-    raw = (ctypes.c_ubyte * nbytes).from_address(t.data_ptr())
-    return dtype, tuple(t.shape), memoryview(raw).cast("B")
-
-
-def _numpy_view(array: Any, keep: list[Any]) -> tuple[str, tuple[int, ...], memoryview] | None:
-    np = sys.modules["numpy"]
-    if array.dtype.hasobject:
-        return None
-    a = np.ascontiguousarray(array)
-    keep.append(a)
-    flat = a.reshape(-1).view(np.uint8)
-    return a.dtype.str, tuple(array.shape), memoryview(flat).cast("B")
-
-
 def _map_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:
     """``obj`` with its containers copied and ``leaf`` applied to the rest (legacy shards' skeletons)."""
     kind = type(obj)
@@ -155,54 +92,6 @@ def _map_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:
     if kind is tuple:
         return tuple(_map_leaves(v, leaf) for v in obj)
     return leaf(obj)
-
-
-def encode(state: Any, meta: dict[str, Any] | None = None, *, trusted: bool = False) -> Encoded:
-    """Split ``state`` into a header (skeleton + blob table + meta) and the blobs' memory.
-
-    Raises ``plain.UnsafeState`` (a TypeError) for an object that is not plain data, unless
-    ``trusted``: then it is pickled into a blob.
-    """
-    torch = sys.modules.get("torch")
-    np = sys.modules.get("numpy")
-    blobs: list[Blob] = []
-    views: list[memoryview] = []
-    keep: list[Any] = []
-    offset = 0
-
-    def add(kind: str, got: tuple[str, tuple[int, ...], memoryview]) -> dict[str, Any]:
-        nonlocal offset
-        dtype, shape, view = got
-        blobs.append(Blob(kind, dtype, shape, offset, view.nbytes))
-        views.append(view)
-        offset = _align(offset + view.nbytes)
-        return {"$ref": len(blobs) - 1}
-
-    def leaf(obj: Any, where: str) -> Any:
-        got = None
-        if torch is not None and isinstance(obj, torch.Tensor):
-            got = _torch_view(obj, keep)
-            kind = "torch"
-        elif np is not None and isinstance(obj, np.ndarray):
-            got = _numpy_view(obj, keep)
-            kind = "numpy"
-        if got is not None:
-            return add(kind, got)
-        if not trusted:
-            plain.refuse(obj, where)
-        ref = add("pickle", ("", (), memoryview(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))))
-        return {**ref, "type": f"{type(obj).__module__}.{type(obj).__qualname__}"}
-
-    skeleton = plain.to_json(state, leaf)
-    table = [[b.kind, b.dtype, list(b.shape), b.offset, b.nbytes] for b in blobs]
-    header = json.dumps(
-        {"format": FORMAT, "meta": dict(meta or {}), "skeleton": skeleton, "blobs": table},
-        ensure_ascii=False,
-        allow_nan=False,
-        separators=(",", ":"),
-    ).encode()
-    prefix = PREFIX.pack(MAGIC, len(header), offset)
-    return Encoded(prefix + header, blobs, views, offset, keep)
 
 
 # ----------------------------------------------------------------------------------------
@@ -267,7 +156,7 @@ def read_prefix(data: bytes | bytearray | memoryview) -> tuple[int, int]:
 
 def image_size(data: bytes | bytearray | memoryview) -> int:
     hlen, dlen = read_prefix(data)
-    return _align(PREFIX.size + hlen) + dlen
+    return align(PREFIX.size + hlen) + dlen
 
 
 def read_header(data: bytes | bytearray | memoryview, *, trusted: bool = False) -> dict[str, Any]:
@@ -308,17 +197,19 @@ def decode(data: bytearray | memoryview, *, trusted: bool = False) -> tuple[Any,
     """
     header = read_header(data, trusted=trusted)
     hlen, dlen = read_prefix(data)
-    start = _align(PREFIX.size + hlen)
+    start = align(PREFIX.size + hlen)
     if len(data) < start + dlen:
         raise ShardFormatError(f"truncated data: {len(data)} bytes, expected {start + dlen}")
     data = memoryview(data)  # slices below must not copy
     if header["format"] == 1:  # legacy, trusted
-        values = [_materialize(b, data[start + b.offset : start + b.offset + b.nbytes]) for b in header["blobs"]]
+        values = [materialize_blob(b, data[start + b.offset : start + b.offset + b.nbytes]) for b in header["blobs"]]
         state = _map_leaves(header["skeleton"], lambda obj: values[obj.index] if type(obj) is TensorRef else obj)
         return state, header["meta"]
-    blobs = [_blob(row, dlen) for row in header["blobs"]]
+    blobs = [blob_entry(row, dlen) for row in header["blobs"]]
 
     def ref(tag: dict[str, Any]) -> Any:
+        if "dtensor" in tag:
+            raise ShardedState(SHARDED_ADVICE)
         index = tag["$ref"]
         if type(index) is not int or not 0 <= index < len(blobs):
             raise ShardFormatError(f"bad blob reference {index!r}")
@@ -328,7 +219,7 @@ def decode(data: bytearray | memoryview, *, trusted: bool = False) -> tuple[Any,
                 f"the checkpoint holds a pickled {tag.get('type', 'object')}: unpickling runs code, so it is "
                 "loaded only with Checkpointer(..., trusted=True) (for checkpoints you wrote yourself)"
             )
-        return _materialize(blob, data[start + blob.offset : start + blob.offset + blob.nbytes])
+        return materialize_blob(blob, data[start + blob.offset : start + blob.offset + blob.nbytes])
 
     try:
         return plain.from_json(header["skeleton"], ref), dict(header["meta"])
@@ -336,7 +227,8 @@ def decode(data: bytearray | memoryview, *, trusted: bool = False) -> tuple[Any,
         raise ShardFormatError(f"malformed header: {exc!r}") from None
 
 
-def _blob(row: Any, dlen: int) -> Blob:
+def blob_entry(row: Any, dlen: int) -> Blob:
+    """One row of a header's blob table, checked to lie inside the data section."""
     try:
         kind, dtype, shape, offset, nbytes = row
         blob = Blob(str(kind), str(dtype), tuple(int(n) for n in shape), int(offset), int(nbytes))
@@ -347,7 +239,7 @@ def _blob(row: Any, dlen: int) -> Blob:
     return blob
 
 
-def _materialize(blob: Blob, raw: Any) -> Any:
+def materialize_blob(blob: Blob, raw: Any) -> Any:
     count = 1
     for n in blob.shape:
         count *= n
