@@ -61,8 +61,8 @@ def test_resume_continues_with_the_next_unseen_batch(kwargs: dict[str, object], 
     assert batches(resumed, 24 - stop) == reference[stop:]
 
 
-def test_the_sampler_alone_runs_ahead_with_workers() -> None:
-    """Why the wrapper exists: the sampler's own position counts prefetched indices too."""
+def test_the_sampler_alone_runs_ahead_with_workers_and_capturing_it_warns() -> None:
+    """Why the wrapper exists: the sampler's own position counts prefetched indices too — and says so."""
     import torch
 
     from launchers.elastic import pytorch as ept
@@ -72,5 +72,85 @@ def test_the_sampler_alone_runs_ahead_with_workers() -> None:
     loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=4, num_workers=2)
     it = iter(loader)
     next(it)
-    assert sampler.state_dict()["position"] > 4  # 2 workers × prefetch 2 batches ahead
+    with pytest.warns(RuntimeWarning, match=r"iterated directly by a DataLoader with 2 worker.*ResumableLoader"):
+        position = sampler.state_dict()["position"]
+    assert position > 4  # 2 workers × prefetch 2 batches ahead
     del it
+
+
+def test_no_warning_through_the_wrapper_or_without_workers(recwarn: pytest.WarningsRecorder) -> None:
+    import torch
+
+    from launchers.elastic import pytorch as ept
+
+    dataset = torch.arange(64)
+    wrapped = loader_for(64, batch_size=4, num_workers=2)
+    assert isinstance(wrapped, ept.ResumableLoader)
+    it = iter(wrapped)
+    next(it)
+    wrapped.state_dict()
+    wrapped.sampler.state_dict()
+    del it
+    plain_sampler = ept.ResumableSampler(dataset, seed=7)
+    it2 = iter(torch.utils.data.DataLoader(dataset, sampler=plain_sampler, batch_size=4))
+    next(it2)
+    assert plain_sampler.state_dict()["position"] == 4
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def _lockstep(samplers: list, steps: int, batch: int) -> list[int]:
+    """What ``steps`` data-parallel steps consume: ``batch`` indices from every rank's sampler per step."""
+    iters = [iter(s) for s in samplers]
+    return [next(it) for _ in range(steps) for it in iters for _ in range(batch)]
+
+
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 4), (4, 3), (3, 2)])
+def test_another_world_size_continues_the_epoch_without_skip_or_repeat(before: int, after: int) -> None:
+    """Ranks in lockstep consumed a prefix of the epoch's permutation; the new ranks share out the rest."""
+    from launchers.elastic import pytorch as ept
+
+    n = 96
+    old = [ept.ResumableSampler(n, rank=r, num_replicas=before, seed=3) for r in range(before)]
+    consumed = _lockstep(old, steps=3, batch=2)
+    saved = old[0].state_dict()  # at another world size every rank resumes rank 0's copy
+    new = [ept.ResumableSampler(n, rank=r, num_replicas=after, seed=3) for r in range(after)]
+    for sampler in new:
+        sampler.load_state_dict(saved)
+    rest = [i for s in new for i in s]
+    assert sorted(consumed + rest) == list(range(n))  # every sample of the epoch once
+    assert all(s.epoch == 1 for s in new)  # and the epoch ended for every new rank
+
+
+def test_another_world_size_through_the_loader_with_workers() -> None:
+    """The loader's consumed position (not the prefetched one) is what converts to the new world size."""
+    import torch
+
+    from launchers.elastic import pytorch as ept
+
+    dataset = torch.arange(64)
+
+    def loader(rank: int, world: int) -> ept.ResumableLoader:
+        sampler = ept.ResumableSampler(dataset, rank=rank, num_replicas=world, seed=5)
+        return ept.ResumableLoader(torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=4, num_workers=2))
+
+    old = [loader(r, 4) for r in range(4)]
+    iters = [iter(o) for o in old]
+    seen = [int(i) for _ in range(2) for it in iters for i in next(it)]
+    saved = old[0].state_dict()
+    del iters
+    new = [loader(r, 2) for r in range(2)]
+    for each in new:
+        each.load_state_dict(saved)
+    rest = [int(i) for each in new for batch in each for i in batch]
+    assert sorted(seen + rest) == list(range(64))
+
+
+def test_a_position_saved_for_other_data_is_refused() -> None:
+    from launchers.elastic import pytorch as ept
+
+    saved = ept.ResumableSampler(100, seed=1).state_dict()
+    with pytest.raises(ept.DataPositionError, match=r"saved length 100 \(now 90\)"):
+        ept.ResumableSampler(90, seed=1).load_state_dict(saved)
+    with pytest.raises(ept.DataPositionError, match=r"seed 1 \(now 2\)"):
+        ept.ResumableSampler(100, seed=2).load_state_dict(saved)
+    ept.ResumableSampler(100, seed=1).load_state_dict({"epoch": 2, "position": 3})  # an older mlaunch's state

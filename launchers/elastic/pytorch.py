@@ -7,9 +7,14 @@ collects them into one state dict (tensors are not copied: staging and saving co
 ``restore`` puts them back and returns the step to continue from.
 
 ``ResumableSampler`` is a ``DataLoader`` sampler whose shuffling depends only on (seed,
-epoch) and which can start in the middle of an epoch, so "data position" is two integers;
+epoch) and which can start in the middle of an epoch, also at another world size;
 ``ResumableLoader`` wraps the DataLoader so that position is what the loop consumed, also
-with worker processes that prefetch ahead.
+with worker processes that prefetch ahead (both in ``launchers.elastic.data``).
+
+Sharded state (FSDP2, DTensor): ``Checkpointer.stage/save`` take ``get_state_dict(model,
+optimizer)`` as it is and ``Checkpointer.load_latest(into=state)`` reshards it; a script that
+calls DCP itself plugs ``MlaunchStorageWriter`` / ``MlaunchStorageReader`` into
+``dcp.save``/``dcp.async_save``/``dcp.load`` (mlaunch's commit, flash save and layout).
 
 A ``DistributedDataParallel`` model resumes bit-identically with DDP's default buckets:
 ``capture`` records the gradient bucket layout DDP rebuilt after its first iteration (the
@@ -23,13 +28,16 @@ Import this module only from training code: it imports torch.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from launchers.elastic import ddp_buckets
+from launchers.elastic.data import DataPositionError as DataPositionError
+from launchers.elastic.data import ResumableLoader as ResumableLoader
+from launchers.elastic.data import ResumableSampler as ResumableSampler
+from launchers.elastic.data import StopSignalShield as StopSignalShield
 
 try:  # NumPy is optional for torch; its RNG is captured when it is there
     import numpy as _np
@@ -125,124 +133,16 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return inner if isinstance(inner, torch.nn.Module) else model
 
 
-class ResumableSampler(torch.utils.data.Sampler[int]):
-    """Shuffled (or ordered) indices of this rank's share, resumable at any position.
-
-    The permutation of epoch *e* depends only on ``(seed, e)``; ranks take every
-    ``num_replicas``-th index as ``DistributedSampler`` does. ``state_dict()`` is
-    ``{"epoch", "position"}``; after ``load_state_dict`` the next ``__iter__`` continues
-    from that position of that epoch.
-    """
-
-    def __init__(
-        self, data: Sized | int, *, rank: int = 0, num_replicas: int = 1, shuffle: bool = True, seed: int = 0
-    ) -> None:
-        self.length = data if isinstance(data, int) else len(data)
-        self.rank, self.num_replicas, self.shuffle, self.seed = rank, num_replicas, shuffle, seed
-        self.epoch = 0
-        self.position = 0  # indices of this epoch already handed out
-
-    def _indices(self) -> list[int]:
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.length, generator=gen).tolist()
-        else:
-            order = list(range(self.length))
-        return order[self.rank :: self.num_replicas]
-
-    def __iter__(self) -> Iterator[int]:
-        indices = self._indices()
-        while self.position < len(indices):
-            index = indices[self.position]
-            self.position += 1
-            yield index
-        self.epoch += 1
-        self.position = 0
-
-    def __len__(self) -> int:
-        return len(self._indices()) - self.position
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+# DCP's storage plug-ins import torch.distributed.checkpoint (~0.6 s): loaded when asked for.
+_DCP_STORAGE = {"MlaunchStorageReader": "dcp_reader", "MlaunchStorageWriter": "dcp_writer"}
 
 
-class StopSignalShield:
-    """A DataLoader ``worker_init_fn`` that shields the worker from stop signals not sent by its rank.
+def __getattr__(name: str) -> Any:
+    module = _DCP_STORAGE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'launchers.elastic.pytorch' has no attribute {name!r}")
+    import importlib
 
-    A stop signal that reaches the whole process group — Slurm's ``scancel --signal=TERM`` or
-    preemption, ``kill -- -PGID``, Ctrl-C in a terminal — would kill the DataLoader's worker
-    processes too (torch's worker handler re-raises SIGTERM unless it came from the parent),
-    and torch then fails the rank mid-step instead of letting it stop at the step boundary and
-    save. The worker blocks SIGTERM and SIGINT and a thread takes them with ``sigwaitinfo``:
-    one sent by its parent (the rank: ``multiprocessing``'s ``terminate()`` when it shuts the
-    workers down) ends the worker as torch's handler would; one sent by anyone else is
-    dropped. Then the user's ``worker_init_fn`` runs. Picklable for the spawn context.
-    """
-
-    def __init__(self, inner: Callable[[int], None] | None) -> None:
-        self.inner = inner
-
-    def __call__(self, worker_id: int) -> None:
-        import os
-        import signal
-        import threading
-
-        stops = {signal.SIGTERM, signal.SIGINT}
-        if hasattr(signal, "sigwaitinfo"):
-            parent = os.getppid()
-            signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-
-            def take() -> None:
-                while True:
-                    info = signal.sigwaitinfo(stops)
-                    if info.si_pid == parent and info.si_signo == signal.SIGTERM:
-                        os._exit(0)  # what torch's worker handler does on its parent's SIGTERM
-
-            threading.Thread(target=take, name="mlaunch-stop-shield", daemon=True).start()
-        if self.inner is not None:
-            self.inner(worker_id)
-
-
-class ResumableLoader:
-    """A ``DataLoader`` over a ``ResumableSampler`` whose position is what the loop *consumed*.
-
-    With worker processes (``num_workers > 0``) the DataLoader takes indices from its sampler
-    ``num_workers × prefetch_factor`` batches ahead, so the sampler's own position is past the
-    step being saved. Iterate this wrapper instead of the loader and pass it as ``data=`` to
-    ``capture``/``restore``: it counts the batches handed to the training loop, and a resume
-    continues with the first batch the loop never received, whatever ``num_workers``,
-    ``prefetch_factor`` or ``persistent_workers``. (torchdata's ``StatefulDataLoader`` solves
-    the same problem the same way.) Needs a fixed ``batch_size`` and an in-order loader. Its
-    worker processes ignore stop signals sent to the whole process group (``StopSignalShield``).
-    """
-
-    def __init__(self, loader: torch.utils.data.DataLoader[Any]) -> None:
-        sampler = loader.sampler
-        if not isinstance(sampler, ResumableSampler) or loader.batch_size is None:
-            raise TypeError("ResumableLoader needs DataLoader(..., sampler=ResumableSampler(...), batch_size=N)")
-        self.loader, self.sampler, self.batch_size = loader, sampler, int(loader.batch_size)
-        self.epoch, self.position = sampler.epoch, sampler.position  # consumed so far
-        if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, StopSignalShield):
-            loader.worker_init_fn = StopSignalShield(loader.worker_init_fn)
-
-    def __iter__(self) -> Iterator[Any]:
-        # the sampler restarts from what was consumed, not from where prefetching left it
-        self.sampler.load_state_dict(self.state_dict())
-        epoch, total = self.epoch, len(self.sampler._indices())
-        for batch in self.loader:
-            self.position = min(self.position + self.batch_size, total)
-            yield batch
-        self.epoch, self.position = epoch + 1, 0
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self.sampler.load_state_dict(state)
+    value = getattr(importlib.import_module(f"launchers.elastic.{module}"), name)
+    globals()[name] = value
+    return value

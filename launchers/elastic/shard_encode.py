@@ -87,6 +87,8 @@ class _Encoder:
         return {"$ref": len(self.blobs) - 1}
 
     def leaf(self, obj: Any, where: str) -> Any:
+        if isinstance(obj, tensors.DShard):  # a piece DCP's planner handed over (``dcp_writer``)
+            return self.piece(obj, where)
         if self.torch is not None and isinstance(obj, self.torch.Tensor):
             tag = self.tensor(obj, where)
             if tag is not None:
@@ -101,16 +103,19 @@ class _Encoder:
         ref = self.add("pickle", tensors.TensorBytes("", (), pickled, None))
         return {**ref, "type": f"{type(obj).__module__}.{type(obj).__qualname__}"}
 
+    def piece(self, shard: tensors.DShard, where: str) -> dict[str, Any]:
+        """A DTensor's piece: its bytes (unless another replica stores them) and where it lies in the whole."""
+        if shard.local is None:
+            return {"$ref": None, "dtensor": shard.meta}
+        local = tensors.plain_bytes(shard.local, f"{where}.to_local()")
+        if local is None:
+            raise tensors.UnsupportedTensor(f"{where}: the DTensor's local shard is not a dense strided tensor")
+        return {**self.add("torch", local), "dtensor": shard.meta}
+
     def tensor(self, obj: Any, where: str) -> dict[str, Any] | None:
         """A tensor's tag, or None when a trusted checkpoint should pickle it instead."""
         if self.dtensor is not None and isinstance(obj, self.dtensor):
-            shard = tensors.dtensor_shard(obj, where)
-            if shard.local is None:  # another replica of this shard stores it
-                return {"$ref": None, "dtensor": shard.meta}
-            local = tensors.plain_bytes(shard.local, f"{where}.to_local()")
-            if local is None:
-                raise tensors.UnsupportedTensor(f"{where}: the DTensor's local shard is not a dense strided tensor")
-            return {**self.add("torch", local), "dtensor": shard.meta}
+            return self.piece(tensors.dtensor_shard(obj, where), where)
         try:
             got = tensors.plain_bytes(obj, where)
         except tensors.UnsupportedTensor:
