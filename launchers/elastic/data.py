@@ -35,7 +35,7 @@ def _prefetching_workers() -> int:
     """``num_workers`` of a multi-process DataLoader iterator asking for indices (up the stack), else 0."""
     module = sys.modules.get("torch.utils.data.dataloader")
     prefetcher = getattr(module, "_MultiProcessingDataLoaderIter", None)
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     for _ in range(12):
         if frame is None or prefetcher is None:
             return 0
