@@ -47,6 +47,17 @@ def spec(tmp_path: Path, rank: int = 0, **env: str) -> ProcessSpec:
     )
 
 
+def warm_up(pool: StandbyPool, specs: list[ProcessSpec], timeout: float = 60) -> None:
+    """Fill as the supervisor's loop does (the warm parent imports first, then forks) until every standby is ready."""
+
+    def ready() -> bool:
+        pool.maintain()
+        pool.fill(specs, os.getpid())
+        return pool.ready_count() == len(specs)
+
+    assert wait_for(ready, timeout=timeout)
+
+
 class Capture:
     def __init__(self) -> None:
         self.data = b""
@@ -65,9 +76,8 @@ def test_a_standby_becomes_the_worker_it_is_handed(tmp_path: Path) -> None:
     pool = StandbyPool(["decimal"], run_id="standbytest", delay=0)
     try:
         specs = [spec(tmp_path, 0, ANSWER="42", EXIT="3")]
-        assert pool.fill(specs, os.getpid()) == 1
+        warm_up(pool, specs)
         standby_pid = pool.standbys[0].pid
-        assert wait_for(lambda: pool.ready_count() == 1, timeout=60)
         out = Capture()
         with SignalRouter() as signals:
             outcome = Supervisor(specs, grace_period=5, signals=signals, out=out, err=Capture(), standbys=pool).run()
@@ -85,11 +95,13 @@ def test_a_standby_becomes_the_worker_it_is_handed(tmp_path: Path) -> None:
 def test_a_standby_whose_preload_fails_is_not_used(tmp_path: Path) -> None:
     import json
 
-    pool = StandbyPool(["no_such_module_anywhere"], delay=0)
+    said: list[str] = []
+    pool = StandbyPool(["no_such_module_anywhere"], delay=0, announce=said.append)
     try:
         specs = [spec(tmp_path)]
-        pool.fill(specs, os.getpid())
-        assert wait_for(lambda: not pool._alive(), timeout=60)
+        assert wait_for(lambda: pool.fill(specs, os.getpid()) or not pool.fork, timeout=60)  # the warm parent failed
+        assert "cannot import no_such_module_anywhere" in said[0], said
+        assert wait_for(lambda: not pool._alive(), timeout=60)  # and so did the standby importing it itself
         out = Capture()
         with SignalRouter() as signals:
             outcome = Supervisor(specs, grace_period=5, signals=signals, out=out, err=Capture(), standbys=pool).run()
@@ -157,8 +169,9 @@ def test_sigkill_of_mlaunch_takes_the_standbys_with_it(tmp_path: Path) -> None:
             if "warm standby workers ready" in line or not line:
                 break
         kids = [p for p in children(proc.pid)]
-        standbys = [p for p in kids if b"launchers.run.standby" in Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert len(standbys) == 2 and len(kids) >= 5  # 2 workers, 2 standbys, the watchdog
+        # the warm parent and the 2 standbys it forked (they keep its command line; mlaunch adopted them)
+        standbys = [p for p in kids if b"launchers.run.warm_parent" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(standbys) == 3 and len(kids) >= 6  # 2 workers, 2 standbys, the warm parent, the watchdog
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -203,8 +216,7 @@ def test_a_warm_rank_other_than_0_waits_for_the_store_to_listen(tmp_path: Path) 
         store.listen()
 
     try:
-        pool.fill(specs, os.getpid())
-        assert wait_for(lambda: pool.ready_count() == 1, timeout=60)
+        warm_up(pool, specs)
         out = Capture()
         late = threading.Thread(target=listen_late, daemon=True)
         late.start()

@@ -48,6 +48,16 @@ class Job(Section):
     env: dict[str, EnvValue] = Field(default_factory=dict, description="extra environment for every process")
     log_dir: PathText = Field("output/logs", description="per-rank log files, relative to this file")
     preload: list[CommandText] = Field(default_factory=list, description="modules warm standby workers import ahead")
+    preload_learning: bool = Field(
+        True,
+        description="with restarts: warm standbys also preload the installed modules the ranks were seen to "
+        "import beyond preload: (never the job's own code); false: only the list",
+    )
+    preload_fork: bool = Field(
+        True,
+        description="fork warm standbys from one warm parent per node that imported preload: once "
+        "(falls back by itself where forking is unsafe); false: each standby imports the list itself",
+    )
     prestart: PrestartOptions = Field(default_factory=lambda: PrestartOptions())
     checkpoint: CheckpointOptions = Field(default_factory=lambda: CheckpointOptions())
     restart: RestartOptions = Field(default_factory=lambda: RestartOptions())

@@ -87,6 +87,7 @@ _saving = 0.0
 _committed = -1
 _first_written = False
 _guarded = 0
+_imports_at = 3  # the report count at which this rank next lists its imports (× 10 each time)
 
 
 def _env_rank() -> int:
@@ -131,6 +132,8 @@ def report(step: int | None) -> None:
     if mm is None:
         return
     _count += 1
+    if _count == _imports_at:
+        _report_imports()
     wall = time.time()
     number = -1 if step is None else step
     if not _first_written and step is not None:
@@ -190,6 +193,22 @@ def saved(seconds: float, committed_step: int | None) -> None:
 
 
 heartbeat = report  # ``elastic.heartbeat(step)``: for scripts that call neither should_stop nor stage
+
+
+def _report_imports() -> None:
+    """At the 3rd, 30th, 300th… report: the rank's installed imports, for standbys to learn (``preload_learning``)."""
+    global _imports_at
+    _imports_at *= 10
+    if os.environ.get("MLAUNCH_REPORT_IMPORTS") == "1":
+        from launchers import import_report
+
+        import_report.write_for_this_rank()
+
+
+def report_as_new_rank() -> None:
+    """This forked process is a new rank (a standby forked by mlaunch's warm parent), not a data-loader worker."""
+    global _off
+    _off = False
 
 
 def _after_fork_in_child() -> None:

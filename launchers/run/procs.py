@@ -38,8 +38,9 @@ def start_process(
     *,
     stdin: int = subprocess.DEVNULL,
     pass_fds: tuple[int, ...] = (),
+    output: int = subprocess.PIPE,
 ) -> subprocess.Popen[bytes]:
-    """Own session/process group, SIGKILL when mlaunch dies, output to pipes."""
+    """Own session/process group, SIGKILL when mlaunch dies, output to pipes (``output``: elsewhere)."""
 
     def child_setup() -> None:
         # Die with mlaunch even if it is SIGKILLed; if it already died, do not run at all.
@@ -52,8 +53,8 @@ def start_process(
         cwd=cwd,
         env=env,
         stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=output,
+        stderr=output,
         start_new_session=True,
         preexec_fn=child_setup,  # noqa: PLW1509 - the supervisor loop is single-threaded
         close_fds=True,

@@ -91,8 +91,15 @@ def run_job(
     become_subreaper()
     watchdog = Watchdog(run_id).start()
     standbys = None
-    if job.preload and job.restart.max_restarts > 0:
-        standbys = StandbyPool(job.preload, run_id=run_id, watchdog=watchdog, delay=STANDBY_DELAY)
+    if job.restart.max_restarts > 0 and (job.preload or job.preload_learning):
+        standbys = StandbyPool(
+            job.preload,
+            run_id=run_id,
+            watchdog=watchdog,
+            delay=STANDBY_DELAY,
+            fork=job.preload_fork,
+            learn=job.preload_learning,
+        )
     code = 1
     try:
         with SignalRouter() as signals:

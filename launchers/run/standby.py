@@ -3,10 +3,13 @@
 A restart normally pays interpreter start-up and ``import torch`` again in every process
 (seconds, on a busy node). mlaunch keeps one standby per worker instead (``preload:`` in
 job.yaml): started like a worker — own process group, parent-death signal, the run's
-``MLAUNCH_RUN_ID`` so the watchdog finds it — it imports the listed modules, reports ready,
-and blocks on its stdin. When the group restarts, the supervisor writes the worker's argv,
-env and cwd there; the standby becomes that worker: same pid, same output pipes, the script
-run as ``__main__`` exactly as ``python -u script.py args...`` would run it.
+``MLAUNCH_RUN_ID`` so the watchdog finds it — it has the listed modules imported, reports
+ready, and blocks on its stdin. Most standbys are forked by the node's warm parent
+(``launchers.run.warm_parent``), which imported the list once; this module's ``main`` is the
+fallback that imports the list itself (forking unsafe, or ``preload_fork: false``). When the
+group restarts, the supervisor writes the worker's argv, env and cwd there; the standby
+becomes that worker: same pid, same output pipes, the script run as ``__main__`` exactly as
+``python -u script.py args...`` would run it.
 
 Protocol (supervisor side in ``launchers.run.standby_pool.StandbyPool``):
 - ``MLAUNCH_STANDBY_READY_FD``: a pipe the standby writes ``R`` to once every module is
@@ -32,7 +35,7 @@ import traceback
 READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
 
 
-def _preload(modules: list[str], ready_fd: int) -> bool:
+def _preload(modules: list[str]) -> bool:
     for name in modules:
         try:
             importlib.import_module(name)
@@ -40,13 +43,16 @@ def _preload(modules: list[str], ready_fd: int) -> bool:
             sys.stderr.write(f"mlaunch standby: cannot preload {name!r}:\n{traceback.format_exc()}")
             sys.stderr.flush()
             return False
+    return True
+
+
+def _ready(ready_fd: int) -> None:
     if ready_fd >= 0:
         # The supervisor may have handed this standby a worker before it got here (and
         # closed its end): then nobody waits for "ready" any more.
         with contextlib.suppress(OSError):
             os.write(ready_fd, b"R")
         os.close(ready_fd)
-    return True
 
 
 def _read_spec() -> dict[str, object] | None:
@@ -93,6 +99,10 @@ def become(spec: dict[str, object]) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - replaces the spec pipe for the script's lifetime
+    if env.get("MLAUNCH_REPORT_IMPORTS") == "1":  # preload_learning: what the script imports beyond the list
+        from launchers import import_report
+
+        import_report.watch()
     wait = spec.get("wait_for_store")
     if isinstance(wait, list) and len(wait) == 3:
         wait_for_listener(str(wait[0]), int(wait[1]), float(wait[2]))
@@ -102,16 +112,26 @@ def become(spec: dict[str, object]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def main(argv: list[str] | None = None) -> int:
-    modules = list(sys.argv[1:] if argv is None else argv)
-    ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
-    if not _preload(modules, ready_fd):
-        return 3
+def wait_and_become(ready_fd: int) -> int:
+    """Say "ready", wait for the worker this standby is to become and become it (0: it was not needed).
+
+    Both kinds of standby end here: one started as its own interpreter (``main``) and one
+    forked by the warm parent (``launchers.run.warm_parent``).
+    """
+    _ready(ready_fd)
     spec = _read_spec()
     if spec is None:
         return 0
     become(spec)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    modules = list(sys.argv[1:] if argv is None else argv)
+    ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
+    if not _preload(modules):
+        return 3
+    return wait_and_become(ready_fd)
 
 
 if __name__ == "__main__":

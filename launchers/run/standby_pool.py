@@ -1,4 +1,12 @@
-"""Warm standby workers for fast restarts, mlaunch's side (``launchers.run.standby`` is the other)."""
+"""Warm standby workers for fast restarts, mlaunch's side (``launchers.run.standby`` is the other).
+
+Standbys are forked by a warm parent per interpreter (``launchers.run.warm_parent``), which
+imported ``preload:`` once and is kept across attempts; where forking is unsafe (a preload
+module starts a thread or opens a device at import), or ``preload_fork: false``, each standby
+is its own interpreter that imports the list itself, as before. With ``preload_learning``
+the warm parent also imports what the ranks were seen to import beyond the list
+(``launchers.run.preload_learning``), and idle standbys forked before that are replaced.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +16,18 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from launchers.elastic import staging
+from launchers.log import say
 from launchers.plan import ProcessSpec
-from launchers.run.procs import process_env, reap_unknown, start_process
+from launchers.run.procs import become_subreaper, process_env, reap_unknown, start_process
 
 if TYPE_CHECKING:
+    from launchers.run.preload_learning import PreloadLearner
+    from launchers.run.warm_parent_handle import WarmParent
     from launchers.run.watchdog import Watchdog
 
 STORE_WAIT_SECONDS = 1.0  # the most a warm rank waits for rank 0's store (see standby.wait_for_listener)
@@ -29,12 +41,31 @@ def store_to_wait_for(env: dict[str, str]) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def common_env(specs: list[ProcessSpec]) -> dict[str, str]:
+    """The variables every one of ``specs`` sets alike: the warm parent imports with these (no rank's own)."""
+    if not specs:
+        return {}
+    shared = dict(specs[0].env)
+    for spec in specs[1:]:
+        shared = {k: v for k, v in shared.items() if spec.env.get(k) == v}
+    return shared
+
+
+def job_dirs(specs: list[ProcessSpec]) -> set[str]:
+    """The job's own directories: working directories and the start files' directories."""
+    dirs = {spec.cwd for spec in specs}
+    dirs.update(os.path.dirname(os.path.abspath(os.path.join(spec.cwd, spec.argv[2]))) for spec in specs)
+    return dirs
+
+
 @dataclass
 class _Standby:
     popen: subprocess.Popen[bytes]
     ready_fd: int
     python: str
     state: Literal["starting", "ready", "dead"] = "starting"
+    parent: WarmParent | None = None  # the warm parent that forked it (None: its own interpreter)
+    generation: int = 0  # the warm parent's generation when it was forked
 
     @property
     def pid(self) -> int:
@@ -64,23 +95,49 @@ class StandbyPool:
 
     One standby per worker slot, in its own process group with the same parent-death
     signal, ``MLAUNCH_RUN_ID`` and watchdog registration as a worker. Importing torch takes
-    seconds of CPU per process, so standbys start only once the attempt's workers are past
-    their own start-up: ``delay`` seconds after the attempt began *and* once a rank staged a
-    step (``launchers.elastic``) or every worker wrote output — or after ``fallback`` seconds. A
-    restart hands each new worker to a standby when its start command is
-    ``<python> -u script.py ...`` with the standby's interpreter; anything else starts cold.
+    seconds of CPU, so the warm parent (or, without one, each standby) starts importing only
+    once the attempt's workers are past their own start-up: ``delay`` seconds after the
+    attempt began *and* once a rank staged a step (``launchers.elastic``) or every worker
+    wrote output — or after ``fallback`` seconds. Once a warm parent is up, forking is cheap
+    and standbys are refilled at once. A restart hands each new worker to a standby when its
+    start command is ``<python> -u script.py ...`` with the standby's interpreter; anything
+    else starts cold.
     """
 
-    def __init__(self, preload: list[str], *, run_id: str = "", watchdog: Watchdog | None = None, delay: float = 1.0):
+    def __init__(
+        self,
+        preload: list[str],
+        *,
+        run_id: str = "",
+        watchdog: Watchdog | None = None,
+        delay: float = 1.0,
+        fork: bool = True,
+        learn: bool = False,
+        announce: Callable[[str], None] = say,
+    ) -> None:
         self.preload = list(preload)
         self.run_id = run_id
         self.watchdog = watchdog
         self.delay = delay
+        self.announce = announce
         self.standbys: list[_Standby] = []
         self.handed_off = 0
         self.cold_starts = 0
         self.fallback = 30.0
         self._attempt_wall = time.time()
+        self.fork = fork and become_subreaper()  # a forked standby must be adopted by mlaunch
+        self.parents: dict[str, WarmParent] = {}  # interpreter → its warm parent
+        self.learner: PreloadLearner | None = None
+        if learn and run_id:
+            from launchers.run.preload_learning import PreloadLearner
+
+            self.learner = PreloadLearner(run_id, announce)
+        self._dirs: set[str] = set()
+
+    @property
+    def rank_env(self) -> dict[str, str]:
+        """What every rank's environment gets from the pool: ask it for import reports when learning."""
+        return {"MLAUNCH_REPORT_IMPORTS": "1"} if self.learner is not None and self.fork else {}
 
     def new_attempt(self) -> None:
         """An attempt starts now: refill only after its workers show progress."""
@@ -88,6 +145,8 @@ class StandbyPool:
 
     def may_fill(self, elapsed: float, all_spoke: bool = False) -> bool:
         """Whether the attempt's workers are past their start-up (see the class docstring)."""
+        if self.fork and self.parents:
+            return True  # a warm parent is up (or importing: polled by ``fill``); forks cost milliseconds
         if elapsed < self.delay:
             return False
         if elapsed >= self.fallback or all_spoke or not self.run_id:
@@ -104,7 +163,8 @@ class StandbyPool:
         return len(argv) >= 3 and argv[1] == "-u" and argv[2].endswith(".py") and spec.role == "worker"
 
     def pids(self) -> set[int]:
-        return {s.pid for s in self.standbys}
+        """Standbys and warm parents: mlaunch's children that are not this attempt's workers."""
+        return {s.pid for s in self.standbys} | {p.pid for p in self.parents.values()}
 
     def _alive(self) -> list[_Standby]:
         self.standbys = [s for s in self.standbys if s.poll() != "dead"]
@@ -119,9 +179,12 @@ class StandbyPool:
     def fill(self, specs: list[ProcessSpec], parent: int) -> int:
         """Start standbys until there is one per compatible spec; returns how many were started."""
         wanted = [s for s in specs if self.compatible(s)]
+        self._dirs = job_dirs(wanted)
         started = 0
         for spec in wanted[len(self._alive()) :]:
-            standby = self._start(spec, parent)
+            standby = self._fork(spec, wanted, parent) if self.fork else None
+            if standby is None and not self.fork:
+                standby = self._start(spec, parent)
             if standby is None:
                 break
             self.standbys.append(standby)
@@ -130,6 +193,71 @@ class StandbyPool:
             started += 1
         return started
 
+    # -- forked standbys -------------------------------------------------------------------
+    def _warm_parent(self, spec: ProcessSpec, wanted: list[ProcessSpec], parent: int) -> WarmParent | None:
+        """The warm parent for ``spec``'s interpreter, started if there is none; None when forking is off."""
+        from launchers.run.warm_parent_handle import WarmParent
+
+        python = spec.argv[0]
+        warm = self.parents.get(python)
+        if warm is None:
+            modules = self.preload + (self.learner.learned if self.learner else [])
+            same = [s for s in wanted if s.argv[0] == python]
+            warm = WarmParent.start(python, modules, process_env(common_env(same), self.run_id), spec.cwd, parent)
+            self.parents[python] = warm
+            if self.watchdog:
+                self.watchdog.watch(warm.pid)
+        self._poll(warm)
+        return warm if self.fork else None
+
+    def _fork(self, spec: ProcessSpec, wanted: list[ProcessSpec], parent: int) -> _Standby | None:
+        warm = self._warm_parent(spec, wanted, parent)
+        if warm is None:
+            return None
+        forked = warm.fork()
+        if forked is None:
+            self._poll(warm)  # a failed fork: say so and fall back
+            return None
+        popen, ready_fd = forked
+        return _Standby(popen, ready_fd, spec.argv[0], parent=warm, generation=warm.generation)
+
+    def _poll(self, warm: WarmParent) -> None:
+        """The warm parent's news: imports done, learned modules, or why it cannot be forked from."""
+        for message in warm.poll():
+            if self.learner is not None and "imported" in message:
+                self.learner.imported(message)
+        if warm.state != "failed":
+            return
+        if self.parents.get(warm.python) is warm:
+            del self.parents[warm.python]
+        if self.watchdog:
+            self.watchdog.unwatch(warm.pid)
+        if warm.unsafe_learned and self.learner is not None:
+            self.learner.refuse(warm.unsafe_module or "", warm.reason)  # a fresh warm parent comes without it
+            return
+        self.fork = False
+        self.announce(
+            f"preload: {warm.reason}; standbys are not forked from a warm parent "
+            "(unsafe or impossible here): each imports preload: itself, as before"
+        )
+
+    def maintain(self) -> None:
+        """Learning (``preload_learning``): the ranks' new imports go to the warm parent; stale idle standbys go.
+
+        Called from the supervisor's loop. A warm parent that imported learned modules bumps
+        its generation; idle standbys it forked before lack them, so they are killed here and
+        ``fill`` forks fresh ones (milliseconds).
+        """
+        for warm in list(self.parents.values()):
+            self._poll(warm)
+            if self.learner is not None and warm.state == "ready" and not warm.learning:
+                warm.learn(self.learner.new_modules(warm.modules, self._dirs))
+        stale = [s for s in self._alive() if s.parent is not None and s.generation < s.parent.generation]
+        for standby in stale:
+            self.standbys.remove(standby)
+            self._kill(standby)
+
+    # -- standbys that import the list themselves ------------------------------------------
     def _start(self, spec: ProcessSpec, parent: int) -> _Standby | None:
         """One standby with ``spec``'s interpreter, environment and working directory (None: it cannot start)."""
         env = process_env(spec.env, self.run_id)
@@ -146,6 +274,7 @@ class StandbyPool:
         os.set_blocking(read_fd, False)
         return _Standby(popen, read_fd, spec.argv[0])
 
+    # -- handing over ----------------------------------------------------------------------
     def take(self, spec: ProcessSpec) -> _Standby | None:
         """A live standby for ``spec`` (ready, or still importing: it is ahead of a cold start)."""
         if not self.compatible(spec):
@@ -191,8 +320,13 @@ class StandbyPool:
                     stream.close()
 
     def close(self) -> None:
-        """Kill every standby that was not handed off (mlaunch is finishing)."""
+        """Kill every standby that was not handed off, and the warm parents (mlaunch is finishing)."""
         for standby in self.standbys:
             self._kill(standby)
         self.standbys = []
+        for warm in self.parents.values():
+            warm.close()
+            if self.watchdog:
+                self.watchdog.unwatch(warm.pid)
+        self.parents = {}
         reap_unknown()

@@ -152,6 +152,8 @@ class Supervisor:
 
     def _spawn(self, spec: ProcessSpec, label: str) -> None:
         env = process_env(spec.env, self.run_id)
+        if self.standbys is not None:
+            env.update(self.standbys.rank_env)  # preload_learning: the ranks report their imports
         log = None
         if spec.log:
             Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
@@ -202,6 +204,7 @@ class Supervisor:
         pool = self.standbys
         if pool is None or self.teardown.stopping:
             return
+        pool.maintain()  # the warm parent's news, and learning from the ranks' imports
         wanted = sum(1 for spec in self.processes if pool.compatible(spec))
         spoke = all(w.tail for w in self.workers) and len(self.workers) == len(self.processes)
         if pool.alive_count() < wanted and pool.may_fill(now - self._started, spoke):
