@@ -83,10 +83,14 @@ def test_a_hang_carries_its_cause_so_the_other_nodes_dump_their_stacks_and_statu
         b.publish({"index": 1, "host": "h1", "ranks": [{"rank": 3, "step": 6}]})
         a.publish({"index": 0, "host": "h0", "ranks": [{"rank": 0, "step": 6}]})
         deadline = time.monotonic() + 3
-        while (len(a.view()) < 2 or len(b.view()) < 2) and time.monotonic() < deadline:
+        while len(a.view()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert sorted(a.view()) == sorted(b.view()) == [0, 1]
-        assert b.view()[0]["host"] == "h0" and a.view()[1]["ranks"][0]["step"] == 6
+        assert sorted(a.view()) == [0, 1] and a.view()[1]["ranks"][0]["step"] == 6  # node 0 keeps every entry
+        assert sorted(b.view()) == [1]  # status goes up only: nothing pushed down every second
+        b.request_view()  # `mlaunch status` on node 1 asks node 0 once
+        while len(b.view()) < 2 and time.monotonic() < deadline + 3:
+            time.sleep(0.05)
+        assert sorted(b.view()) == [0, 1] and b.view()[0]["host"] == "h0"
     finally:
         b.close(0)
         a.close(0)
@@ -119,8 +123,7 @@ def test_a_silent_node_is_lost_and_exchanges_end() -> None:
     a, b = agents(node_timeout=1.0)
     try:
         time.sleep(0.3)
-        b._halt.set()  # its agent thread stops: no heartbeat any more (as if killed)
-        b._thread.join()
+        b.driver.stop()  # its agent thread stops: no heartbeat any more (as if killed)
         with pytest.raises(ExchangeFailed, match="node 1"):
             a.exchange("start/1", None, time.monotonic() + 5)
         assert isinstance(a.lost, Lost) and a.lost.node == 1
@@ -154,7 +157,7 @@ def test_an_end_from_an_agent_with_another_key_is_dropped() -> None:
         assert a.first_failure(0, 1.0) is None and a.hub.rejected > 0
         assert next_event(a, 0.3) is None
     finally:
-        b._halt.set()
+        b.driver.stop()
         a.close(0)
 
 

@@ -109,6 +109,7 @@ class JobEvents:
         self.generation = 0
         self._first: dict[int, RemoteFailure] = {}
         self._view: dict[int, dict[str, Any]] = {}
+        self._summary: dict[str, Any] = {}
 
     @property
     def networked(self) -> bool:
@@ -138,17 +139,59 @@ class JobEvents:
         """The job's first failure in ``generation`` (waiting up to ``wait`` seconds to hear it)."""
         return self._first.get(generation)
 
+    def reduce(self, topic: str, value: Any, deadline: float, how: Any) -> Any:
+        """This node's part of a reduction over every member's ``value`` (``reductions``: ``how``); else ExchangeFailed.
+
+        The hub waits for every member, reduces once and sends each node only what it needs:
+        an aggregate (``count``, ``intersect``, ``max``, ``and``), node 0 the values (``gather0``),
+        or each node its own share.
+        """
+        from launchers.control.reductions import ReductionError, reduce_values, result_for
+
+        try:
+            return result_for(self.node, *reduce_values(how, {self.node: value}))
+        except ReductionError as exc:
+            raise ExchangeFailed(str(exc)) from None
+
     def exchange(self, topic: str, value: Any, deadline: float) -> dict[int, Any]:
-        """Every node's ``value`` for ``topic`` (node → value) once all gave theirs; else ExchangeFailed."""
-        return {self.node: value}
+        """Every node's ``value`` for ``topic`` (node → value) once all gave theirs; else ExchangeFailed.
+
+        O(N) bytes to every node: where an aggregate or node 0 alone will do, ``reduce`` is O(1) per node.
+        """
+        everyone = self.reduce(topic, value, deadline, "all")
+        return {int(node): v for node, v in everyone.items()}
+
+    def gathered(self, topic: str) -> dict[int, Any]:
+        """Node 0 (hosting the hub): an unfinished exchange's values so far (None: a lost node's); elsewhere nothing."""
+        return {}
+
+    @property
+    def status_every(self) -> float:
+        """Seconds between status entries worth publishing (grows with the job's size on the plane)."""
+        return 1.0
 
     def publish(self, entry: dict[str, Any]) -> None:
-        """This node's status entry (``observe.status_file``), for every node's view of the job."""
+        """This node's status entry (``observe.status_file``): it goes up to node 0, which keeps every node's."""
         self._view[self.node] = entry
 
     def view(self) -> dict[int, dict[str, Any]]:
-        """The newest status entry of every node heard from (node → entry), this node's included."""
+        """The status entries this node holds (node → entry), its own included.
+
+        Node 0 (and a simulation) hold every node's; another node its own, and every node's
+        for a while after ``request_view`` (``mlaunch status`` asked there).
+        """
         return dict(self._view)
+
+    def request_view(self) -> None:
+        """Ask node 0 for every node's status entry once (``view`` has them when the answer came)."""
+
+    def publish_summary(self, summary: dict[str, Any]) -> None:
+        """Node 0: the job at a glance (phase, stragglers, committed step) for every node (``summary``)."""
+        self._summary = dict(summary)
+
+    def summary(self) -> dict[str, Any]:
+        """Node 0's newest summary of the job (empty until one came)."""
+        return dict(self._summary)
 
     def close(self, exit_code: int) -> None:
         """Leave the job (node 0: tell every node the job ended with ``exit_code``, wait for them to leave)."""

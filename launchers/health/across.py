@@ -9,14 +9,19 @@ Steps, each node in step with the others through ``JobEvents.exchange``:
    on one host) take turns of ``SLOT`` seconds, so they do not measure each other; nodes on
    machines of their own all run at once;
 4. the link rounds (``network``) on a TCPStore node 0 hosts at the control port + ``STORE_PORT_OFFSET``;
-5. **result**: every node's measurements to every node; each judges them the same way.
+5. **result**: every node's measurements to node 0, which judges them; **verdict**: each node
+   hears its own verdict and the bad nodes' (O(1) bytes per node, whatever the job's size).
 
+The exchanges are reductions at node 0's hub (``launchers.control.reductions``): the hello
+gives node 0 every host name and each node its turn on its machine; the link rounds' later
+partners are paired there from every node's first-round time (each node gets its partner).
 A node that never arrives does not stop the others: they measure anyway, and node 0 judges
 what arrived (the missing node is faulty); the others cannot know the verdict and say so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -24,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from launchers.health import network, probes
 from launchers.health.outcome import HealthOutcome, rules_of, torch_ready
-from launchers.health.verdict import judge
+from launchers.health.verdict import Verdict, judge
 from launchers.log import say
 
 if TYPE_CHECKING:
@@ -47,29 +52,23 @@ def boot_id() -> str:
         return ""
 
 
-def turn(hello: dict[int, Any], node: int) -> tuple[int, int]:
-    """(my turn among the nodes on my machine, the most nodes any machine has); (0, 1) without boot ids."""
-    boots = {n: value.get("boot") for n, value in hello.items() if isinstance(value, dict) and value.get("boot")}
-    groups: dict[str, list[int]] = {}
-    for n in sorted(boots):
-        groups.setdefault(str(boots[n]), []).append(n)
-    most = max((len(g) for g in groups.values()), default=1)
-    mine = groups.get(str(boots.get(node)), [])
-    return (mine.index(node) if node in mine else 0), most
+HELLO = {"host": "gather0", "boot": "group_rank"}  # node 0 learns every host; each node its turn on its machine
+MAX_BAD = 256  # bad nodes every node is told of (each node also learns its own verdict)
 
 
 def _sleep_until(moment: float) -> None:
     time.sleep(max(0.0, moment - time.monotonic()))
 
 
-def _meet(events: JobEvents, topic: str, value: Any, deadline: float) -> dict[int, Any]:
+def _meet(events: JobEvents, topic: str, value: Any, deadline: float, how: Any) -> Any:
+    """This node's part of the reduction; None when not every node arrived (measure anyway)."""
     from launchers.control import ExchangeFailed
 
     try:
-        return events.exchange(topic, value, deadline)
+        return events.reduce(topic, value, deadline, how)
     except ExchangeFailed as exc:  # measure anyway; the results' gathering says who is missing
         say(f"health check: not every node arrived ({exc}); measuring anyway")
-        return {events.node: value}
+        return None
 
 
 def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> HealthOutcome:
@@ -85,38 +84,86 @@ def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> H
         store = network.open_store(
             cluster.master_addr, port, host=True, nnodes=cluster.nnodes, timeout=network.ROUND_BUDGET
         )
-    hello = _meet(events, f"{topic}/hello", {"host": host, "boot": boot_id()}, deadline)
+    hello = _meet(events, f"{topic}/hello", {"host": host, "boot": boot_id()}, deadline, HELLO)
     hosts = {i: cluster.host_of(i) for i in range(cluster.nnodes)}
-    hosts.update({int(n): str(v.get("host")) for n, v in hello.items() if isinstance(v, dict)})
+    hosts.update({int(n): str(h) for n, h in ((hello or {}).get("host") or {}).items()})
     met = time.monotonic()
     result: dict[str, Any] = {"host": host, "memory": probes.memory()}
     result["storage"] = probes.storage(job.resolve(job.checkpoint.dir))
-    if len(hello) == cluster.nnodes:  # after a missing node, a second wait for it would only cost time
-        _meet(events, f"{topic}/ready", True, max(deadline, time.monotonic() + READY_LIMIT))
+    if hello is not None:  # after a missing node, a second wait for it would only cost time
+        _meet(events, f"{topic}/ready", True, max(deadline, time.monotonic() + READY_LIMIT), "count")
     base = time.monotonic()
-    position, most = turn({int(n): v for n, v in hello.items()}, node)
-    _sleep_until(base + position * SLOT)
+    turn = (hello or {}).get("boot") or {"index": 0, "most": 1}
+    _sleep_until(base + int(turn["index"]) * SLOT)
     result["compute"] = probes.compute()
-    _sleep_until(base + most * SLOT)  # every node starts the link rounds at the same moment
+    _sleep_until(base + int(turn["most"]) * SLOT)  # every node starts the link rounds at the same moment
     probed = time.monotonic()
     if use_links:
-        result["links"] = _links(cluster, store, port, probed)
+        result["links"] = _links(cluster, store, port, probed, events, topic)
     # Where the time went: importing torch and waiting for every node, the probes (turns included), the links.
     result["phases"] = {"arrive": met - start, "probes": probed - met, "links": time.monotonic() - probed}
     limit = probed + network.links_budget(cluster.nnodes) + SHARE_MARGIN
     gathered, incomplete = _gather(events, f"{topic}/result", result, limit, cluster.nnodes)
-    verdicts = judge({int(n): v for n, v in gathered.items()}, cluster.nnodes, rules_of(job), hosts)
+    verdicts, incomplete, unlisted = _verdicts(
+        events, f"{topic}/verdict", gathered, incomplete, (cluster, job, hosts), limit
+    )
     del store  # node 0: every node has reported, so no pair uses it any more
-    return HealthOutcome(verdicts, time.monotonic() - start, incomplete, hosts)
+    return HealthOutcome(verdicts, time.monotonic() - start, incomplete, hosts, cluster.nnodes, unlisted)
 
 
-def _links(cluster: Cluster, store: Any, port: int, base: float) -> dict[str, float | None]:
+def _verdicts(
+    events: JobEvents,
+    topic: str,
+    gathered: dict[int, Any],
+    incomplete: str | None,
+    where: tuple[Cluster, Job, dict[int, str]],
+    deadline: float,
+) -> tuple[list[Verdict], str | None, int]:
+    """Node 0 judges every result and tells each node its own verdict and the bad ones (O(1) bytes per node).
+
+    Another node that could not hand in its result, or hear the verdict, cannot know it: it says so.
+    """
+    from launchers.control import ExchangeFailed
+
+    cluster, job, hosts = where
+    if events.node == 0:
+        verdicts = judge(gathered, cluster.nnodes, rules_of(job), hosts)
+        if incomplete is None:
+            bad = [_brief(v) for v in verdicts if v.bad]
+            told = {"bad": bad[:MAX_BAD], "unlisted": max(0, len(bad) - MAX_BAD)}
+            with contextlib.suppress(ExchangeFailed):
+                events.reduce(
+                    topic, {"all": told, "each": {str(v.index): _brief(v) for v in verdicts}}, deadline, "scatter0"
+                )
+        return verdicts, incomplete, 0
+    if incomplete is not None:
+        return [], incomplete, 0
+    try:
+        told = events.reduce(topic, None, deadline, "scatter0")
+    except ExchangeFailed as exc:
+        return [], str(exc), 0
+    mine = Verdict(**told["mine"], result=None)
+    others = [Verdict(**v, result=None) for v in told["all"]["bad"] if v["index"] != mine.index]
+    return [mine, *others], None, int(told["all"]["unlisted"])
+
+
+def _brief(verdict: Verdict) -> dict[str, Any]:
+    return {"index": verdict.index, "host": verdict.host, "verdict": verdict.verdict, "reason": verdict.reason}
+
+
+def _links(
+    cluster: Cluster, store: Any, port: int, base: float, events: JobEvents, topic: str
+) -> dict[str, float | None]:
+    def partners(mine: float | None, deadline: float) -> dict[str, Any]:
+        """The later rounds' partners, paired by node 0's hub from every node's first-round time."""
+        return dict(events.reduce(f"{topic}/partners", mine, deadline, network.PARTNERS))
+
     try:
         if store is None:
             store = network.open_store(
                 cluster.master_addr, port, host=False, nnodes=cluster.nnodes, timeout=network.ROUND_BUDGET
             )
-        links = network.run_links(cluster.node_rank, cluster.nnodes, store, base)
+        links = network.run_links(cluster.node_rank, cluster.nnodes, store, base, partners=partners)
     except RuntimeError as exc:  # the store on node 0 cannot be reached: every link fails
         say(f"health check: link test failed: {exc}")
         links = {peer: None for peer in range(cluster.nnodes) if peer != cluster.node_rank}
@@ -126,21 +173,22 @@ def _links(cluster: Cluster, store: Any, port: int, base: float) -> dict[str, fl
 def _gather(
     events: JobEvents, topic: str, value: Any, deadline: float, nnodes: int
 ) -> tuple[dict[int, Any], str | None]:
-    """Every node's result; on node 0, when one is missing, what did arrive by the deadline (the hub holds it).
+    """Node 0: every node's result; when one is missing, what did arrive by the deadline (the hub holds it).
 
-    A lost node makes the exchange fail at once; node 0 still waits for the other nodes' results
-    (they may be slower), until every node that is not lost gave one or the deadline passed.
+    The results go to node 0 alone (it judges; the others hear their verdict). A lost node makes
+    the exchange fail at once; node 0 still waits for the other nodes' results (they may be
+    slower), until every node that is not lost gave one or the deadline passed.
     """
     from launchers.control import ExchangeFailed
 
     try:
-        return events.exchange(topic, value, deadline), None
+        gathered = events.reduce(topic, value, deadline, "gather0") or {}
+        return {int(n): v for n, v in gathered.items()}, None
     except ExchangeFailed as exc:
-        hub = getattr(events, "hub", None)  # node 0 hosts the hub: the partial gather is in this process
-        if hub is None:
+        if events.node != 0:
             return {events.node: value}, str(exc)
         end = max(deadline, time.monotonic() + IN_FLIGHT)
-        while time.monotonic() < end and len(hub.gathers.get(topic, {})) + len(hub.lost) < nnodes:
+        while time.monotonic() < end and len(events.gathered(topic)) < nnodes:
             time.sleep(0.05)
-        partial = {int(n): v for n, v in dict(hub.gathers.get(topic, {})).items()}
+        partial = {n: v for n, v in events.gathered(topic).items() if v is not None}
         return {**partial, events.node: value}, str(exc)

@@ -60,7 +60,7 @@ def decide(job: Job, cluster: Cluster, outcome: HealthOutcome) -> int | None:
         return HEALTH_EXIT_CODE
     bad = outcome.bad
     if not bad:
-        say(f"health check: all {len(outcome.verdicts)} node(s) ok")
+        say(f"health check: all {outcome.count} node(s) ok")
         return None
     names = ", ".join(f"{v.host} ({v.verdict}: {v.reason})" for v in bad)
     if mode == "warn":
@@ -81,7 +81,7 @@ def _exclude(job: Job, cluster: Cluster, outcome: HealthOutcome) -> int | None:
     """Leave the bad nodes out when the elastic range allows it; -1 when it does not (then fail)."""
     bad = outcome.bad
     minimum = elastic_minimum(job, cluster)
-    good = len(outcome.verdicts) - len(bad)
+    good = outcome.count - len(bad) - outcome.unlisted_bad
     if minimum is None or cluster.simulated:
         why = "a simulation cannot leave nodes out" if cluster.simulated else "the job has no elastic node range"
         say(f"health check: cannot exclude ({why}; set pytorch.nnodes such as '{max(good, 1)}:{cluster.nnodes}')")

@@ -22,12 +22,16 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from launchers.control.reductions import register
+
 ALL_PAIRS_MAX = 8
 PAYLOAD_BYTES = 512 << 10  # 0.2 s through a 20 Mbit/s link, about a millisecond through a healthy one
 REPEATS = 3
 ROUND_BUDGET = 5.0  # seconds a round may take: a pair through a 20 Mbit/s link needs about 1
 
 Pair = tuple[int, int]
+Partners = Callable[[float | None, float], dict[str, Any]]  # (my round-0 time, deadline) → {"r1": peer, "r2": peer}
+PARTNERS = "health.partners"  # the reduction's name at the hub (registered below)
 
 
 def links_budget(nnodes: int) -> float:
@@ -123,7 +127,12 @@ def open_store(master_addr: str, port: int, *, host: bool, nnodes: int, timeout:
 
 
 def run_links(
-    node: int, nnodes: int, store: Any, base: float, ifnames: list[str] | None = None
+    node: int,
+    nnodes: int,
+    store: Any,
+    base: float,
+    ifnames: list[str] | None = None,
+    partners: Partners | None = None,
 ) -> dict[int, float | None]:
     """This node's part of every round: peer → seconds (None: the pair failed).
 
@@ -131,7 +140,10 @@ def run_links(
     shares within milliseconds: the end of the last barrier). A pair waits for its peer
     until then at most, so a node held up by a dead peer in one round starts the next in
     time for its partner there: one dead node costs each round one budget, never a cascade.
-    ``ifnames`` (the interfaces gloo uses) overrides GLOO_SOCKET_IFNAME.
+    ``ifnames`` (the interfaces gloo uses) overrides GLOO_SOCKET_IFNAME. ``partners`` (the
+    control plane's reduction at node 0's hub) tells this node its partners in rounds 1 and 2
+    from every node's round-0 time; without it the times are shared on the store (a local
+    simulation), each node reading every node's: O(N²) store reads in all.
     """
     links: dict[int, float | None] = {}
     rounds = 0
@@ -150,12 +162,36 @@ def run_links(
             pair_up(f"r{index}", pairs)
         return links
     pair_up("r0", neighbours(nnodes))
+    if partners is not None:
+        mine = min((t for t in links.values() if t is not None), default=None)
+        try:
+            told = partners(mine, base + 1.5 * ROUND_BUDGET)
+        except RuntimeError:  # the control plane's ExchangeFailed: a node is missing; its report says so
+            return links
+        rounds += 1  # the sharing takes a round's slot
+        for round_key in ("r1", "r2"):
+            peer = told.get(round_key)
+            pair_up(round_key, [] if peer is None else [(min(node, int(peer)), max(node, int(peer)))])
+        return links
     first = _share(store, node, nnodes, "r0", links, base + 1.5 * ROUND_BUDGET)
     rounds += 1  # the sharing takes a round's slot
     pair_up("r1", fastest_with_slowest(first))
     used = set(neighbours(nnodes)) | set(fastest_with_slowest(first))
     pair_up("r2", third_partner(nnodes, used))
     return links
+
+
+def later_partners(values: dict[int, Any]) -> tuple[Any, dict[int, Any]]:
+    """The hub's reduction: every node's round-0 time (None: no link) → each node its round-1 and round-2 partner."""
+    times = {node: float(t) if isinstance(t, (int, float)) else float("inf") for node, t in values.items()}
+    nnodes = len(times)
+    first = fastest_with_slowest(times)
+    second = third_partner(nnodes, set(neighbours(nnodes)) | set(first))
+    shares: dict[int, Any] = {node: {"r1": None, "r2": None} for node in times}
+    for key, pairs in (("r1", first), ("r2", second)):
+        for a, b in pairs:
+            shares[a][key], shares[b][key] = b, a
+    return {"r1": None, "r2": None}, shares
 
 
 def _share(
@@ -175,6 +211,9 @@ def _share(
 def _wait_keys(store: Any, keys: list[str], deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
     while clock() < deadline and not store.check(keys):
         time.sleep(0.02)
+
+
+register(PARTNERS, later_partners)
 
 
 def main(argv: list[str]) -> None:

@@ -20,6 +20,13 @@ class HealthOutcome:
     seconds: float
     incomplete: str | None = None  # why this node could not learn every node's result
     hosts: dict[int, str] = field(default_factory=dict)
+    judged: int | None = None  # nodes judged, where ``verdicts`` holds only this node's and the bad ones
+    unlisted_bad: int = 0  # bad nodes beyond those listed (a node other than 0 is told of the first MAX_BAD)
+
+    @property
+    def count(self) -> int:
+        """How many nodes the verdicts cover (another node than 0 holds its own and the bad nodes' only)."""
+        return self.judged if self.judged is not None else len(self.verdicts)
 
     @property
     def bad(self) -> list[Verdict]:

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 POLL = 0.01  # seconds between two looks at the slots while a target is due
 IDLE_POLL = 0.25  # before every rank staged once
 EXCHANGE_WAIT = 120.0  # a round's meeting of the nodes (they stage in lockstep; this covers the writes)
+# A round's meeting, reduced by node 0's hub: did every node write, the shard sizes (node 0 commits), the next target.
+ROUND_REDUCTION = {"ok": "and", "sizes": "gather0", "next": "max"}
 
 
 @dataclass
@@ -160,14 +162,16 @@ class BackgroundPersist:
             heads = self._heads(segments)
             if heads is not None:
                 newest = max(max(h.complete(self.attempt)) for h in heads.values())
-                return int(max(self._meet("start", self._next_after(newest)).values()))
+                return int(self._meet("start", self._next_after(newest), "max"))
         return None
 
-    def _meet(self, topic: str, value: Any) -> dict[int, Any]:
-        """Every node's ``value`` (only this one's without other nodes)."""
+    def _meet(self, topic: str, value: Any, how: Any) -> Any:
+        """This node's part of reducing every node's ``value`` by ``how`` (``launchers.control.reductions``)."""
         if not self.others_write or self.exchange is None:
-            return {self.nodes[0]: value}
-        return dict(self.exchange(f"bg/{self.key}/{topic}", value, time.monotonic() + EXCHANGE_WAIT))
+            from launchers.control.reductions import reduce_values, result_for
+
+            return result_for(self.nodes[0], *reduce_values(how, {self.nodes[0]: value}))
+        return self.exchange(f"bg/{self.key}/{topic}", value, time.monotonic() + EXCHANGE_WAIT, how)
 
     def _capture(self, target: int, segments: dict[int, LiveSegment]) -> tuple[_Captured | None, int | None]:
         """Wait for ``target`` on every local rank and copy it out: (copies or None if missed, newest staged)."""
@@ -217,9 +221,9 @@ class BackgroundPersist:
             tmp, sizes = self._write(captured)
         proposal = max(target + self.every, self._next_after(newest))
         mine = {"ok": tmp is not None, "sizes": {str(r): n for r, n in sizes.items()}, "next": proposal}
-        met = self._meet(str(round_), mine)
-        everyone = all(v["ok"] for v in met.values())
-        all_sizes = {int(r): int(n) for v in met.values() for r, n in v["sizes"].items()}
+        met = self._meet(str(round_), mine, ROUND_REDUCTION)
+        everyone = bool(met["ok"])
+        all_sizes = {int(r): int(n) for sizes in (met["sizes"] or {}).values() for r, n in sizes.items()}
         if tmp is not None and captured is not None:
             if everyone and 0 in self.nodes:
                 self._commit(tmp, captured, all_sizes)
@@ -229,7 +233,7 @@ class BackgroundPersist:
                 self._discard(tmp)
         elif not everyone and 0 in self.nodes and self._root is not None:  # other nodes' shards of it
             layout.remove_tree(self._root / f"{layout.step_name(target)}.bg-{self.key}.tmp")
-        return int(max(v["next"] for v in met.values()))
+        return int(met["next"])
 
     def _write(self, captured: _Captured) -> tuple[Path | None, dict[int, int]]:
         """This node's shards of the captured step in its temporary directory; (None, {}) if not written."""

@@ -21,9 +21,9 @@ Several nodes (each node's mlaunch persists its own ranks), the protocol chosen:
    ``node_<n>.done`` (tmp + fsync + rename) listing them;
 3. node 0 waits for every node's done file and commits: marker last, then the rename.
 
-With the job's control plane (``exchange``, ``launchers.control``) steps 1 and 3 meet
-there instead of in files: the candidates and the shard sizes are gathered by node 0's hub
-and handed to every node at once, and a lost node ends the wait at once.
+With the job's control plane (``JobEvents.reduce``, ``launchers.control``) steps 1 and 3 meet
+there instead of in files: node 0's hub intersects the candidates and sends every node only
+the common steps, the shard sizes go to node 0 alone, and a lost node ends the wait at once.
 
 The key is the restart attempt and that attempt's rendezvous port, the same on every node.
 All waits end at a deadline; what is not committed by then is removed by node 0 and ignored
@@ -49,7 +49,7 @@ _STALE = 600.0  # candidate files older than this (seconds) belong to an earlier
 AGREE_WAIT = 5.0  # how long a node waits for the others to report (their workers fail at about the same time)
 
 T = TypeVar("T")
-Exchange = Callable[[str, Any, float], Mapping[int, Any]]  # (topic, value, deadline) → every node's value
+Exchange = Callable[[str, Any, float, Any], Any]  # (topic, value, deadline, how) → this node's part of the reduction
 
 
 class TornSlot(RuntimeError):
@@ -133,7 +133,7 @@ def persist(
         if isinstance(staged, FlashResult):
             if share.others_write and share.exchange is not None:  # the other nodes need not wait for us
                 with contextlib.suppress(RuntimeError):
-                    share.exchange(f"cand/{share.key}", [], 0.0)
+                    share.exchange(f"cand/{share.key}", [], 0.0, "intersect")
             return staged
         step = _decide(staged, share)
         if isinstance(step, FlashResult):
@@ -178,9 +178,7 @@ def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
     """The step to persist: the newest every rank (every node) staged, if newer than the committed one."""
     common = set.intersection(*(set(s) for s in staged.slots.values()))
     if share.others_write and share.exchange is not None:
-        both = set.intersection(
-            *(set(v) for v in share.exchange(f"cand/{share.key}", sorted(common), share.deadline).values())
-        )
+        both = set(share.exchange(f"cand/{share.key}", sorted(common), share.deadline, "intersect"))
         decision = max(both) if both else None
         if decision is None:
             return FlashResult("nothing", "the nodes have no staged step in common")
@@ -212,7 +210,8 @@ def _write(
         nbytes = sum(sizes.values())
         all_sizes = sizes
         if share.others_write and share.exchange is not None:
-            gathered = share.exchange(f"done/{share.key}", {str(r): n for r, n in sizes.items()}, share.deadline)
+            mine = {str(r): n for r, n in sizes.items()}
+            gathered = share.exchange(f"done/{share.key}", mine, share.deadline, "gather0") or {}  # node 0's alone
             all_sizes = {int(r): int(n) for done in gathered.values() for r, n in done.items()}
             if 0 not in share.nodes:
                 kept = True

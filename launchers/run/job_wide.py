@@ -41,7 +41,7 @@ def meet_before_restart(events: JobEvents, attempt: int, timeout: float) -> bool
     if not events.networked:
         return True
     try:
-        events.exchange(f"start/{attempt}", None, time.monotonic() + timeout)
+        events.reduce(f"start/{attempt}", None, time.monotonic() + timeout, "count")
     except ExchangeFailed as exc:
         say(f"job failed: cannot restart together: {exc}")
         return False

@@ -1,8 +1,8 @@
 """``mlaunch status``: the job as its mlaunch last saw it — per node and rank: step, rate, checkpoint, flags.
 
-Reads ``<log_dir>/status.json`` (every node's mlaunch keeps the whole job's view there, see
-``launchers.run.observe.status_file``), so it works on any node of a platform job and on the
-machine that runs a local simulation, without talking to the running mlaunch.
+Reads ``<log_dir>/status.json``: node 0's mlaunch (and a local simulation's) keeps the whole
+job's view there; on another node the file holds that node's ranks, and the command asks the
+node's running mlaunch to bring node 0's whole view first (``launchers.run.observe.status_relay``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def status(
 def _load(path: Path) -> dict[str, Any]:
     from launchers.errors import UserError
     from launchers.run.observe.status_file import read_status
+    from launchers.run.observe.status_relay import ask
 
+    ask(path.parent, path)  # another node's file holds its own ranks: its mlaunch brings node 0's whole view
     try:
         return read_status(path)
     except FileNotFoundError:

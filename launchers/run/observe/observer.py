@@ -23,10 +23,13 @@ if TYPE_CHECKING:
     from launchers.control import JobEvents
     from launchers.health.outcome import HealthOutcome
     from launchers.plan import LaunchPlan
+    from launchers.run.observe.status_relay import StatusRelay
     from launchers.run.observe.straggler import StragglerDetector
     from launchers.run.outcome import Outcome
 
 STATUS_EVERY = 1.0  # seconds between status publications
+SUMMARY_KEYS = ("phase", "attempt", "restarts", "last_committed_step", "stragglers")  # node 0's word to every node
+MAX_SUMMARY_STRAGGLERS = 64  # ranks named in the summary (every node gets it: O(1) bytes per node)
 
 
 class JobObserver:
@@ -36,6 +39,8 @@ class JobObserver:
         self.events = events
         self.log_dir = Path(job.resolve(job.log_dir))
         self.simulated = plan.simulated or plan.nnodes <= 1
+        self.nnodes = plan.nnodes
+        self._summary: dict[str, Any] = {}
         self.node = None if self.simulated else events.node
         self.log = EventLog(self.log_dir, self.node, self.job_name)
         self.hang_timeout = job.monitor.hang_timeout
@@ -54,6 +59,11 @@ class JobObserver:
         self._next_status = 0.0
         self._stragglers: set[int] = set()
         self._broken = False
+        self.relay: StatusRelay | None = None
+        if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
+            from launchers.run.observe.status_relay import StatusRelay
+
+            self.relay = StatusRelay(self.log_dir, events)
 
     # -- the runner's calls ---------------------------------------------------------------
     def attempt_started(self, plan: LaunchPlan, attempt: int) -> None:
@@ -90,8 +100,8 @@ class JobObserver:
             self.current.note(r.first_step, r.first_wall, r.step, r.last_wall, r.saving)
         self._checkpoints(tracker)
         now = time.monotonic()
-        if now >= self._next_status:
-            self._next_status = now + STATUS_EVERY
+        if now >= self._next_status or (self.relay is not None and self.relay.due(now)):
+            self._next_status = now + max(STATUS_EVERY, self.events.status_every)  # slower for thousands of nodes
             self._publish()
 
     def attempt_ended(self, outcome: Outcome) -> None:
@@ -184,20 +194,42 @@ class JobObserver:
         else:
             nodes = [node_entry(i, hosts[i], ranks) for i, ranks in by_node.items()]
         self._judge(nodes)
-        status = job_status(
-            job=self.job_name,
-            run_id=self.run_id,
-            phase=self.phase,
-            attempt=self.attempt,
-            restarts=self.attempt,
-            nodes=nodes,
-            stragglers=sorted(self._stragglers),
-        )
-        write_status(self.log_dir, status)
+        scope = "job" if self.simulated or len(nodes) >= self.nnodes else "node"
+        status = {
+            "scope": scope,  # first: `mlaunch status` and a shared log directory read it from the file's head
+            **job_status(
+                job=self.job_name,
+                run_id=self.run_id,
+                phase=self.phase,
+                attempt=self.attempt,
+                restarts=self.attempt,
+                nodes=nodes,
+                stragglers=sorted(self._stragglers),
+            ),
+        }
+        if not self.simulated and self.node == 0:
+            self._summarize(status)
+        elif scope == "node":  # node 0's word on the job, beside this node's own ranks
+            summary = self.events.summary()
+            if "last_committed_step" in summary:
+                status["last_committed_step"] = summary["last_committed_step"]
+        if self.relay is None or self.relay.may_write(status):
+            write_status(self.log_dir, status)
+
+    def _summarize(self, status: dict[str, Any]) -> None:
+        """Node 0: the job at a glance for every other node (sent on the plane when it changed)."""
+        summary = {key: status.get(key) for key in SUMMARY_KEYS}
+        summary["stragglers"] = sorted(self._stragglers)[:MAX_SUMMARY_STRAGGLERS]
+        if summary != self._summary:
+            self._summary = summary
+            self.events.publish_summary(summary)
 
     def _judge(self, nodes: list[dict[str, Any]]) -> None:
         """Node 0 (or the simulation) judges stragglers over every rank it sees; every node learns the verdict."""
         if self.detector is None:
+            stragglers = self.events.summary().get("stragglers") if not self.simulated else None
+            if isinstance(stragglers, list):
+                self._stragglers = set(stragglers)
             for entry in nodes:  # the judge's verdict, as node 0 published it
                 if entry.get("index") == 0 and isinstance(entry.get("stragglers"), list):
                     self._stragglers = set(entry["stragglers"])

@@ -1,10 +1,11 @@
 """``<log_dir>/status.json``: the job as every node's mlaunch last saw it — what ``mlaunch status`` shows.
 
 Each node's mlaunch builds its own entry (its ranks, sampled twice a second) and publishes it
-on the control plane; node 0's hub relays every node's entry to every node, so each node
-writes the whole job's view and ``mlaunch status`` works from any node (a simulation writes
-every node itself). Replaced atomically (a rename) at most once a second; not fsynced: it is
-a view, not a record, and a sync every second would cost a shared file system.
+on the control plane; node 0's hub keeps every node's entry, so node 0 writes the whole job's
+view, and another node writes its own ranks with node 0's summary until ``mlaunch status``
+there asks for the whole view (``status_relay``; a simulation writes every node itself).
+Replaced atomically (a rename) at most once a second; not fsynced: it is a view, not a
+record, and a sync every second would cost a shared file system.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def rank_entry(r: RankProgress, *, now: float, straggler: bool, hung: bool) -> d
         "committed_step": r.committed_step if r.committed_step >= 0 else None,
         "straggler": straggler,
         "hung": hung,
+        "in_collective": r.in_collective,  # a hung rank inside a collective waits for one that is not
+        "hang_frame": r.frame,
     }
 
 

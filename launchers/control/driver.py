@@ -1,0 +1,103 @@
+"""The thread that drives agents' sockets: one agent for a node's mlaunch, thousands for the benchmark.
+
+Each agent is an ``AgentState`` (the protocol) with its own DEALER socket to the hub; the
+driver polls every socket and a wake-up pipe in one poller, hands what arrived to the
+agent's state, and sends what the state says is due (a report handed in by another thread
+leaves at once: ``kick``). Only this thread touches the sockets. ``NetworkEvents`` starts a
+driver of its own; ``benchmarks/control_scale.py`` puts many agents on one driver per process,
+so it measures the very code a node runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+
+from launchers.control.agent_core import AgentState, dealer, flush, receive
+
+TIMERS = 0.05  # seconds between looks at every agent's timers (heartbeat, status, hello, the hub's silence)
+
+
+class Driver(threading.Thread):
+    def __init__(self, context: zmq.Context[Any], secret: bytes, name: str = "mlaunch-control") -> None:
+        super().__init__(name=name, daemon=True)
+        self.context = context
+        self.secret = secret
+        self._kick_r, self._kick_w = os.pipe()
+        for fd in (self._kick_r, self._kick_w):
+            os.set_blocking(fd, False)
+        self._changes: deque[tuple[AgentState, str | None]] = deque()  # (state, address) adds, (state, None) removes
+        self._halt = threading.Event()
+
+    def add(self, state: AgentState, address: str) -> None:
+        self._changes.append((state, address))
+        self.kick()
+
+    def remove(self, state: AgentState) -> None:
+        """Stop driving ``state`` and close its socket (what it still had to send is sent first)."""
+        self._changes.append((state, None))
+        self.kick()
+
+    def kick(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._kick_w, b"!")
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.kick()
+        self.join(timeout=2)
+        for fd in (self._kick_r, self._kick_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._kick_r, zmq.POLLIN)
+        agents: dict[zmq.Socket[Any], AgentState] = {}
+        next_timers = 0.0
+        try:
+            while not self._halt.is_set():
+                ready = poller.poll(int(TIMERS * 1000))
+                now = time.monotonic()
+                kicked = self._drain_kicks()
+                self._apply_changes(poller, agents, now)
+                for sock, _ in ready:
+                    state = agents.get(sock) if isinstance(sock, zmq.Socket) else None
+                    if state is not None:
+                        receive(sock, state, self.secret, now)
+                if kicked or now >= next_timers:
+                    next_timers = now + TIMERS
+                    for sock, state in agents.items():
+                        flush(sock, state, self.secret, now)
+                        state.check(now)
+        finally:
+            for sock in agents:
+                sock.close()
+
+    def _drain_kicks(self) -> bool:
+        kicked = False
+        with contextlib.suppress(OSError):
+            while os.read(self._kick_r, 4096):
+                kicked = True
+        return kicked
+
+    def _apply_changes(self, poller: zmq.Poller, agents: dict[zmq.Socket[Any], AgentState], now: float) -> None:
+        while self._changes:
+            state, address = self._changes.popleft()
+            if address is not None:
+                sock = dealer(self.context, address, state)
+                agents[sock] = state
+                poller.register(sock, zmq.POLLIN)
+                continue
+            for sock, driven in list(agents.items()):
+                if driven is state:
+                    flush(sock, state, self.secret, now)
+                    poller.unregister(sock)
+                    del agents[sock]
+                    sock.close()
