@@ -48,6 +48,8 @@ _GUARDED = struct.Struct("<i")  # 1: this process handles stop signals itself (`
 _GUARDED_AT = 36
 _FIRST = struct.Struct("<qd")  # first step reported, its wall time
 _FIRST_AT = 40
+_WAITING = struct.Struct("<d")  # monotonic time this process entered ``waiting()``; 0.0: not inside it
+_WAITING_AT = 56
 _EXTRA = struct.Struct("<ddq")  # seconds waiting for other ranks, seconds blocked saving, committed step
 _EXTRA_AT = 96
 
@@ -87,6 +89,7 @@ _saving = 0.0
 _committed = -1
 _first_written = False
 _guarded = 0
+_depth = 0  # nesting of ``waiting()``
 _imports_at = 3  # the report count at which this rank next lists its imports (× 10 each time)
 
 
@@ -121,6 +124,7 @@ def _open() -> mmap.mmap | None:
     _FIRST.pack_into(mm, _FIRST_AT, -1, 0.0)
     _GUARDED.pack_into(mm, _GUARDED_AT, _guarded)
     _EXTRA.pack_into(mm, _EXTRA_AT, _waited, _saving, _committed)
+    _WAITING.pack_into(mm, _WAITING_AT, 0.0)
     _map = mm
     return mm
 
@@ -171,14 +175,28 @@ def waiting() -> Iterator[None]:
     ``guard.should_stop`` wraps its agreement in it. Straggler detection compares the ranks'
     own time per step, so in lock-step training wrap what waits for the others (e.g.
     ``loss.backward()`` under DDP, whose all-reduce waits for the slowest rank) to let the
-    slow rank stand out. Costs two clock reads; a no-op outside mlaunch.
+    slow rank stand out. The file also says *that* the process is inside (since when): when a
+    hang is declared, the ranks outside a collective wait are named first — the one the
+    others wait for. Costs two clock reads and two 8-byte writes; a no-op outside mlaunch.
     """
-    global _waited
+    global _waited, _depth
     started = time.monotonic()
+    _depth += 1
+    if _depth == 1:
+        _mark_waiting(started)
     try:
         yield
     finally:
-        _waited += time.monotonic() - started
+        _depth -= 1
+        if _depth == 0:
+            _mark_waiting(0.0)
+            _waited += time.monotonic() - started  # the outermost wait only: nested ones are inside it
+
+
+def _mark_waiting(since: float) -> None:
+    mm = _mapping()
+    if mm is not None:
+        _WAITING.pack_into(mm, _WAITING_AT, since)
 
 
 def saved(seconds: float, committed_step: int | None) -> None:
@@ -213,8 +231,8 @@ def report_as_new_rank() -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child (a data-loader worker) is not the rank: it must not write the parent's file."""
-    global _map, _count, _off, _first_written, _guarded
-    _map, _count, _off, _first_written, _guarded = None, 0, True, False, 0
+    global _map, _count, _off, _first_written, _guarded, _depth
+    _map, _count, _off, _first_written, _guarded, _depth = None, 0, True, False, 0, 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -262,6 +280,12 @@ class Progress:
     saving: float = 0.0  # seconds checkpoint saves blocked training so far
     committed_step: int = -1
     guarded: bool = False
+    waiting_since: float = 0.0  # monotonic time it entered ``waiting()`` (a collective); 0.0: not inside one
+
+    @property
+    def in_collective(self) -> bool:
+        """Inside ``waiting()`` now: blocked on other ranks, not on its own work."""
+        return self.waiting_since > 0.0
 
 
 def read(path: str) -> Progress | None:
@@ -279,6 +303,7 @@ def read(path: str) -> Progress | None:
     first_step, first_wall = _FIRST.unpack_from(data, _FIRST_AT)
     waited, saving, committed = _EXTRA.unpack_from(data, _EXTRA_AT)
     (guarded,) = _GUARDED.unpack_from(data, _GUARDED_AT)
+    (waiting_since,) = _WAITING.unpack_from(data, _WAITING_AT)
     return Progress(
         path,
         pid,
@@ -295,6 +320,7 @@ def read(path: str) -> Progress | None:
         saving=saving,
         committed_step=committed,
         guarded=guarded == 1,
+        waiting_since=waiting_since,
     )
 
 

@@ -9,20 +9,28 @@ threads to its own log (``dump_stacks``: the stack signal, SIGURG, to every proc
 ``py-spy dump`` where installed for processes that did not register it); then the hang is a
 failure like any other (flash save, restart or exit), exit code ``HANG_EXIT_CODE``.
 
-Ranks blocked in a collective with a hung rank stop reporting too, at about the same moment:
-every stale rank is named, the stalest first; the stacks in the logs show which one is stuck.
+Who is to blame: ranks blocked in a collective with a hung rank stop reporting too, at about
+the same moment, so staleness cannot tell them apart. The progress file says whether a rank is
+inside ``elastic.waiting()`` (``guard.should_stop``'s agreement, and whatever the script wraps,
+e.g. DDP's backward): the ranks *outside* a collective wait are named first — with the
+innermost frame of their main thread, read from the stacks they just wrote to their logs —
+then the ranks that wait. On a node of a multi-node job whose stale ranks all wait, the rank
+they wait for is on another node: this node declares ``WAITER_DEFER`` seconds later, so the
+culprit's node (which detects it at the same moment) is the job's first failure.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from launchers.config.durations import format_duration
 from launchers.elastic import progress
@@ -35,6 +43,8 @@ HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryab
 DUMP_WAIT = 2.0  # at most this long for the stacks to arrive before the stop goes on
 DUMP_QUIET = 0.3  # ... or until the ranks have been silent this long after the signal
 PY_SPY_TIMEOUT = 10.0
+WAITER_DEFER = 2.0  # seconds a node whose hung ranks all wait in a collective leaves to the culprit's node
+MAX_STACK_BYTES = 1 << 20  # of a log read back for a frame: a dump is a few KiB
 
 
 @dataclass
@@ -45,6 +55,11 @@ class Stale:
     worker: Worker
     host: str
     age: float
+    frame: str | None = None  # innermost frame of its main thread, from the stacks it dumped
+
+    @property
+    def in_collective(self) -> bool:
+        return self.report.in_collective
 
     def describe(self) -> str:
         step = f"last step {self.report.step}" if self.report.step >= 0 else "no step number"
@@ -54,13 +69,17 @@ class Stale:
 class HangMonitor:
     """Read the attempt's progress files; say which live ranks stopped reporting for ``timeout`` seconds."""
 
-    def __init__(self, run_id: str, attempt: int, timeout: float, hosts: dict[int, str] | None = None) -> None:
+    def __init__(
+        self, run_id: str, attempt: int, timeout: float, hosts: dict[int, str] | None = None, defer: float = 0.0
+    ) -> None:
         self.run_id = run_id
         self.attempt = attempt
         self.timeout = timeout
         self.hosts = hosts or {}
+        self.defer = defer  # > 0 on a node of a multi-node job (other nodes may hold the culprit)
         self.every = min(0.25, max(timeout / 10, 0.05))
         self._next = 0.0
+        self._only_waiters_since: float | None = None
 
     @classmethod
     def for_plan(cls, timeout: float | None, plan: LaunchPlan, run_id: str, attempt: int) -> HangMonitor | None:
@@ -68,10 +87,11 @@ class HangMonitor:
         if timeout is None:
             return None
         hosts = {proc.rank: node.host for node in plan.nodes for proc in node.processes if node.host}
-        return cls(run_id, attempt, timeout, hosts)
+        defer = WAITER_DEFER if plan.nnodes > 1 and not plan.simulated else 0.0
+        return cls(run_id, attempt, timeout, hosts, defer)
 
     def stale(self, workers: list[Worker], now: float | None = None) -> list[Stale]:
-        """The hung ranks among ``workers`` (live ones), stalest first; [] between polls."""
+        """The hung ranks among ``workers`` (live ones), outside a collective wait first; [] between polls."""
         now = time.monotonic() if now is None else now
         if now < self._next:
             return []
@@ -85,19 +105,87 @@ class HangMonitor:
                 continue
             host = self.hosts.get(worker.spec.rank) or socket.gethostname()
             found.append(Stale(report, worker, host, now - report.monotonic))
-        found.sort(key=lambda s: (s.report.monotonic, s.report.step))
+        found.sort(key=lambda s: (s.in_collective, s.report.monotonic, s.report.step))
+        if found and found[0].in_collective and self.defer > 0:  # every one waits: the culprit is elsewhere
+            self._only_waiters_since = self._only_waiters_since or now
+            if now - self._only_waiters_since < self.defer:
+                return []
         return found
 
-    def failure(self, stale: list[Stale]) -> Failure:
-        """The failure the supervisor reports: the stalest rank, with every hung rank named."""
+    def log_marks(self, stale: list[Stale]) -> dict[int, tuple[str, int]]:
+        """Where each rank outside a collective wait stands in its log (pid → path, offset), before its stacks."""
+        marks = {}
+        for s in stale:
+            log = s.worker.log
+            if not s.in_collective and s.worker.spec.log and log is not None and not log.closed:
+                with contextlib.suppress(OSError, ValueError):
+                    marks[s.worker.pid] = (s.worker.spec.log, log.tell())
+        return marks
+
+    def failure(self, stale: list[Stale], marks: dict[int, tuple[str, int]] | None = None) -> Failure:
+        """The failure the supervisor reports: ranks outside a collective wait first (with frames), then the rest.
+
+        ``marks`` (``log_marks`` taken before the stacks were dumped) says where to read each
+        rank's stacks for its innermost frame; without them no frame is named.
+        """
+        for s in stale:
+            if marks and s.worker.pid in marks:
+                s.frame = innermost_frame(_read_from(*marks[s.worker.pid]))
         first = stale[0]
-        others = f"; also without progress: {', '.join(s.describe() for s in stale[1:])}" if stale[1:] else ""
-        cause = (
-            f"hung: no progress for {format_duration(self.timeout)} (monitor.hang_timeout) on host {first.host}, "
-            f"last step {first.report.step}{others}"
-        )
+        cause = f"hung: no progress for {format_duration(self.timeout)} (monitor.hang_timeout) on host {first.host}, "
+        cause += f"last step {first.report.step}, {_where(first)}"
+        outside = [s for s in stale[1:] if not s.in_collective]
+        waiting = [s for s in stale[1:] if s.in_collective]
+        if outside:
+            cause += "; also outside a collective: " + ", ".join(f"{s.describe()} {_where(s)}" for s in outside)
+        if waiting:
+            cause += "; waiting in a collective: " + ", ".join(s.describe() for s in waiting)
+        details: dict[str, Any] = {
+            "outside_collective": [s.worker.spec.rank for s in stale if not s.in_collective],
+            "in_collective": [s.worker.spec.rank for s in stale if s.in_collective],
+            "frames": {str(s.worker.spec.rank): s.frame for s in stale if s.frame},
+        }
         w = first.worker
-        return Failure(w.label, w.spec.rank, w.pid, HANG_EXIT_CODE, None, list(w.tail), w.spec.log, cause=cause)
+        tail = list(w.tail)
+        return Failure(w.label, w.spec.rank, w.pid, HANG_EXIT_CODE, None, tail, w.spec.log, cause, details)
+
+
+def _where(s: Stale) -> str:
+    if s.in_collective:
+        return "waiting in a collective (no rank of this node is outside one)"
+    return "outside any collective wait" + (f", innermost frame {s.frame}" if s.frame else "")
+
+
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+.*\(most recent call first\):\s*$")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
+
+
+def innermost_frame(text: str) -> str | None:
+    """``file.py:LINE in function``: the innermost frame of the main thread in a ``faulthandler`` dump.
+
+    The main thread is the one whose outermost frame is the script (``<module>``) or ``runpy``;
+    else the thread the signal interrupted (``Current thread``); else the first one listed.
+    """
+    threads: list[tuple[bool, list[tuple[str, str, str]]]] = []
+    for line in text.splitlines():
+        if m := _THREAD.match(line):
+            threads.append((m.group(1) == "Current thread", []))
+        elif threads and (f := _FRAME.match(line)):
+            threads[-1][1].append((f.group(1), f.group(2), f.group(3)))
+    threads = [t for t in threads if t[1]]
+    if not threads:
+        return None
+    main = [t for t in threads if t[1][-1][2] == "<module>" or t[1][-1][0].endswith("runpy.py")]
+    current = [t for t in threads if t[0]]
+    path, line, function = (main or current or threads)[0][1][0]
+    return f"{os.path.basename(path)}:{line} in {function}"
+
+
+def _read_from(path: str, offset: int) -> str:
+    with contextlib.suppress(OSError), open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(MAX_STACK_BYTES).decode("utf-8", "replace")
+    return ""
 
 
 def _owner(report: progress.Progress, workers: list[Worker]) -> Worker | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from launchers.log import signal_name
 from launchers.plan import ProcessSpec
@@ -39,6 +39,7 @@ class Failure:
     tail: list[str]
     log: str | None
     cause: str = ""  # how it failed when it did not exit by itself (e.g. "made no progress for 5m")
+    details: dict[str, Any] = field(default_factory=dict)  # for events.jsonl: a hang's ranks in and out of collectives
 
     def describe(self) -> str:
         who = f"{self.label} (pid {self.pid})" if self.pid else self.label  # pid 0: on another node

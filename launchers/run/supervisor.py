@@ -270,9 +270,13 @@ class Supervisor:
         stale = self.hang.stale(self._live())
         if not stale:
             return
-        self._failure = self.hang.failure(stale)
-        self.announce(f"{self._failure.describe()}; writing every process's stacks to its log")
+        self.announce(f"{self.hang.failure(stale).describe()}; writing every process's stacks to its log")
+        marks = self.hang.log_marks(stale)  # where the stacks of the ranks outside a collective will start
         self.dump_stacks()
+        self._failure = self.hang.failure(stale, marks)  # now with their innermost frames
+        frames = self._failure.details.get("frames") or {}
+        for rank, frame in frames.items():
+            self.announce(f"rank {rank} is outside any collective wait; innermost frame: {frame}")
         if self.job_events is not None:
             self.job_events.report_failure(self._failure)  # a hang here is a failure of the whole job
         others = self._live()

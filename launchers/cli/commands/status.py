@@ -89,12 +89,17 @@ def render(data: dict[str, Any], path: Path) -> Any:
         f"{data.get('job', '?')}: {phase}, attempt {data.get('attempt', 0)}, restarts {data.get('restarts', 0)}, "
         f"last committed step {committed if committed is not None else '-'}{stale}"
     )
+    hang = hang_line(data)
+    if hang:
+        head.append(f"\n{hang}", style="bold")
     table = Table(box=None, pad_edge=False)
     for column in ("node", "host", "rank", "step", "steps/s", "last progress", "committed", "flags"):
         table.add_column(column, justify="right" if column in ("node", "rank", "step", "steps/s") else "left")
     for node in data.get("nodes", []):
         for r in node.get("ranks", []):
             flags = [f for f in ("straggler", "hung") if r.get(f)]
+            if r.get("hung") and r.get("in_collective"):
+                flags[-1] = "hung (in a collective)"
             table.add_row(
                 str(node.get("index", "?")),
                 str(node.get("host", "")),
@@ -109,6 +114,31 @@ def render(data: dict[str, Any], path: Path) -> Any:
 
 
 _LIVE = {"starting", "running", "restarting"}
+MAX_NAMED = 16  # ranks named on the hang line; a job of thousands says how many more
+
+
+def hang_line(data: dict[str, Any]) -> str | None:
+    """The hung ranks outside any collective wait first (where they are stuck), then the ones waiting for them."""
+    hung = [(n.get("index", "?"), r) for n in data.get("nodes", []) for r in n.get("ranks", []) if r.get("hung")]
+    if not hung:
+        return None
+    outside = [(node, r) for node, r in hung if not r.get("in_collective")]
+    waiting = [r.get("rank", "?") for _, r in hung if r.get("in_collective")]
+    parts = []
+    if outside:
+        named = [
+            f"rank {r.get('rank', '?')} (node {node}" + (f", at {r['hang_frame']})" if r.get("hang_frame") else ")")
+            for node, r in outside
+        ]
+        parts.append("hung outside any collective wait: " + _some(named))
+    if waiting:
+        parts.append("waiting in a collective: " + _some([f"rank {rank}" for rank in waiting]))
+    return "; ".join(parts)
+
+
+def _some(names: list[str]) -> str:
+    more = f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else ""
+    return ", ".join(names[:MAX_NAMED]) + more
 
 
 def _or_dash(value: Any) -> str:

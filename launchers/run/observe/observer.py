@@ -122,7 +122,11 @@ class JobObserver:
                 exit_code=failure.exit_code,
                 signal=failure.signal,
                 cause=failure.cause,
+                **failure.details,  # a hang: the ranks outside and inside collective waits, their frames
             )
+            for rank, frame in failure.details.get("frames", {}).items():  # the status view names them too
+                if int(rank) in self.tracker.ranks:
+                    self.tracker.ranks[int(rank)].frame = frame
         elif outcome.status == "signalled":
             self.log.write("stop", attempt=self.attempt, signal=outcome.signal)
         self._publish()

@@ -31,6 +31,8 @@ class RankProgress:
     last_wall: float = 0.0  # wall time of its newest report
     committed_step: int = -1
     saving: float = 0.0  # seconds saves blocked it, this attempt
+    in_collective: bool = False  # inside ``elastic.waiting()`` at the newest sample (blocked on other ranks)
+    frame: str | None = None  # innermost frame of its stack when a hang outside any collective was declared
     own_step_time: float | None = None  # newest own time per step
     step_time: float | None = None  # newest interval per step
     samples: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
@@ -49,6 +51,7 @@ class RankProgress:
         """Take a new sample; the steps it advanced (0: nothing new)."""
         last = self._last
         self.step, self.last_wall = report.step, report.wall
+        self.in_collective = report.in_collective
         self.committed_step = max(self.committed_step, report.committed_step)
         self.saving = report.saving
         if report.first_step >= 0 and self.first_step < 0:
