@@ -33,8 +33,10 @@ class FlashHook:
         grace: float,
         exchange: Exchange | None = None,
         quiesce: Callable[[], None] | None = None,
+        on_commit: Callable[[int, str], None] | None = None,
     ) -> None:
         self.run_id = run_id
+        self.on_commit = on_commit  # the status view, events.jsonl and goodput: the ranks never report this commit
         self.quiesce = quiesce  # stops the background persist (persist_every) before the dying save
         self.exchange = exchange  # the control plane's, when other nodes' mlaunch save their own ranks
         self.attempt = attempt
@@ -112,6 +114,8 @@ class FlashHook:
         if result.status in ("committed", "written", "failed"):
             where = f" ({result.path})" if result.path else ""
             say(f"flash save {when}: {result.message}{where}")
+        if result.status in ("committed", "written") and result.step is not None and self.on_commit is not None:
+            self.on_commit(result.step, "flash")  # written: this node's shards, node 0 commits them for all
         return result
 
     def checkpoint_dirs(self, job: Job) -> set[str]:

@@ -183,7 +183,8 @@ def _attempt(
     run.events.start_generation(attempt)
     exchange = run.events.exchange if run.events.networked else None
     background = _background_persist(job, plan, attempt, run.run_id, exchange)
-    flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce=background.stop if background else None)
+    quiesce = background.stop if background else None
+    flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)
     run.observer.attempt_started(plan, attempt)
     try:
         outcome = Supervisor(

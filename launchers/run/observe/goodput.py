@@ -13,6 +13,10 @@ ranks' blocked-saving seconds:
 - other: the rest (the end of each attempt after its last step: the failure or stop, the dying
   checkpoint, shutting down).
 
+Beside the times, the newest committed step and how many commits each party made — the ranks'
+own saves, mlaunch's flash save after a failure, its background persist — since a resume starts
+from whichever was newest.
+
 Goodput is productive ÷ wall. Ranks that never report progress (not using ``launchers.elastic``)
 leave only the wall time to report.
 """
@@ -61,6 +65,15 @@ class AttemptTimes:
 class Goodput:
     started: float
     attempts: list[AttemptTimes] = field(default_factory=list)
+    commits: dict[str, int] = field(default_factory=dict)  # who committed (ranks, flash, background) → how often
+    committed_step: int | None = None
+    committed_by: str | None = None
+
+    def committed(self, step: int, source: str) -> None:
+        """A new newest committed step, by ``source``."""
+        self.commits[source] = self.commits.get(source, 0) + 1
+        if self.committed_step is None or step >= self.committed_step:
+            self.committed_step, self.committed_by = step, source
 
     def begin(self, attempt: int, now: float) -> AttemptTimes:
         times = AttemptTimes(attempt, now)
@@ -93,6 +106,9 @@ class Goodput:
             "checkpoint_stall_s": round(stalls, 3),
             "other_s": round(other, 3) if reported else None,
             "steps": self._steps_done(),
+            "committed_step": self.committed_step,
+            "committed_by": self.committed_by,
+            "commits": dict(self.commits),
         }
 
     def _recomputed(self) -> tuple[int, float]:
@@ -112,6 +128,9 @@ class Goodput:
         return max(lasts) if lasts else None
 
 
+_COMMITTERS = {"ranks": "the ranks' own save", "flash": "flash save", "background": "background persist"}
+
+
 def describe(figures: dict[str, Any]) -> str:
     """The report, as one paragraph a person reads at the end of the run."""
     wall = figures["wall_s"]
@@ -128,4 +147,7 @@ def describe(figures: dict[str, Any]) -> str:
         f"checkpoint stalls {figures['checkpoint_stall_s']:.1f}s",
         f"other {figures['other_s']:.1f}s",
     ]
+    if figures.get("committed_step") is not None:
+        by = _COMMITTERS.get(figures.get("committed_by") or "", "")
+        parts.append(f"newest commit step {figures['committed_step']}" + (f" ({by})" if by else ""))
     return f"goodput: {figures['goodput'] * 100:.1f}% of {wall:.1f}s wall time — " + "; ".join(parts)

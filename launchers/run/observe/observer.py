@@ -78,6 +78,8 @@ class JobObserver:
             if p.role == "worker" and p.rank >= 0
         }
         self.tracker = StepTracker(self.run_id, attempt, rank_nodes)
+        for r in self.tracker.ranks.values():  # what earlier attempts committed is still the job's newest commit
+            r.committed_step = self._committed
         if self.detector is not None:
             self.detector.reset()
         self.log.write("start", attempt=attempt, ranks=sorted(rank_nodes), engine=plan.engine, source=plan.source)
@@ -163,18 +165,28 @@ class JobObserver:
         newest = max(steps, default=-1)
         if newest > self._committed:
             self._committed = newest
+            self.clock.committed(newest, "ranks")
             self.log.write("checkpoint", attempt=self.attempt, step=newest)
 
     def background_committed(self, steps: list[int]) -> None:
         """Steps mlaunch itself committed (``checkpoint.persist_every``): the ranks never report these."""
-        if not steps or self.tracker is None:
+        if steps:
+            self.mlaunch_committed(max(steps), "background")
+
+    def mlaunch_committed(self, step: int, source: str) -> None:
+        """A step mlaunch committed for every rank (``source``: flash, background): the ranks never report it.
+
+        On a node other than 0 the step was written here and node 0 commits it (the flash save and
+        the background persist count "written" there as done, as node 0's commit follows).
+        """
+        if self.tracker is None:
             return
-        newest = max(steps)
         for r in self.tracker.ranks.values():  # this node's ranks have it (node 0 committed it for all)
-            r.committed_step = max(r.committed_step, newest)
-        if newest > self._committed:
-            self._committed = newest
-            self.log.write("checkpoint", attempt=self.attempt, step=newest, source="background")
+            r.committed_step = max(r.committed_step, step)
+        if step > self._committed:
+            self._committed = step
+            self.clock.committed(step, source)
+            self.log.write("checkpoint", attempt=self.attempt, step=step, source=source)
 
     def _publish(self) -> None:
         tracker = self.tracker
