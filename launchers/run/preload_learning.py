@@ -98,9 +98,10 @@ class PreloadLearner:
         new = [name for name in added if name not in self.learned]
         self.learned.extend(new)
         if new:
+            count = int(reply.get("count") or 0)
             self.announce(
                 f"preload: the ranks also import {listing(new)}; the warm parent imported "
-                f"{'it' if len(new) == 1 else 'them'} for the next standbys "
+                f"{'it' if len(new) == 1 else 'them'} ({count} modules) for the next standbys "
                 "(list them in preload: to have them from the start; preload_learning: false turns this off)"
             )
         skipped = reply.get("skipped") or {}

@@ -14,10 +14,11 @@ becomes that worker: same pid, same output pipes, the script run as ``__main__``
 Protocol (supervisor side in ``launchers.run.standby_pool.StandbyPool``):
 - ``MLAUNCH_STANDBY_READY_FD``: a pipe the standby writes ``R`` to once every module is
   imported (EOF without ``R``: an import failed, the standby is not used);
-- stdin: one JSON object ``{"argv": [...], "env": {...}, "cwd": "...", "wait_for_store":
-  [host, port, seconds]}`` then EOF; EOF with nothing means "not needed" and the standby
-  exits 0. ``wait_for_store`` (optional) is set for ranks other than 0 of a torch.distributed
-  job: see ``wait_for_listener``.
+- stdin: one JSON object ``{"argv": [...], "env": {...}, "cwd": "...", "rlimits": {...},
+  "sigmask": [...], "umask": N, "wait_for_store": [host, port, seconds]}`` then EOF (rlimits,
+  signal mask and umask: mlaunch's at the hand-off, what a cold worker would inherit); EOF
+  with nothing means "not needed" and the standby exits 0. ``wait_for_store`` (optional) is
+  set for ranks other than 0 of a torch.distributed job: see ``wait_for_listener``.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import contextlib
 import importlib
 import json
 import os
-import runpy
+import signal
 import socket
 import sys
 import time
 import traceback
+import types
 
 READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
 
@@ -88,10 +90,29 @@ def wait_for_listener(host: str, port: int, seconds: float) -> bool:
             time.sleep(min(0.002, max(0.0, end - time.monotonic())))
 
 
+def inherit(spec: dict[str, object]) -> None:
+    """mlaunch's rlimits, signal mask and umask at the hand-off: what a cold worker started then inherits."""
+    import resource
+
+    limits = spec.get("rlimits")
+    for name, (soft, hard) in limits.items() if isinstance(limits, dict) else ():
+        number = getattr(resource, str(name), None)
+        if isinstance(number, int):
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(number, (int(soft), int(hard)))
+    mask = spec.get("sigmask")
+    if isinstance(mask, list):
+        signal.pthread_sigmask(signal.SIG_SETMASK, [signal.Signals(int(s)) for s in mask])
+    umask = spec.get("umask")
+    if isinstance(umask, int):
+        os.umask(umask)
+
+
 def become(spec: dict[str, object]) -> None:
     """Turn this process into the worker ``spec`` describes and run its script as ``__main__``."""
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
     env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
+    inherit(spec)
     os.chdir(str(spec["cwd"]))
     os.environ.clear()
     os.environ.update(env)
@@ -109,7 +130,30 @@ def become(spec: dict[str, object]) -> None:
     script = argv[2]
     sys.argv = argv[2:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    run_as_main(script)
+
+
+def run_as_main(script: str) -> None:
+    """Run ``script`` in a new ``__main__`` module that stays in ``sys.modules``, as ``python script.py`` does.
+
+    Not ``runpy.run_path``: its temporary ``__main__`` goes away when the script ends, and the
+    script's globals with it — before interpreter shutdown, with the GIL held. torch's DDP
+    reducer then destroys its gloo process group, which joins a worker thread that is waiting
+    for the GIL: the rank hung at its very end (seen about one run in two). Kept in
+    ``sys.modules``, the globals go at shutdown, where a thread waiting for the GIL exits.
+    """
+    import builtins
+    import importlib.machinery
+
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    sys.modules["__main__"] = main
+    with open(script, "rb") as source:
+        code = compile(source.read(), script, "exec", dont_inherit=True)
+    exec(code, main.__dict__)  # noqa: S102 - this is what ``python script.py`` does
 
 
 def wait_and_become(ready_fd: int) -> int:

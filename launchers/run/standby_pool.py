@@ -41,6 +41,29 @@ def store_to_wait_for(env: dict[str, str]) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def launcher_state() -> dict[str, object]:
+    """mlaunch's rlimits, signal mask and umask now: what a process it started now would inherit.
+
+    A standby was started (or forked) earlier, by a warm parent started earlier still; it takes
+    these on with the worker it becomes (``standby.become``), so that a warm rank runs with the
+    limits a cold one would have got at the same moment.
+    """
+    import resource
+
+    limits = {}
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            with contextlib.suppress(ValueError, OSError):
+                limits[name] = list(resource.getrlimit(getattr(resource, name)))
+    mask = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    state: dict[str, object] = {"rlimits": limits, "sigmask": mask}
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                state["umask"] = int(line.split()[1], 8)
+    return state
+
+
 def common_env(specs: list[ProcessSpec]) -> dict[str, str]:
     """The variables every one of ``specs`` sets alike: the warm parent imports with these (no rank's own)."""
     if not specs:
@@ -287,7 +310,7 @@ class StandbyPool:
 
     def hand_off(self, standby: _Standby, spec: ProcessSpec, env: dict[str, str]) -> bool:
         """Send the worker's argv/env/cwd; False if the standby could not take it (then kill it)."""
-        handed: dict[str, object] = {"argv": spec.argv, "env": env, "cwd": spec.cwd}
+        handed: dict[str, object] = {"argv": spec.argv, "env": env, "cwd": spec.cwd, **launcher_state()}
         store = store_to_wait_for(env)
         if store is not None:
             handed["wait_for_store"] = [*store, STORE_WAIT_SECONDS]

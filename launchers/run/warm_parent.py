@@ -11,8 +11,8 @@ its control socket for requests from mlaunch (``launchers.run.warm_parent_handle
   collector from touching them). It forks twice, so that the standby is adopted by mlaunch
   (a child subreaper): mlaunch reaps it and gets its exit status like any worker's. The
   standby then takes the parent-death signal (SIGKILL when mlaunch dies), its own session,
-  the pipes as fds 0–2, mlaunch's current rlimits, signal mask and umask — everything a
-  fresh ``subprocess.Popen`` from mlaunch would give it — and runs the standby protocol.
+  the pipes as fds 0–2 — what a fresh ``subprocess.Popen`` from mlaunch gives a worker — and
+  runs the standby protocol (mlaunch's rlimits, signal mask and umask come with the worker).
 - ``import`` with module names the ranks were seen to import (``preload_learning``): imported
   here for the next standbys; the reply says which were new and the new module list.
 
@@ -144,14 +144,26 @@ def preload(modules: list[str]) -> dict[str, Any]:
     return {"ready": True, "modules": list(sys.modules)}
 
 
+def roots_first(modules: list[str]) -> list[str]:
+    """``modules`` (in a rank's ``sys.modules`` order) in the order that makes the fewest imports.
+
+    Python moves a module to the end of ``sys.modules`` when its import *completes*, so that
+    order lists what a module imported before the module itself (``torch._dynamo`` comes after
+    the ~800 modules its import pulled in). Backwards, each import brings the ones before it,
+    which are then skipped: what is left to import, and to name to the user, are the roots.
+    """
+    return list(reversed(modules))
+
+
 def learn(modules: list[str]) -> dict[str, Any]:
     """Import what the ranks were seen to import, skipping what fails; never from the job's directory."""
     added: list[str] = []
     skipped: dict[str, str] = {}
+    before = len(sys.modules)
     saved = sys.path[:]
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]  # ``-m`` put the cwd first
     try:
-        for name in modules:
+        for name in roots_first(modules):
             if name in sys.modules:
                 continue
             try:
@@ -166,7 +178,7 @@ def learn(modules: list[str]) -> dict[str, Any]:
     finally:
         sys.path[:] = saved
     gc.freeze()
-    return {"imported": added, "skipped": skipped, "modules": list(sys.modules)}
+    return {"imported": added, "skipped": skipped, "modules": list(sys.modules), "count": len(sys.modules) - before}
 
 
 # ----------------------------------------------------------------------------------------
@@ -222,7 +234,11 @@ def _fork_and_leave(write_end: int) -> None:
 
 
 def become_standby(forked: ForkedStandby, mlaunch: int) -> int:
-    """The new standby: adopted by mlaunch, set up as a fresh process of mlaunch's, then the standby protocol."""
+    """The new standby: adopted by mlaunch, set up as a fresh process of mlaunch's, then the standby protocol.
+
+    mlaunch's rlimits, signal mask and umask come with the worker it becomes (``standby.become``):
+    what a process mlaunch starts at that moment would inherit.
+    """
     from launchers.prctl import die_with_parent
 
     end = time.monotonic() + ADOPTION_TIMEOUT
@@ -238,26 +254,8 @@ def become_standby(forked: ForkedStandby, mlaunch: int) -> int:
     for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
         os.close(fd)
-    _as_mlaunch_would_start_it(forked.request)
     _fresh_module_state()
     return standby.wait_and_become(ready)
-
-
-def _as_mlaunch_would_start_it(request: dict[str, Any]) -> None:
-    """mlaunch's current rlimits, signal mask and umask: what ``subprocess.Popen`` from mlaunch would inherit."""
-    import resource
-
-    for name, (soft, hard) in dict(request.get("rlimits") or {}).items():
-        number = getattr(resource, str(name), None)
-        if isinstance(number, int):
-            with contextlib.suppress(ValueError, OSError):
-                resource.setrlimit(number, (int(soft), int(hard)))
-    mask = request.get("sigmask")
-    if isinstance(mask, list):
-        signal.pthread_sigmask(signal.SIG_SETMASK, [signal.Signals(s) for s in mask])
-    umask = request.get("umask")
-    if isinstance(umask, int):
-        os.umask(umask)
 
 
 def _fresh_module_state() -> None:

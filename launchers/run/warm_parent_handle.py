@@ -61,26 +61,6 @@ class ForkedProcess(subprocess.Popen[bytes]):
         return self.returncode
 
 
-def launcher_state() -> dict[str, Any]:
-    """mlaunch's rlimits, signal mask and umask now: what a process it started now would inherit."""
-    import resource
-
-    limits = {}
-    for name in dir(resource):
-        if name.startswith("RLIMIT_"):
-            with contextlib.suppress(ValueError, OSError):
-                limits[name] = list(resource.getrlimit(getattr(resource, name)))
-    state: dict[str, Any] = {
-        "rlimits": limits,
-        "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-    }
-    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("Umask:"):
-                state["umask"] = int(line.split()[1], 8)
-    return state
-
-
 class WarmParent:
     """One warm parent process: its state, the modules it has imported, the standbys it forks."""
 
@@ -180,7 +160,7 @@ class WarmParent:
         pid = -1
         try:
             self.sock.settimeout(FORK_TIMEOUT)
-            send_message(self.sock, {"op": "fork", **launcher_state()}, theirs)
+            send_message(self.sock, {"op": "fork"}, theirs)
             pid = self._fork_reply()
         except (OSError, ValueError) as exc:
             self._fail(f"fork request failed: {exc}")
