@@ -32,14 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from launchers.elastic import collective, durable, layout, plain, progress, resume, shardfile, staging
+from launchers.elastic.errors import CheckpointError as CheckpointError
 
 DEFAULT_DIR = "output/ckpt"
 DEFAULT_KEEP = 3
 _DONE_WAIT = 600.0
-
-
-class CheckpointError(RuntimeError):
-    """A save that did not commit (on every rank), or a checkpoint that cannot be read."""
 
 
 Writer = Callable[[Path], int]

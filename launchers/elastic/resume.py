@@ -18,13 +18,28 @@ on every rank instead: starting over would hide it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from launchers.elastic import collective, layout, shardfile, staging
+from launchers.elastic.errors import CheckpointError
 
-if TYPE_CHECKING:
-    from launchers.elastic.checkpoint import Checkpointer
+
+class Checkpointer(Protocol):
+    """What resuming needs of a ``Checkpointer`` (which calls in here)."""
+
+    loaded: layout.Committed | None
+
+    @property
+    def dir(self) -> Path: ...
+    @property
+    def trusted(self) -> bool: ...
+    @property
+    def replicas(self) -> Sequence[int]: ...
+
+    def committed(self) -> list[layout.Committed]: ...
 
 
 @dataclass(frozen=True)
@@ -38,8 +53,6 @@ class Read:
 
 def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
     """The state (``into`` None) or the step loaded into ``into``; None when nothing committed can be used."""
-    from launchers.elastic.checkpoint import CheckpointError
-
     coll = collective.current()
     rank, world = coll.rank(), coll.world_size()
     if rank == 0:
