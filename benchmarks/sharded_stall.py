@@ -19,7 +19,7 @@ simulated by mlaunch, gloo on CPU):
 Goals (issue 23): stage() stall ≤ async_save's; kill -9 commit ≤ 1.2× cp+sync; resharding
 load ≤ 1.2× dcp.load.
 
-    python benchmarks/sharded_stall.py [--gib 1.0] [--steps 8] [--every 2] [--dir /work]
+    python benchmarks/sharded_stall.py [--gib 1.0] [--steps 12] [--every 3] [--dir /work]
 """
 
 from __future__ import annotations
@@ -82,21 +82,25 @@ def train_step(model, opt) -> None:  # type: ignore[no-untyped-def]
     opt.zero_grad()
 
 
-def run_steps(model, opt, steps: int, every: int, save) -> tuple[float, list[float]]:  # type: ignore[no-untyped-def]
-    """(wall time of ``steps`` steps, time inside each checkpoint call); synchronised with barriers."""
+def run_steps(model, opt, steps: int, every: int, save) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
+    """Each step's wall time (the checkpoint call included where there is one) and each call's own time.
+
+    Every step starts at a barrier, so a step's time is the slowest rank's.
+    """
     import torch.distributed as dist
 
-    calls = []
-    dist.barrier()
-    start = time.perf_counter()
+    times, calls = [], []
     for step in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
         train_step(model, opt)
         if save is not None and (step + 1) % every == 0:
             t0 = time.perf_counter()
             save(step)
             calls.append(time.perf_counter() - t0)
-    dist.barrier()
-    return time.perf_counter() - start, calls
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    return times, calls
 
 
 def stall_worker(args: argparse.Namespace) -> None:
@@ -140,10 +144,10 @@ def stall_worker(args: argparse.Namespace) -> None:
         if pending:
             pending.pop().result()
         base, _ = run_steps(model, opt, args.steps, args.every, None)
-        wall, calls = run_steps(model, opt, args.steps, args.every, save)
+        steps, calls = run_steps(model, opt, args.steps, args.every, save)
         if pending:
             pending.pop().result()
-        results[name] = {"base": base, "wall": wall, "calls": calls}
+        results[name] = {"base": base, "steps": steps, "calls": calls}
     if rank == 0:
         print("RESULT " + json.dumps({"stall": results, "bytes": staged_bytes()}), flush=True)
     kill_phase(ckpt, model, opt, rank)
@@ -264,12 +268,15 @@ def kill_and_time(job: Job, ckpt: Path) -> float:
 def report(stall: dict, kill: float, cps: tuple[float, float], load: dict, nbytes: int, every: int) -> None:  # type: ignore[type-arg]
     print(f"\nFSDP2 state {nbytes / (1 << 30):.2f} GiB over 4 ranks (2 nodes x 2, gloo, CPU)", end="")
     print(f"; a checkpoint every {every} steps")
-    print(f"{'method':>20} {'stall/ckpt':>11} {'in the call':>12}")
+    print(f"{'method':>20} {'stall/ckpt':>11} {'in the call':>12}   (stall: median over checkpoints of the extra time")
+    print(f"{'':>20} {'':>11} {'':>12}    of the steps from one checkpoint to the next)")
     stalls = {}
     for name, r in stall.items():
-        saves = max(1, len(r["calls"]))
-        stalls[name] = (r["wall"] - r["base"]) / saves
-        print(f"{name:>20} {stalls[name] * 1000:>9.0f}ms {statistics.median(r['calls']) * 1000:>10.0f}ms")
+        step = statistics.median(r["base"])  # a step without checkpoints, same processes, just before
+        cycles = [r["steps"][i : i + every] for i in range(0, len(r["steps"]) - every + 1, every)]
+        stalls[name] = statistics.median(sum(cycle) - every * step for cycle in cycles)
+        print(f"{name:>20} {stalls[name] * 1000:>9.0f}ms {statistics.median(r['calls']) * 1000:>10.0f}ms", end="")
+        print(f"   (step {step * 1000:.0f}ms; {len(cycles)} checkpoints)")
     for other in ("async_save thread", "async_save process", "dcp.save"):
         ratio = stalls["stage()"] / stalls[other] if stalls[other] > 0 else float("nan")
         print(f"stage() stall / {other} stall: {ratio:.2f}x")
@@ -290,8 +297,8 @@ def main() -> int:
     parser.add_argument("--ckpt", help=argparse.SUPPRESS)
     parser.add_argument("--dcp", help=argparse.SUPPRESS)
     parser.add_argument("--gib", type=float, default=1.0, help="parameters + AdamW moments, GiB in all")
-    parser.add_argument("--steps", type=int, default=8, help="steps per method (and per baseline)")
-    parser.add_argument("--every", type=int, default=2, help="a checkpoint every N steps")
+    parser.add_argument("--steps", type=int, default=12, help="steps per method (and per baseline)")
+    parser.add_argument("--every", type=int, default=3, help="a checkpoint every N steps")
     parser.add_argument("--rounds", type=int, default=2, help="loads per loader")
     parser.add_argument("--dir", default=None, help="work directory's parent (default: /tmp)")
     args, _ = parser.parse_known_args()
