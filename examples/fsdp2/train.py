@@ -49,7 +49,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step, to watch a stop land")
     parser.add_argument("--ckpt-dir", default=None, help="default: $MLAUNCH_CHECKPOINT_DIR, else output/ckpt")
-    parser.add_argument("--kill-rank-at", default="", help="R:STEP — rank R kills itself (-9) at STEP, attempt 0")
+    parser.add_argument(
+        "--kill-rank-at",
+        default=os.environ.get("FSDP2_KILL_RANK_AT", ""),
+        help="R:STEP — rank R kills itself (-9) at STEP, attempt 0 (default: $FSDP2_KILL_RANK_AT)",
+    )
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the checkpoints after the last step")
     parser.add_argument("--init_method", default=None, help="tcp://HOST:PORT (ModelArts style)")
     parser.add_argument("--rank", type=int, default=None)
