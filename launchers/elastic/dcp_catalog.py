@@ -157,8 +157,9 @@ class _Builder:
     def build(self, step: int, saved_world: int) -> Catalog:
         catalog = Catalog(step, saved_world, Metadata(state_dict_metadata={}))
         md = catalog.metadata.state_dict_metadata
-        for key in sorted(set(self.sharded) & set(self.per_rank)):
-            raise Unreadable(f"key {key!r} is a DTensor on some ranks and not on others")
+        mixed = sorted(set(self.sharded) & set(self.per_rank))
+        if mixed:
+            raise Unreadable(f"key {mixed[0]!r} is a DTensor on some ranks and not on others")
         for key, refs in self.sharded.items():
             md[key] = self._dtensor(key, refs, catalog)
         for key, copies in self.per_rank.items():
