@@ -24,9 +24,11 @@ Protocol (supervisor side in ``launchers.run.standby_pool.StandbyPool``):
 from __future__ import annotations
 
 import contextlib
+import encodings.idna  # noqa: F401 - ``wait_for_listener`` encodes the host: not a lesson for the warm parent
 import importlib
 import json
 import os
+import resource
 import signal
 import socket
 import sys
@@ -92,8 +94,6 @@ def wait_for_listener(host: str, port: int, seconds: float) -> bool:
 
 def inherit(spec: dict[str, object]) -> None:
     """mlaunch's rlimits, signal mask and umask at the hand-off: what a cold worker started then inherits."""
-    import resource
-
     limits = spec.get("rlimits")
     for name, (soft, hard) in limits.items() if isinstance(limits, dict) else ():
         number = getattr(resource, str(name), None)
