@@ -293,8 +293,8 @@ def test_6_sigkill_of_mlaunch_leaves_no_process_and_no_shared_memory(tmp_path: P
     run = Run(job, CHAOS_STEP_SLEEP="0.05")
     run.wait_step(3)
     assert wait_for(lambda: "warm standby workers ready" in run.stderr, 120), run.dump()
-    kids = children(run.proc.pid)  # 4 workers, 4 standbys, the watchdog
-    assert len(kids) == 9, kids
+    kids = children(run.proc.pid)  # 4 workers, 4 standbys, the warm parent that forked them, the watchdog
+    assert len(kids) == 10, kids
     run_id = run_id_of(run.pids()[0])
     assert run_id
     segments = list(Path("/dev/shm").glob(f"mlaunch.{run_id}.rank*"))
