@@ -129,6 +129,7 @@ def become(spec: dict[str, object]) -> None:
         wait_for_listener(str(wait[0]), int(wait[1]), float(wait[2]))
     script = argv[2]
     sys.argv = argv[2:]
+    sys.orig_argv = argv  # what ``python -u script.py ...`` would show, not the standby's own command line
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     run_as_main(script)
 
