@@ -171,7 +171,7 @@ class NetworkEvents(JobEvents):
         self.driver.context.term()
 
     def _kick(self) -> None:
-        self.driver.kick()
+        self.driver.kick(self.state)
 
     def _wake(self) -> None:
         if self._own:

@@ -285,16 +285,19 @@ def dealer(context: zmq.Context[Any], address: str, state: AgentState) -> zmq.So
 
 
 def receive(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -> None:
-    """Everything the hub said, to the state (a message that does not verify is dropped)."""
-    while True:
-        try:
-            frames = sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        message = unseal(secret, frames)
-        if message is not None:
-            with contextlib.suppress(KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
-                state.on_message(message, now)
+    """One message the hub said, to the state (the poller, level-triggered, reports the socket again if more wait).
+
+    One per readiness keeps a driver of thousands of sockets from asking each whether more is
+    there (a ``getsockopt`` or a ``zmq.Again`` per socket per round).
+    """
+    try:
+        frames = sock.recv_multipart(zmq.NOBLOCK)
+    except zmq.Again:
+        return
+    message = unseal(secret, frames)
+    if message is not None:
+        with contextlib.suppress(KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
+            state.on_message(message, now)
 
 
 def flush(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -> None:

@@ -21,7 +21,7 @@ import zmq
 
 from launchers.control.agent_core import AgentState, dealer, flush, receive
 
-TIMERS = 0.05  # seconds between looks at every agent's timers (heartbeat, status, hello, the hub's silence)
+TIMERS = 0.2  # seconds between looks at every agent's timers (heartbeat, status, hello retry, the hub's silence)
 
 
 class Driver(threading.Thread):
@@ -33,6 +33,7 @@ class Driver(threading.Thread):
         for fd in (self._kick_r, self._kick_w):
             os.set_blocking(fd, False)
         self._changes: deque[tuple[AgentState, str | None]] = deque()  # (state, address) adds, (state, None) removes
+        self._dirty: deque[AgentState] = deque()  # agents with something to send now
         self._halt = threading.Event()
 
     def add(self, state: AgentState, address: str) -> None:
@@ -44,7 +45,10 @@ class Driver(threading.Thread):
         self._changes.append((state, None))
         self.kick()
 
-    def kick(self) -> None:
+    def kick(self, state: AgentState | None = None) -> None:
+        """Wake the thread: ``state`` has something to send now (None: look at every agent)."""
+        if state is not None:
+            self._dirty.append(state)
         with contextlib.suppress(OSError):
             os.write(self._kick_w, b"!")
 
@@ -60,18 +64,23 @@ class Driver(threading.Thread):
         poller = zmq.Poller()
         poller.register(self._kick_r, zmq.POLLIN)
         agents: dict[zmq.Socket[Any], AgentState] = {}
+        sockets: dict[int, zmq.Socket[Any]] = {}  # id(state) → its socket
         next_timers = 0.0
         try:
             while not self._halt.is_set():
                 ready = poller.poll(int(TIMERS * 1000))
                 now = time.monotonic()
-                kicked = self._drain_kicks()
-                self._apply_changes(poller, agents, now)
+                self._drain_kicks()
+                self._apply_changes(poller, agents, sockets, now)
                 for sock, _ in ready:
                     state = agents.get(sock) if isinstance(sock, zmq.Socket) else None
                     if state is not None:
                         receive(sock, state, self.secret, now)
-                if kicked or now >= next_timers:
+                while self._dirty:  # a report handed in: it leaves now, not at the next timer
+                    state = self._dirty.popleft()
+                    if id(state) in sockets:
+                        flush(sockets[id(state)], state, self.secret, now)
+                if now >= next_timers:
                     next_timers = now + TIMERS
                     for sock, state in agents.items():
                         flush(sock, state, self.secret, now)
@@ -80,24 +89,29 @@ class Driver(threading.Thread):
             for sock in agents:
                 sock.close()
 
-    def _drain_kicks(self) -> bool:
-        kicked = False
+    def _drain_kicks(self) -> None:
         with contextlib.suppress(OSError):
             while os.read(self._kick_r, 4096):
-                kicked = True
-        return kicked
+                pass
 
-    def _apply_changes(self, poller: zmq.Poller, agents: dict[zmq.Socket[Any], AgentState], now: float) -> None:
+    def _apply_changes(
+        self,
+        poller: zmq.Poller,
+        agents: dict[zmq.Socket[Any], AgentState],
+        sockets: dict[int, zmq.Socket[Any]],
+        now: float,
+    ) -> None:
         while self._changes:
             state, address = self._changes.popleft()
             if address is not None:
-                sock = dealer(self.context, address, state)
+                sock = sockets[id(state)] = dealer(self.context, address, state)
                 agents[sock] = state
                 poller.register(sock, zmq.POLLIN)
+                flush(sock, state, self.secret, now)  # hello at once
                 continue
-            for sock, driven in list(agents.items()):
-                if driven is state:
-                    flush(sock, state, self.secret, now)
-                    poller.unregister(sock)
-                    del agents[sock]
-                    sock.close()
+            if id(state) in sockets:
+                gone = sockets.pop(id(state))
+                flush(gone, state, self.secret, now)
+                poller.unregister(gone)
+                del agents[gone]
+                gone.close()

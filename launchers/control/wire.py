@@ -1,4 +1,4 @@
-"""Messages of the control plane: JSON payloads, each with an HMAC-SHA256 of it under the per-job secret.
+"""Messages of the control plane: JSON payloads, each after an HMAC-SHA256 of it under the per-job secret, in one frame.
 
 The secret is ``MLAUNCH_JOB_SECRET`` when set (the same value on every node), else derived
 from what every node of the job shares and nothing outside it is told: the job's name,
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 SECRET_ENV = "MLAUNCH_JOB_SECRET"
+MAC_SIZE = 32  # HMAC-SHA256
 JOB_ID_ENV = ("MLAUNCH_JOB_ID", "MA_JOB_ID", "VC_JOB_ID", "SLURM_JOB_ID", "JOB_ID")  # the same on every node
 
 
@@ -40,17 +41,17 @@ def job_secret(job_name: str, master_addr: str, port: int, env: Mapping[str, str
 
 
 def seal(secret: bytes, message: Mapping[str, Any]) -> list[bytes]:
-    """The frames to send: the payload, then its MAC."""
+    """The frames to send: one, the payload's MAC (32 bytes) then the payload. Encoded once, it can go to many."""
     payload = json.dumps(message, separators=(",", ":"), sort_keys=True).encode()
-    return [payload, hmac.new(secret, payload, hashlib.sha256).digest()]
+    return [hmac.digest(secret, payload, "sha256") + payload]
 
 
 def unseal(secret: bytes, frames: list[bytes]) -> dict[str, Any] | None:
     """The message, or None when the frames are malformed or their MAC is wrong."""
-    if len(frames) != 2:
+    if len(frames) != 1 or len(frames[0]) < MAC_SIZE:
         return None
-    payload, mac = frames
-    if not hmac.compare_digest(hmac.new(secret, payload, hashlib.sha256).digest(), mac):
+    mac, payload = frames[0][:MAC_SIZE], frames[0][MAC_SIZE:]
+    if not hmac.compare_digest(hmac.digest(secret, payload, "sha256"), mac):
         return None
     try:
         message = json.loads(payload)

@@ -1,0 +1,373 @@
+"""The control plane at 64, 512 and 4,096 nodes: the real hub and N real agents over real sockets on this machine.
+
+Node 0 is a real ``NetworkEvents`` in a process of its own (it hosts the hub, as node 0's
+mlaunch does). Nodes 1…N-1 are real ``NetworkEvents`` too — the same ``AgentState`` protocol,
+``wire`` seal/unseal and a DEALER socket and TCP connection each — multiplexed on one
+``Driver`` thread per process, up to ``PER_PROCESS`` agents a process. Per N it measures:
+
+- **join**: the agents start first and wait; node 0 starts a second later (a hub slow to
+  start); the time from node 0's start until every agent was welcomed;
+- **failure**: node N-1 reports a rank's failure; the time until each agent heard it
+  (median, max; every process stamps the moment its driver handed the message to the agent);
+- **meeting**: every node contributes to the restart meeting (``count``); from the first
+  contribution to the last node's answer;
+- **steady state**: every node publishes an 8-rank status entry every second (as the
+  observer does) for a while; the hub process's CPU share (one core = 100 %) and the bytes
+  per second through the hub's socket, in total and per agent.
+
+Beside it, the protocol before issue 24 for the same N, computed from one real ``wire.seal``
+of the whole view measured in this run: it relayed every node's entry to every node twice
+a second, sealing per peer (2 × N seals of an N-entry view per second).
+
+Goals at 4,096: failure to every agent ≤ 100 ms (max), meeting ≤ 0.5 s, hub CPU ≤ 10 %,
+bytes per second per agent flat in N. The agents share this machine's cores (thousands on
+2), so the agent side of each latency is far slower than on real nodes; their processes run
+at a lower priority (nice 10), since on a real job node 0's machine does not run them.
+Figures taken while other work runs are noisy.
+
+    python benchmarks/control_scale.py                 # N = 64, 512, 4096
+    python benchmarks/control_scale.py --nodes 1024 --steady 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PER_PROCESS = 1024  # agents driven by one process (one poller, one driver thread)
+AGENT_NICENESS = 10  # the agents' processes yield the CPU to node 0's (the hub's machine is not theirs)
+KEY = b"control-scale-benchmark-secret!!"
+NODE_TIMEOUT = 30.0  # monitor.node_timeout's default
+GOALS = {"failure_max_ms": 100.0, "meeting_s": 0.5, "hub_cpu": 0.10}
+
+
+def node_entry(node: int, step: int) -> dict[str, Any]:
+    """What the observer publishes for a node of 8 ranks (``observe.status_file``'s shape)."""
+    now = time.time()
+    ranks = [
+        {
+            "rank": node * 8 + i,
+            "step": step,
+            "steps_per_s": 1.234,
+            "step_time_s": 0.8103,
+            "own_step_time_s": 0.7921,
+            "last_progress": round(now, 3),
+            "last_progress_age_s": 0.4,
+            "committed_step": step - step % 100,
+            "straggler": False,
+            "hung": False,
+        }
+        for i in range(8)
+    ]
+    return {"index": node, "host": f"node-{node:05d}.cluster.local", "ranks": ranks}
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, target) if os.geteuid() == 0 else (target, hard))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# -- the agents' processes ------------------------------------------------------------------------
+def agents_main(conn: Connection, nodes: list[int], nnodes: int, port: int) -> None:
+    import zmq
+
+    from launchers.control.agent import NetworkEvents
+    from launchers.control.driver import Driver
+
+    raise_fd_limit()
+    os.nice(AGENT_NICENESS)  # they stand in for other machines: the hub's machine does not share its cores with them
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, len(nodes) * 2 + 64)
+    driver = Driver(context, KEY, name="bench-driver")
+    driver.start()
+    heard: dict[int, float] = {}
+    agents = []
+    for node in nodes:
+        events = NetworkEvents(
+            node=node, nnodes=nnodes, master_addr="127.0.0.1", port=port, secret=KEY,
+            node_timeout=NODE_TIMEOUT, join_timeout=300.0, driver=driver, host=f"node-{node}",
+        )  # fmt: skip
+        events.state.wake = lambda node=node: heard.setdefault(node, time.monotonic())  # a failure arrived
+        agents.append(events)
+    conn.send("ready")
+    serve(conn, agents, heard, driver)
+    driver.stop()
+    context.term()
+
+
+def serve(conn: Connection, agents: list[Any], heard: dict[int, float], driver: Any) -> None:
+    """Answer the conductor's commands until ``stop``."""
+    while True:
+        command, arg = conn.recv()
+        if command == "stop":
+            return
+        if command == "joined":
+            conn.send(wait_all(lambda e: e.state.welcomed, agents, arg))
+        elif command == "fail":
+            for events in agents:
+                if events.node == arg:
+                    began = time.monotonic()
+                    events.report_failure(_Failure())
+                    conn.send(began)
+        elif command == "heard":
+            wait_all(lambda e: e.node in heard, agents, 20.0)
+            conn.send(dict(heard))
+        elif command == "meet":
+            conn.send(meet(agents, arg))
+        elif command == "steady":
+            publish_for(agents, arg)
+            conn.send("done")
+
+
+class _Failure:
+    label, rank, exit_code, signal, cause = "rank 7", 7, 137, 9, ""
+
+
+def wait_all(done: Any, agents: list[Any], timeout: float, every: float = 0.02) -> float:
+    """The moment the last agent satisfied ``done`` (looked at every ``every`` seconds), or -1 after ``timeout``."""
+    end = time.monotonic() + timeout
+    left = list(agents)
+    while left and time.monotonic() < end:
+        left = [a for a in left if not done(a)]
+        if left:
+            time.sleep(every)
+    return time.monotonic() if not left else -1.0
+
+
+def meet(agents: list[Any], topic: str) -> tuple[float, float]:
+    began = time.monotonic()
+    for events in agents:
+        events.state.contribute(topic, None, "count")
+        events.driver.kick(events.state)
+    last = wait_all(lambda e: topic in e.state.results, agents, 20.0, every=0.002)
+    return began, last
+
+
+def publish_for(agents: list[Any], seconds: float) -> None:
+    """What every node's observer does: its status entry every second."""
+    end = time.monotonic() + seconds
+    step = 100
+    while time.monotonic() < end:
+        tick = time.monotonic()
+        step += 1
+        for events in agents:
+            events.publish(node_entry(events.node, step))
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+
+
+# -- node 0's process -------------------------------------------------------------------------------
+def node0_main(conn: Connection, nnodes: int, port: int) -> None:
+    from launchers.control.agent import NetworkEvents
+
+    raise_fd_limit()
+    started = time.monotonic()
+    events = NetworkEvents(
+        node=0, nnodes=nnodes, master_addr="127.0.0.1", port=port, secret=KEY, node_timeout=NODE_TIMEOUT
+    )
+    heard: dict[int, float] = {}
+    events.state.wake = lambda: heard.setdefault(0, time.monotonic())
+    hub = events.hub
+    assert hub is not None
+    conn.send(started)
+    while True:
+        command, arg = conn.recv()
+        if command == "stop":
+            break
+        if command == "heard":
+            wait_all(lambda e: 0 in heard and "fail" in hub.traffic.broadcasts, [events], 20.0)  # node 0 may hear first
+            conn.send({**heard, "broadcast": hub.traffic.broadcasts.get("fail", (float("nan"), float("nan")))})
+        elif command == "meet":
+            conn.send(meet([events], arg))
+        elif command == "steady":
+            conn.send(steady(events, arg))
+    hub.stop()
+
+
+def steady(events: Any, seconds: float) -> dict[str, float]:
+    """Node 0 publishes too; the hub's CPU and traffic over the second half of ``seconds``."""
+    hub = events.hub
+    warm = seconds / 2
+    end = time.monotonic() + seconds
+    mark: tuple[float, float, Any] | None = None
+    step = 100
+    while time.monotonic() < end:
+        tick = time.monotonic()
+        step += 1
+        events.publish(node_entry(0, step))
+        if step % 10 == 0:
+            events.publish_summary({"phase": "running", "last_committed_step": step - step % 10, "stragglers": []})
+        if mark is None and tick >= end - seconds + warm:
+            mark = (time.monotonic(), time.process_time(), _copy(hub.traffic))
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+    assert mark is not None
+    wall = time.monotonic() - mark[0]
+    cpu = time.process_time() - mark[1]
+    now, before = hub.traffic, mark[2]
+    return {
+        "cpu": cpu / wall,
+        "bytes_in": (now.bytes_in - before.bytes_in) / wall,
+        "bytes_out": (now.bytes_out - before.bytes_out) / wall,
+        "messages_in": (now.messages_in - before.messages_in) / wall,
+        "slowest_broadcast": now.slowest_broadcast,
+        "status_every": hub.cadence.status,
+    }
+
+
+def _copy(traffic: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(traffic)
+
+
+# -- the conductor --------------------------------------------------------------------------------
+def run(nnodes: int, seconds: float) -> dict[str, Any]:
+    from launchers.platform.cluster import free_port
+
+    port = free_port()
+    others = list(range(1, nnodes))
+    groups = [others[i : i + PER_PROCESS] for i in range(0, len(others), PER_PROCESS)]
+    ctx = mp.get_context("fork")
+    links, procs = [], []
+    for group in groups:
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=agents_main, args=(theirs, group, nnodes, port), daemon=True)
+        proc.start()
+        links.append(mine)
+        procs.append(proc)
+    try:
+        for link in links:
+            link.recv()  # every agent is saying hello to a hub that is not there yet
+        time.sleep(1.0)
+        hub_link, theirs = ctx.Pipe()
+        hub_proc = ctx.Process(target=node0_main, args=(theirs, nnodes, port), daemon=True)
+        hub_proc.start()
+        procs.append(hub_proc)
+        started = hub_link.recv()
+        return measure(nnodes, links, hub_link, started, seconds)
+    finally:
+        for link in [*links, *([hub_link] if "hub_link" in locals() else [])]:
+            with contextlib.suppress(OSError):
+                link.send(("stop", None))
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
+def measure(nnodes: int, links: list[Any], hub_link: Any, started: float, seconds: float) -> dict[str, Any]:
+    everyone = [*links, hub_link]
+    for link in links:
+        link.send(("joined", 120.0))
+    joined = [link.recv() for link in links]
+    result: dict[str, Any] = {"join": (max(joined) - started) if min(joined, default=0) >= 0 else float("nan")}
+    time.sleep(1.0)
+    links[-1].send(("fail", nnodes - 1))
+    sent = links[-1].recv()
+    for link in everyone:
+        link.send(("heard", None))
+    answers = {node: t for link in everyone for node, t in link.recv().items()}
+    began, took = answers.pop("broadcast")
+    result["uplink"], result["fanout"] = began - sent, took
+    heard = {node: t - sent for node, t in answers.items()}
+    latencies = sorted(heard.values())
+    result["fail_median"], result["fail_max"] = statistics.median(latencies), latencies[-1]
+    result["fail_heard"] = len(latencies)
+    if len(latencies) < nnodes:
+        print(f"  warning: {nnodes - len(latencies)} of {nnodes} nodes never heard the failure", flush=True)
+    for link in everyone:
+        link.send(("meet", "start/1"))
+    spans = [link.recv() for link in everyone]
+    result["meeting"] = max(last for _, last in spans) - min(began for began, _ in spans)
+    for link in everyone:
+        link.send(("steady", seconds))
+    hub = hub_link.recv()
+    for link in links:
+        link.recv()
+    result.update(hub)
+    result["per_agent"] = (hub["bytes_in"] + hub["bytes_out"]) / max(1, nnodes - 1)
+    return result
+
+
+def old_protocol(nnodes: int) -> tuple[float, float]:
+    """(hub CPU seconds per second, bytes per second) of relaying the whole view to every node twice a second."""
+    from launchers.control.wire import seal
+
+    view = {"t": "view", "nodes": {str(n): node_entry(n, 100) for n in range(nnodes)}}
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        frames = seal(KEY, view)
+        times.append(time.perf_counter() - began)
+    size = sum(len(f) for f in frames)
+    return 2 * nnodes * min(times), 2 * nnodes * size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="64,512,4096", help="node counts, comma-separated")
+    parser.add_argument("--steady", type=float, default=0.0, help="seconds of steady state (default: 3 status rounds)")
+    args = parser.parse_args()
+    raise_fd_limit()
+    sizes = [int(n) for n in args.nodes.split(",")]
+    print(f"hub + N agents over loopback TCP, {os.cpu_count()} cores; agents {PER_PROCESS} per process")
+    head = (
+        f"{'nodes':>6} {'join s':>7} {'fail med ms':>11} {'fail max ms':>11} {'meeting s':>9} {'hub CPU':>8} "
+        f"{'hub B/s':>10} {'B/s/agent':>9} {'status s':>8} | {'old CPU':>8} {'old B/s':>10} {'old B/s/agent':>13}"
+    )
+    print(head)
+    rows = []
+    for nnodes in sizes:
+        from launchers.control.cadence import cadence
+
+        seconds = args.steady or max(6.0, 3 * cadence(nnodes, NODE_TIMEOUT).status + 2)
+        r = run(nnodes, seconds)
+        old_cpu, old_bytes = old_protocol(nnodes)
+        rows.append((nnodes, r))
+        print(
+            f"{nnodes:>6} {r['join']:>7.2f} {r['fail_median'] * 1e3:>11.1f} {r['fail_max'] * 1e3:>11.1f} "
+            f"{r['meeting']:>9.3f} {r['cpu']:>7.1%} {r['bytes_in'] + r['bytes_out']:>10.3g} {r['per_agent']:>9.0f} "
+            f"{r['status_every']:>8.2f} | {old_cpu:>7.0%} {old_bytes:>10.3g} {old_bytes / nnodes:>13.3g}",
+            flush=True,
+        )
+    verdict(rows)
+    return 0
+
+
+def verdict(rows: list[tuple[int, dict[str, Any]]]) -> None:
+    nnodes, top = rows[-1]
+    checks = [
+        ("failure to every agent (max)", top["fail_max"] * 1e3, GOALS["failure_max_ms"], "ms"),
+        ("restart meeting", top["meeting"], GOALS["meeting_s"], "s"),
+        ("hub CPU (share of one core)", top["cpu"], GOALS["hub_cpu"], ""),
+    ]
+    print(f"goals at N = {nnodes}:")
+    for name, value, goal, unit in checks:
+        print(f"  {name}: {value:.3g}{unit} (goal ≤ {goal:g}{unit}) {'met' if value <= goal else 'NOT met'}")
+    first = rows[0][1]["per_agent"]
+    print(
+        f"  bytes/s per agent: {rows[0][1]['per_agent']:.0f} at N={rows[0][0]} → {top['per_agent']:.0f} at N={nnodes} "
+        f"({top['per_agent'] / first:.2f}x; goal: flat in N) {'met' if top['per_agent'] <= first * 1.2 else 'NOT met'}"
+    )
+    print(
+        f"  the failure at N={nnodes}: at the hub after {top['uplink'] * 1e3:.1f} ms, handed to every peer's queue "
+        f"in {top['fanout'] * 1e3:.1f} ms (slowest broadcast of the run: {top['slowest_broadcast'] * 1e3:.1f} ms)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
