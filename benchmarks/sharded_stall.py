@@ -7,8 +7,11 @@ simulated by mlaunch, gloo on CPU):
    steps by ``Checkpointer.stage`` (shared memory, for mlaunch's flash save),
    ``dcp.async_save`` in thread and in process mode, and ``dcp.save`` (both to DCP's
    ``FileSystemWriter``), each against the same steps without checkpoints measured in the same
-   processes: (wall time with − wall time without) / checkpoints. The time inside the call
-   itself is printed beside it.
+   processes just before: per checkpoint, the extra time of the steps from one checkpoint to the
+   next (median over checkpoints) — the blocking call, and what a background write takes from
+   the steps after it (CPU, memory bandwidth, the GIL). The time inside the call is printed
+   beside it. A step is a fixed amount of compute per rank (``--step fsdp2``: FSDP2's own
+   forward/backward/AdamW, whose gloo all-gathers vary by seconds on a small shared machine).
 2. **kill -9 → committed checkpoint**: a rank is SIGKILLed while the ranks stage every step;
    the clock runs until mlaunch's flash save has committed the staged step (its marker), then
    ``cp`` + ``sync`` copies the same bytes from shared memory to the same file system.
@@ -74,12 +77,25 @@ def state(model, opt):  # type: ignore[no-untyped-def]
     return {"model": msd, "optim": osd}
 
 
+STEP = {"kind": "compute"}  # set by --step
+
+
 def train_step(model, opt) -> None:  # type: ignore[no-untyped-def]
+    """One step: FSDP2's forward/backward/AdamW (``--step fsdp2``), or a fixed amount of compute per rank.
+
+    The fixed step (the default) is what makes a stall measurable on a small shared machine: FSDP2's
+    all-gathers over gloo vary by seconds from step to step there, more than any checkpoint costs.
+    """
     import torch
 
-    model(torch.randn(4, WIDTH)).square().mean().backward()
-    opt.step()
-    opt.zero_grad()
+    if STEP["kind"] == "fsdp2":
+        model(torch.randn(4, WIDTH)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        return
+    a = STEP.setdefault("a", torch.randn(384, 384))  # type: ignore[arg-type]
+    for _ in range(40):
+        a = torch.tanh(a @ a * 1e-3)
 
 
 def run_steps(model, opt, steps: int, every: int, save) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
@@ -112,6 +128,7 @@ def stall_worker(args: argparse.Namespace) -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    STEP["kind"] = args.step
     model, opt = build(args.gib)
     ckpt = elastic.Checkpointer(args.ckpt, keep=1)
     pending: list = []
@@ -140,9 +157,10 @@ def stall_worker(args: argparse.Namespace) -> None:
     run_steps(model, opt, 2, args.every, None)  # warm-up: FSDP2's buffers, the optimizer's state
     results = {}
     for name, save in methods.items():
-        save(-1)  # once untimed: one-time set-up (DCP's checkpoint process, the staging segment, plan caches)
-        if pending:
-            pending.pop().result()
+        for warm_up in (-2, -1):  # untimed: one-time set-up (DCP's checkpoint process, both staging slots, caches)
+            save(warm_up)
+            if pending:
+                pending.pop().result()
         base, _ = run_steps(model, opt, args.steps, args.every, None)
         steps, calls = run_steps(model, opt, args.steps, args.every, save)
         if pending:
@@ -300,6 +318,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12, help="steps per method (and per baseline)")
     parser.add_argument("--every", type=int, default=3, help="a checkpoint every N steps")
     parser.add_argument("--rounds", type=int, default=2, help="loads per loader")
+    parser.add_argument("--step", choices=["compute", "fsdp2"], default="compute", help="what a training step is")
     parser.add_argument("--dir", default=None, help="work directory's parent (default: /tmp)")
     args, _ = parser.parse_known_args()
     if args.worker == "stall":
