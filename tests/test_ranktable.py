@@ -240,6 +240,19 @@ def test_large_table_validates_quickly() -> None:
     assert time.perf_counter() - t0 < 2.0  # generous: the benchmark tracks the real figure
 
 
+def test_a_table_past_65536_ranks_is_accepted_and_its_mistakes_still_named() -> None:
+    """Issue 24: up to 1,048,576 ranks (65,536 nodes × 16); the bulk checks miss nothing the per-device one names."""
+    data = generate_rank_table(4097, 16)  # 65,552 ranks: refused before
+    assert parse_rank_table(data).rank_size == 65_552
+    data["server_list"][4000]["device"][3]["rank_id"] = "17"  # rank 17 twice, rank 64,003 missing
+    with pytest.raises(RankTableError, match=r"rank_id 17 is used twice \(server '127\.0\.0\.2' device 1 and"):
+        parse_rank_table(data)
+    data["server_list"][4000]["device"][3]["rank_id"] = " 64003 "  # spaces: the device-by-device path, same result
+    data["server_list"][12]["device"][5]["device_ip"] = 7  # a number where text is expected is text
+    table = parse_rank_table(data)
+    assert table.servers[4000].devices[3].rank_id == 64_003 and table.servers[12].devices[5].device_ip == "7"
+
+
 # -- loading and waiting ------------------------------------------------------------------
 
 

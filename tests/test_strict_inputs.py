@@ -39,7 +39,7 @@ BAD_JOBS = [
     ("nodes: '2'\n", ["'nodes'", "valid integer"]),
     ("nodes: 2:3\n", ["'nodes'", "'2:3'"]),
     ("nodes: 1000000000000\n", ["'nodes'", "less than or equal to 65536"]),
-    ("nodes: 1000\nprocs_per_node: 1000\n", ["'procs_per_node'", "at most 65536 ranks"]),
+    ("nodes: 2000\nprocs_per_node: 1000\n", ["'procs_per_node'", "at most 1048576 ranks"]),
     ("checkpoint: {grace_period: .nan}\n", ["checkpoint.grace_period", "finite"]),
     ("checkpoint: {grace_period: .inf}\n", ["checkpoint.grace_period", "finite"]),
     ("restart: {backoff: -1}\n", ["restart.backoff", "negative"]),
@@ -117,7 +117,7 @@ PLATFORM_CASES = [
     ({"MASTER_ADDR": "h", "RANK": "", "WORLD_SIZE": "2"}, "RANK is set but empty"),
     ({"MASTER_ADDR": "h", "RANK": "0", "WORLD_SIZE": ""}, "WORLD_SIZE is set but empty"),
     ({"MA_NUM_HOSTS": "1000000", "VC_TASK_INDEX": "0", "MA_VJ_NAME": "j"}, "MA_NUM_HOSTS"),
-    ({"PET_NNODES": "65536", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "16", "MASTER_ADDR": "h"}, "at most"),
+    ({"PET_NNODES": "65536", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "17", "MASTER_ADDR": "h"}, "at most"),
     ({"MASTER_ADDR": "h", "RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "99999"}, "MASTER_PORT"),
 ]
 

@@ -136,20 +136,9 @@ def _parse_server(raw: Any, index: int, path: str) -> Server:
     entry, server_id = _keyed(raw, where, "server_id")
     where = f"{path}: server {server_id!r} (server_list[{index}])"
     raw_devices = _list(entry.get("device"), where, "device")
-    devices = []
-    for d_index, raw_dev in enumerate(raw_devices):
-        d_where = f"{where}, device[{d_index}]"
-        dev = _mapping(raw_dev, d_where)
-        device_id = str(_integer(dev.get("device_id"), d_where, "device_id"))
-        d_where = f"{where}, device {device_id}"
-        devices.append(
-            Device(
-                device_id=device_id,
-                rank_id=_integer(dev.get("rank_id"), d_where, "rank_id"),
-                device_ip=_text(dev.get("device_ip"), d_where, "device_ip", required=False),
-                super_device_id=_text(dev.get("super_device_id"), d_where, "super_device_id", required=False),
-            )
-        )
+    devices = _fast_devices(raw_devices) if raw_devices else []
+    if devices is None:
+        devices = [_parse_device(raw, f"{where}, device[{i}]", where) for i, raw in enumerate(raw_devices)]
     return Server(
         index=index,
         server_id=server_id,
@@ -157,6 +146,63 @@ def _parse_server(raw: Any, index: int, path: str) -> Server:
         host_ip=_text(entry.get("host_ip"), where, "host_ip", required=False),
         container_ip=_text(entry.get("container_ip"), where, "container_ip", required=False),
     )
+
+
+def _parse_device(raw_dev: Any, d_where: str, where: str) -> Device:
+    """One device, every field checked and any error naming it."""
+    dev = _mapping(raw_dev, d_where)
+    device_id = str(_integer(dev.get("device_id"), d_where, "device_id"))
+    d_where = f"{where}, device {device_id}"
+    return Device(
+        device_id=device_id,
+        rank_id=_integer(dev.get("rank_id"), d_where, "rank_id"),
+        device_ip=_text(dev.get("device_ip"), d_where, "device_ip", required=False),
+        super_device_id=_text(dev.get("super_device_id"), d_where, "super_device_id", required=False),
+    )
+
+
+def _fast_devices(raw_devices: list[Any]) -> list[Device] | None:
+    """A server's devices in bulk when every field has its common form; None: check each device for its message.
+
+    A 16,384-server table has 262,144 devices: per-field calls cost about a second there. This
+    accepts exactly what ``_parse_device`` accepts, the same way (digit strings of at most 10
+    characters or ints, optional strings), and leaves anything unusual to it.
+    """
+    if not all(type(raw) is dict for raw in raw_devices):
+        return None
+    ids = _fast_ids([raw.get("device_id") for raw in raw_devices])
+    ranks = _fast_ids([raw.get("rank_id") for raw in raw_devices])
+    ips = _optional_texts([raw.get("device_ip") for raw in raw_devices])
+    supers = _optional_texts([raw.get("super_device_id") for raw in raw_devices])
+    if ids is None or ranks is None or ips is None or supers is None:
+        return None
+    return list(map(Device, map(str, ids), ranks, ips, supers))
+
+
+def _fast_ids(values: list[Any]) -> list[int] | None:
+    kinds = set(map(type, values))
+    if kinds == {int}:
+        numbers = values
+    elif kinds == {str} and min(map(len, values)) > 0 and max(map(len, values)) <= 10:
+        joined = "".join(values)
+        if not (joined.isascii() and joined.isdigit()):
+            return None
+        numbers = list(map(int, values))
+    else:
+        return None
+    return numbers if min(numbers) >= 0 and max(numbers) <= _MAX_ID else None
+
+
+def _optional_texts(values: list[Any]) -> list[str | None] | None:
+    """Optional text fields, stripped (C loops when all are strings or all absent); None when one is not a string."""
+    kinds = set(map(type, values))
+    if kinds == {str}:
+        return list(map(str.strip, values))
+    if kinds <= {type(None)}:
+        return values
+    if kinds <= {str, type(None)}:
+        return [value.strip() if value is not None else None for value in values]
+    return None
 
 
 def _parse_super_pod(raw: Any, index: int, path: str) -> SuperPod:
