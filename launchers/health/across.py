@@ -85,7 +85,7 @@ def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> H
             cluster.master_addr, port, host=True, nnodes=cluster.nnodes, timeout=network.ROUND_BUDGET
         )
     hello = _meet(events, f"{topic}/hello", {"host": host, "boot": boot_id()}, deadline, HELLO)
-    hosts = {i: cluster.host_of(i) for i in range(cluster.nnodes)}
+    hosts = {i: cluster.host_of(i) for i in range(cluster.nnodes)} if node == 0 else {node: host}  # node 0 judges
     hosts.update({int(n): str(h) for n, h in ((hello or {}).get("host") or {}).items()})
     met = time.monotonic()
     result: dict[str, Any] = {"host": host, "memory": probes.memory()}

@@ -1,0 +1,111 @@
+"""Many real mlaunch agents on this machine: one mlaunch per node, one light rank each, ModelArts-style arguments.
+
+Each node's mlaunch is started as ModelArts starts it (``--init_method tcp://127.0.0.1:PORT
+--rank I --world_size N`` appended, ``MA_NUM_GPUS=1``), so node 0's mlaunch hosts the
+control plane on 127.0.0.1 and every other one joins it: N real agents, N TCP connections.
+The rank is ``scripts/light_rank.py`` (no torch): it marks its start per attempt. Used by
+``tests/test_many_agents.py`` and ``benchmarks/real_agents.py`` (which prints the times).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conftest import ROOT, clean_env, mlaunch_cmd
+
+LIGHT_RANK = ROOT / "tests" / "scripts" / "light_rank.py"
+NODE_TIMEOUT = 5.0
+
+
+@dataclass
+class Agents:
+    home: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    exited: dict[int, float] = field(default_factory=dict)  # node → time.time() its mlaunch exited
+
+    @property
+    def marks(self) -> Path:
+        return self.home / "marks"
+
+    def started(self, attempt: int) -> dict[int, float]:
+        """node → wall time its rank of ``attempt`` started."""
+        found = {}
+        for path in self.marks.glob(f"start-*-{attempt}"):
+            found[int(path.name.split("-")[1])] = float(path.read_text())
+        return found
+
+    def wait_started(self, attempt: int, timeout: float) -> dict[int, float]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and len(self.started(attempt)) < len(self.procs):
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.2)
+        return self.started(attempt)
+
+    def wait_exits(self, timeout: float) -> dict[int, int]:
+        """node → exit code, stamping each exit's time as it is seen (every 20 ms)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and len(self.exited) < len(self.procs):
+            for node, proc in enumerate(self.procs):
+                if node not in self.exited and proc.poll() is not None:
+                    self.exited[node] = time.time()
+            time.sleep(0.02)
+        return {node: proc.returncode for node, proc in enumerate(self.procs) if proc.returncode is not None}
+
+    def stderr(self, node: int) -> str:
+        return (self.home / f"node-{node}.err").read_text(errors="replace")
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+
+
+def start(home: Path, count: int, port: int, **env: str) -> Agents:
+    """``count`` mlaunch, one per node, each in its own process group (the test kills what it started)."""
+    agents = Agents(home)
+    agents.marks.mkdir(parents=True)
+    job = home / "job.yaml"
+    job.write_text(
+        f"name: many\nengine: pytorch\nentry: {LIGHT_RANK}\nnodes: {count}\nprocs_per_node: 1\n"
+        f"log_dir: {home / 'logs'}\nrestart: {{max_restarts: 1, backoff: 0s}}\n"
+        f"monitor: {{node_timeout: {NODE_TIMEOUT:g}s}}\n"
+    )
+    for node in range(count):
+        argv = [*mlaunch_cmd(), "--engine", "pytorch", str(job), "--init_method", f"tcp://127.0.0.1:{port}"]
+        argv += ["--rank", str(node), "--world_size", str(count)]
+        node_env = clean_env(MA_NUM_GPUS="1", MARKS=str(agents.marks), **env)
+        with open(home / f"node-{node}.out", "wb") as out, open(home / f"node-{node}.err", "wb") as err:
+            agents.procs.append(
+                subprocess.Popen(argv, env=node_env, cwd=ROOT, stdout=out, stderr=err, start_new_session=True)
+            )
+    return agents
+
+
+def leftovers(home: Path) -> list[str]:
+    """Processes still running that this harness started: their command line names the job's directory or rank."""
+    left = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(home) in cmdline or (str(LIGHT_RANK) in cmdline and _env_has(pid, str(home))):
+            left.append(f"{pid}: {cmdline[:120]}")
+    return left
+
+
+def _env_has(pid: str, text: str) -> bool:
+    try:
+        return text.encode() in (Path("/proc") / pid / "environ").read_bytes()
+    except OSError:
+        return False
