@@ -168,7 +168,7 @@ def run_once(args: argparse.Namespace, work: Path, run: Run, job: Path, kills: i
                 elif m := STEP.search(line):
                     run.step_done[int(m.group(1))] = when - start
                     stepped_since_kill = True
-                    if killed_at is not None:
+                    if killed_at is not None and len(pids) == 4:  # the new group's first step (not the old one's last)
                         run.recoveries.append(when - killed_at)
                         killed_at = None
                     if next_kill is None:
@@ -189,6 +189,9 @@ def run_once(args: argparse.Namespace, work: Path, run: Run, job: Path, kills: i
                 next_kill = now + spacing
     finally:
         launch.stop()
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            (args.keep / f"{run.label}.log").write_text("\n".join(launch.log) + "\n")
     run.exit_code = launch.proc.returncode
     return run
 
@@ -251,6 +254,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds from the first step to the first kill")
     parser.add_argument("--no-today", dest="today", action="store_false", help="skip preload_fork: false runs")
     parser.add_argument("--seed", type=int, default=26)
+    parser.add_argument("--keep", type=Path, default=None, help="write each run's mlaunch output to DIR/<run>.log")
     args = parser.parse_args()
     if args.worker:
         worker(args.step_time, args.steps)
@@ -292,7 +296,8 @@ def measure_list(
         print(
             f"  {label}: {len(faulty.kills)} kills, exit {faulty.exit_code}, lost/fault "
             f"{'-' if lost is None else f'{lost:.2f} s'} (paced {'-' if paced is None else f'{paced:.2f} s'}), "
-            f"kill → first step median {rec and f'{rec:.2f} s'}",
+            f"kill → first step median {rec and f'{rec:.2f} s'} "
+            f"(each: {' '.join(f'{r:.2f}' for r in faulty.recoveries)})",
             flush=True,
         )
         for line in faulty.said:

@@ -249,10 +249,9 @@ class StandbyPool:
         for message in warm.poll():
             if self.learner is not None and "imported" in message:
                 self.learner.imported(message)
-        if warm.state != "failed":
-            return
-        if self.parents.get(warm.python) is warm:
-            del self.parents[warm.python]
+        if warm.state != "failed" or self.parents.get(warm.python) is not warm:
+            return  # alive, or its end was handled already
+        del self.parents[warm.python]
         if self.watchdog:
             self.watchdog.unwatch(warm.pid)
         if warm.unsafe_learned and self.learner is not None:
