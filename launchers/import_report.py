@@ -33,6 +33,7 @@ SUFFIX = ".imports"
 WATCH_EVERY = 0.25  # seconds between two writes from the import hook
 
 _installed: tuple[str, ...] | None = None
+_own: set[str] = set()  # modules this reporting imported itself (sysconfig, site): not the script's
 _verdicts: dict[str, str | None] = {}  # module name → its origin when installed, None when not
 _written = -1  # len(sys.modules) at the last write
 _last = 0.0
@@ -51,8 +52,11 @@ def report_path(run_id: str, pid: int) -> str:
 
 def installed_dirs() -> tuple[str, ...]:
     """The standard library and site-packages directories of this interpreter, each ending in a separator."""
+    before = set(sys.modules)
     import site
     import sysconfig
+
+    _own.update(set(sys.modules) - before)
 
     paths = sysconfig.get_paths()
     found = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
@@ -94,6 +98,8 @@ def snapshot() -> list[tuple[str, str]]:
         _installed = installed_dirs()
     found = []
     for name, module in list(sys.modules.items()):
+        if name in _own:
+            continue
         if name not in _verdicts:
             _verdicts[name] = installed_origin(name, module, _installed)
         origin = _verdicts[name]

@@ -198,22 +198,9 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not torch_available(), reason="needs torch")
-def test_learning_adds_torch_dynamo_for_a_ddp_job_and_nothing_of_the_job(tmp_path: Path) -> None:
-    """``preload: [torch, torch.distributed, launchers.elastic]`` lacks what the optimizer imports:
-    mlaunch learns it from the ranks, says so once, and the restarted ranks start with it —
-    but not with the job's own ``jobhelper``."""
-    (tmp_path / "ddp_learn.py").write_text(DDP_LEARN)
-    (tmp_path / "jobhelper.py").write_text("import os\nRANK = os.environ['RANK']\n")
-    stop = tmp_path / "stop"
-    job = tmp_path / "job.yaml"
-    job.write_text(
-        f"entry: ddp_learn.py\nprocs_per_node: 2\nlog_dir: {tmp_path}/logs\n"
-        "preload: [torch, torch.distributed, launchers.elastic]\n"
-        f"restart: {{max_restarts: 1, backoff: 0s}}\ncheckpoint: {{grace_period: 5s, dir: {tmp_path}/ckpt}}\n"
-        f"env: {{GLOO_SOCKET_IFNAME: lo, STOP_FILE: '{stop}'}}\n"
-    )
+def learn_then_fail(job: Path, stop: Path) -> tuple[list[str], list[str]]:
+    """Run mlaunch on ``job`` until it said what it learned and standbys are ready, then make rank 1 fail
+    (``stop``) so that the group restarts from them; mlaunch's stderr and stdout lines."""
     proc = subprocess.Popen(
         [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
         env=clean_env(),
@@ -230,20 +217,79 @@ def test_learning_adds_torch_dynamo_for_a_ddp_job_and_nothing_of_the_job(tmp_pat
     for reader in readers:
         reader.start()
     try:
-        learned = lambda: [line for line in err if "preload: the ranks also import" in line]  # noqa: E731
+        learned = lambda: any("preload: the ranks also import" in line for line in err)  # noqa: E731
         assert wait_for(lambda: learned() and any("warm standby workers ready" in x for x in err), 240), "".join(err)
         time.sleep(1.0)  # the idle standbys forked before the lesson are replaced within a loop pass
         stop.touch()
         assert proc.wait(timeout=240) == 0, "".join(err)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.kill()  # the watchdog takes the ranks, standbys and warm parent with it
             proc.wait()
         for reader in readers:
             reader.join(timeout=30)
-    said = [line for line in err if "preload:" in line]
-    assert "torch._dynamo" in learned()[0] and "jobhelper" not in "".join(err), said
+    return err, out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch_available(), reason="needs torch")
+def test_learning_adds_torch_dynamo_for_a_ddp_job_and_nothing_of_the_job(tmp_path: Path) -> None:
+    """``preload: [torch, torch.distributed, launchers.elastic]`` lacks what the optimizer imports:
+    mlaunch learns it from the ranks, says so once, and the restarted ranks start with it —
+    but not with the job's own ``jobhelper``."""
+    (tmp_path / "ddp_learn.py").write_text(DDP_LEARN)
+    (tmp_path / "jobhelper.py").write_text("import os\nRANK = os.environ['RANK']\n")
+    stop = tmp_path / "stop"
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"entry: ddp_learn.py\nprocs_per_node: 2\nlog_dir: {tmp_path}/logs\n"
+        "preload: [torch, torch.distributed, launchers.elastic]\n"
+        f"restart: {{max_restarts: 1, backoff: 0s}}\ncheckpoint: {{grace_period: 5s, dir: {tmp_path}/ckpt}}\n"
+        f"env: {{GLOO_SOCKET_IFNAME: lo, STOP_FILE: '{stop}'}}\n"
+    )
+    err, out = learn_then_fail(job, stop)
+    learned = [line for line in err if "preload: the ranks also import" in line]
+    assert "torch._dynamo" in learned[0] and "jobhelper" not in "".join(err), learned
     assert sorted(line for line in out if "attempt 1" in line) == [
         "[rank 0] attempt 1 dynamo True helper False\n",
         "[rank 1] attempt 1 dynamo True helper False\n",
+    ], "".join(out)
+
+
+LAZY = """\
+import os, sys, time
+at_start = "decimal" in sys.modules
+from launchers import elastic
+attempt = os.environ["MLAUNCH_RESTART_COUNT"]
+print(f"attempt {attempt} decimal {at_start}", flush=True)
+for step in range(100000):
+    import decimal  # noqa: F401 - a lazy import, like the optimizer's
+    elastic.heartbeat(step)
+    if attempt == "0" and os.environ["RANK"] == "1" and os.path.exists(os.environ["STOP_FILE"]):
+        sys.exit(7)
+    if attempt != "0" and step >= 3:
+        break
+    time.sleep(0.05)
+"""
+
+
+def test_with_restarts_and_no_list_the_warm_parent_learns_from_nothing(tmp_path: Path) -> None:
+    """No ``preload:`` at all: the warm parent starts empty and preloads what the ranks import."""
+    (tmp_path / "lazy.py").write_text(LAZY)
+    stop = tmp_path / "stop"
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"entry: lazy.py\nprocs_per_node: 2\nlog_dir: {tmp_path}/logs\nenv: {{STOP_FILE: '{stop}'}}\n"
+        f"restart: {{max_restarts: 1, backoff: 0s}}\ncheckpoint: {{grace_period: 5s, dir: {tmp_path}/ckpt}}\n"
+    )
+    err, out = learn_then_fail(job, stop)
+    learned = [line for line in err if "preload: the ranks also import" in line]
+    assert learned and "decimal" in learned[0], "".join(err)
+    assert not any(name in "".join(learned) for name in ("sysconfig", "ctypes", "lazy")), learned  # mlaunch's own
+    assert "restarting the group (1/1) in 0s from 2 warm standbys" in "".join(err)
+    assert sorted(line for line in out if "attempt" in line) == [
+        "[rank 0] attempt 0 decimal False\n",
+        "[rank 0] attempt 1 decimal True\n",
+        "[rank 1] attempt 0 decimal False\n",
+        "[rank 1] attempt 1 decimal True\n",
     ], "".join(out)

@@ -40,6 +40,7 @@ import time
 import traceback
 from typing import Any
 
+from launchers.prctl import die_with_parent  # here, not in each standby: ctypes is no import of the rank's
 from launchers.run import standby
 
 DEVICE_FILES = ("/dev/nvidia", "/dev/davinci", "/dev/dri/", "/dev/accel", "/dev/kfd")
@@ -239,8 +240,6 @@ def become_standby(forked: ForkedStandby, mlaunch: int) -> int:
     mlaunch's rlimits, signal mask and umask come with the worker it becomes (``standby.become``):
     what a process mlaunch starts at that moment would inherit.
     """
-    from launchers.prctl import die_with_parent
-
     end = time.monotonic() + ADOPTION_TIMEOUT
     while os.getppid() != mlaunch:  # the middle process is exiting: mlaunch (a subreaper) adopts us
         if time.monotonic() > end:
