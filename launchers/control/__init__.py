@@ -1,25 +1,39 @@
 """The job-wide control plane between the node agents (every node's mlaunch): one package ``run/`` and ``health/`` use.
 
 Node 0's mlaunch hosts a hub at the master address (``control.port``, default the
-rendezvous port + 1000); every node's mlaunch joins it. Through it:
+rendezvous port + 1000); every node's mlaunch joins it. Through it the first failure
+anywhere reaches every node (each stops its ranks, the flash save agrees on a step, all
+restart together at generation g+1), a node silent for ``monitor.node_timeout`` is declared
+lost (the others stop and exit non-zero naming it), and node 0's exit code ends nodes that
+follow it. Every message is JSON signed with a per-job HMAC-SHA256 key (``wire``); one that
+does not verify is dropped and counted.
 
-- the first failure anywhere (a rank's exit ≠ 0) reaches every node at once: each node stops
-  its ranks, the agent-side flash save agrees on the newest step every rank of every node
-  staged, and all nodes restart together at generation g+1 (restart counts are job-wide);
-- agents heartbeat; a node that stops answering for ``monitor.node_timeout`` is declared
-  lost, and the others stop their ranks (no flash save: a mixed step is never committed)
-  and exit non-zero naming it;
-- every message is authenticated with a per-job secret (HMAC-SHA256, ``wire``).
+Messages (one frame each; ``hub``, ``agent_core`` and ``reductions`` say what each does):
 
-Messages (``hub`` and ``agent`` say what each does with them): agent → hub ``hello``, ``hb``,
-``fail``, ``put``, ``st``, ``end`` (node 0), ``bye``; hub → agents ``hb``, ``fail``, ``got``,
-``view``, ``lost``, ``end``, ``closing``.
+- agent → hub: ``hello`` (join or rejoin, repeated until answered), ``hb`` (only after a
+  heartbeat interval with nothing else sent), ``st`` (the node's status entry, the newest
+  at most once per status interval), ``fail`` (this node's first failure of a generation),
+  ``put`` (a contribution to an exchange and how to reduce it), ``ask`` (the whole status
+  view, for ``mlaunch status`` there), ``sum`` (node 0: the job's summary), ``end`` (node
+  0: the job's exit code), ``bye``;
+- hub → agents, each broadcast encoded and signed once for all: ``fail`` (a generation's
+  first failure), ``lost``, ``end``, ``sum`` (when node 0's summary changed), ``hb`` (only
+  after a heartbeat interval with no other broadcast), ``closing``; to one node: ``welcome``
+  (the cadence, the current first failure, the summary, the job's end), ``got`` (its part of
+  an exchange's result), ``view`` (every node's status entry, once per ``ask``).
+
+Costs, N nodes: per second the hub receives at most ~``cadence.AGENT_MESSAGES_PER_S``
+messages in all (each agent's heartbeat and status intervals grow with N) and sends one
+broadcast per interval: O(N) in total, O(1) per agent. Status goes up only: node 0 keeps
+the whole view; other nodes get node 0's summary. An exchange is O(N) at the hub and O(1)
+per agent where an aggregate will do (``count``, ``intersect``, ``max``, ``and``), and
+node 0 alone gets the values it needs (``gather0``); ``all`` (every value to every node,
+O(N²) in total) is kept for small jobs. The membership an exchange waits for is the
+hub's state (``Hub.members``), not a number fixed in each exchange.
 
 Layering: this package imports neither ``launchers.run`` nor ``launchers.health``; both use it
-(tests/test_layout.py).
-
-A local simulation (one mlaunch for every node) uses ``LocalEvents``: the same interface,
-in process, no socket and no pyzmq import. ``open_job_events`` picks one.
+(tests/test_layout.py). A local simulation (one mlaunch for every node) uses ``LocalEvents``:
+the same interface, in process, no socket and no pyzmq import. ``open_job_events`` picks one.
 """
 
 from __future__ import annotations

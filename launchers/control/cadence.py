@@ -8,7 +8,10 @@ agent's interval grows with N once N passes what the budget allows at the fastes
 - ``heartbeat``: an agent that sent nothing else for this long says ``hb`` (any message is a
   sign of life, so a node that reports status never sends a plain heartbeat); the hub, too,
   says ``hb`` only when it broadcast nothing else for this long. Never more than a quarter of
-  ``node_timeout``: four missed beats before a node is declared lost, whatever N.
+  ``node_timeout``: four missed beats before a node is declared lost, whatever N (so past
+  ~``AGENT_MESSAGES_PER_S`` × ``node_timeout`` / 4 nodes the timeout, not the budget, sets the
+  rate: 65,536 nodes with the default 30 s send ~8,700 heartbeats a second; a longer
+  ``node_timeout`` brings that down).
 - ``status``: how often a node's status entry goes up to node 0 (the newest one only).
 - ``hello_retry``: how long a node waits for ``welcome`` before saying ``hello`` again.
 
@@ -24,6 +27,7 @@ AGENT_MESSAGES_PER_S = 1000.0  # the hub's budget of agent messages per second, 
 FASTEST_HEARTBEAT = 0.5  # seconds: the rate at small N
 FASTEST_STATUS = 1.0  # seconds: what the observer publishes at
 FASTEST_HELLO = 1.0
+SLOWEST_HELLO = 10.0  # a join whose hello was lost waits this long at most to say it again
 
 
 @dataclass(frozen=True)
@@ -51,4 +55,4 @@ def cadence(members: int, node_timeout: float) -> Cadence:
     share = max(1, members) / AGENT_MESSAGES_PER_S  # seconds between one agent's messages at full budget
     heartbeat = min(max(FASTEST_HEARTBEAT, share), max(0.05, node_timeout / 4))
     status = max(FASTEST_STATUS, share)
-    return Cadence(heartbeat, status, max(FASTEST_HELLO, 2 * share))
+    return Cadence(heartbeat, status, min(SLOWEST_HELLO, max(FASTEST_HELLO, 2 * share)))
