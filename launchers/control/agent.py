@@ -133,6 +133,9 @@ class NetworkEvents(JobEvents):
             return {**self.hub.view(), **self.state.seen_view(time.monotonic())}
         return self.state.seen_view(time.monotonic())
 
+    def view_stamp(self) -> float:
+        return self.state.view_at
+
     def request_view(self) -> None:
         if self.hub is not None:
             return  # node 0 holds every entry

@@ -29,7 +29,7 @@ from launchers.control.events import ExchangeFailed, JobEnded, JobEvent, Lost, R
 from launchers.control.wire import seal, unseal
 
 RELIABLE = frozenset({"fail", "put", "end", "bye", "sum", "ask"})  # kept until sent; the rest is said again anyway
-VIEW_FRESH = 10.0  # seconds a whole view asked of node 0 stays in this node's status view
+VIEW_FRESH = 1.5  # seconds a whole view asked of node 0 stays in this node's status view (then it is stale)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
 
@@ -62,7 +62,7 @@ class AgentState:
         self.hub_closing = False
         self.summary: dict[str, Any] = {}
         self.view: dict[int, dict[str, Any]] = {}
-        self.view_at = -1e9
+        self.view_at = 0.0
         self._outbox: deque[dict[str, Any]] = deque()
         self._pending: dict[str, dict[str, Any]] = {}  # topic → contribution not answered yet
         self._unconfirmed: dict[int, dict[str, Any]] = {}  # generation → failure report not yet echoed

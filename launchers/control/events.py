@@ -178,9 +178,13 @@ class JobEvents:
         """The status entries this node holds (node → entry), its own included.
 
         Node 0 (and a simulation) hold every node's; another node its own, and every node's
-        for a while after ``request_view`` (``mlaunch status`` asked there).
+        for a moment after node 0 answered ``request_view`` (``mlaunch status`` asked there).
         """
         return dict(self._view)
+
+    def view_stamp(self) -> float:
+        """When (``time.monotonic()``) node 0's answer to ``request_view`` last came; 0 before any."""
+        return 0.0
 
     def request_view(self) -> None:
         """Ask node 0 for every node's status entry once (``view`` has them when the answer came)."""

@@ -35,7 +35,7 @@ from launchers.control.gathers import Done, Gathers
 from launchers.control.wire import seal, unseal
 from launchers.log import say
 
-VIEW_CACHE = 1.0  # seconds an encoded whole view is reused for other nodes asking
+VIEW_CACHE = 0.5  # seconds an encoded whole view is reused for other nodes asking (a burst of askers)
 BATCH = 2000  # messages taken in before the timers are looked at again
 
 

@@ -210,7 +210,8 @@ class JobObserver:
         else:
             nodes = [node_entry(i, hosts[i], ranks) for i, ranks in by_node.items()]
         self._judge(nodes)
-        scope = "job" if self.simulated or len(nodes) >= self.nnodes else "node"
+        whole = len(nodes) >= self.nnodes  # another node holds every entry only as node 0 last sent them
+        scope = "job" if self.simulated or self.node == 0 else "relay" if whole else "node"
         status = {
             "scope": scope,  # first: `mlaunch status` and a shared log directory read it from the file's head
             **job_status(
@@ -225,7 +226,7 @@ class JobObserver:
         }
         if not self.simulated and self.node == 0:
             self._summarize(status)
-        elif scope == "node":  # node 0's word on the job, beside this node's own ranks
+        else:  # node 0's word on the job, beside this node's own ranks
             summary = self.events.summary()
             if "last_committed_step" in summary:
                 status["last_committed_step"] = summary["last_committed_step"]
