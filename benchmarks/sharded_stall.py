@@ -179,9 +179,12 @@ def staged_bytes() -> int:
 
 def kill_phase(ckpt, model, opt, rank: int) -> None:  # type: ignore[no-untyped-def]
     """Stage every step until one of us is killed (mlaunch then flash-saves; the others are stopped)."""
+    import torch.distributed as dist
+
     step = 1000
     while True:
         train_step(model, opt)
+        dist.barrier()  # ranks in step, as training's collectives keep them: every rank has the same two steps staged
         ckpt.stage(step, state(model, opt))
         if step == 1002:
             print(f"ready {rank} {os.getpid()}", flush=True)
@@ -275,8 +278,9 @@ def kill_and_time(job: Job, ckpt: Path) -> float:
     start = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     while not committed(ckpt):
-        if time.monotonic() - start > 600:
-            raise RuntimeError("no commit:\n" + "\n".join(job.log[-40:]))
+        if time.monotonic() - start > 600 or job.proc.poll() is not None:
+            said = [line for line in job.log if "mlaunch" in line and "INFO" not in line]
+            raise RuntimeError("no commit; mlaunch said:\n" + "\n".join(said[-40:]))
         time.sleep(0.001)
     took = time.monotonic() - start
     job.proc.wait(timeout=600)
