@@ -30,7 +30,6 @@ from launchers.control.wire import seal, unseal
 
 RELIABLE = frozenset({"fail", "put", "end", "bye", "sum", "ask"})  # kept until sent; the rest is said again anyway
 VIEW_FRESH = 1.5  # seconds a whole view asked of node 0 stays in this node's status view (then it is stale)
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
 
 
@@ -286,23 +285,20 @@ def dealer(context: zmq.Context[Any], address: str, state: AgentState) -> zmq.So
 
 
 def receive(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -> None:
-    """Everything the hub said, to the state (a message that does not verify is dropped).
+    """One message the hub said, to the state (a message that does not verify is dropped).
 
-    The poller said the socket is readable; after each message ``ZMQ_EVENTS`` says whether
-    another waits, which costs less than ending on ``zmq.Again`` (an exception per socket per
-    round, for thousands of sockets). Plain ints: the enum arithmetic cost more than the call.
+    One per readiness: the poller is level-triggered, so a socket with more waiting is
+    reported again at once; asking each socket whether more is there (``ZMQ_EVENTS``, or
+    ending on ``zmq.Again``) cost more, for thousands of sockets, than the extra poll.
     """
-    while True:
-        try:
-            frames = sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        message = unseal(secret, frames)
-        if message is not None:
-            with contextlib.suppress(KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
-                state.on_message(message, now)
-        if not int(sock.getsockopt(_EVENTS)) & _POLLIN:
-            return
+    try:
+        frames = sock.recv_multipart(zmq.NOBLOCK)
+    except zmq.Again:
+        return
+    message = unseal(secret, frames)
+    if message is not None:
+        with contextlib.suppress(KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
+            state.on_message(message, now)
 
 
 def flush(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -> None:
