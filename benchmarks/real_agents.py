@@ -18,6 +18,7 @@ mlaunch processes and their ranks on two cores; figures taken while other work r
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -36,6 +37,17 @@ from launchers.platform.cluster import free_port  # noqa: E402
 STARTUP = 600.0  # seconds for every mlaunch to start its rank (128 interpreters on two cores)
 
 
+def event_times(agents: Agents, event: str, after: float) -> list[float]:
+    """Seconds after ``after`` at which each node logged ``event`` in the shared events.jsonl."""
+    path = agents.home / "logs" / "events.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(r["time"] - after for r in records if r.get("event") == event and r["time"] >= after)
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} s median, {max(values):.1f} s max" if values else "none"
+
+
 def restart_together(home: Path, count: int) -> tuple[float, dict[int, int], Agents]:
     kill = count // 2
     agents = start(home, count, free_port(), KILL_RANK=str(kill), RUN="600", RUN_AGAIN="2")
@@ -52,7 +64,7 @@ def restart_together(home: Path, count: int) -> tuple[float, dict[int, int], Age
     return took, codes, agents
 
 
-def node_killed(home: Path, count: int) -> tuple[list[float], dict[int, int], Agents, int]:
+def node_killed(home: Path, count: int) -> tuple[list[float], dict[int, int], Agents, float]:
     victim = count // 2
     agents = start(home, count, free_port(), RUN="600")
     try:
@@ -65,7 +77,7 @@ def node_killed(home: Path, count: int) -> tuple[list[float], dict[int, int], Ag
     finally:
         agents.kill_all()
     took = [agents.exited[n] - killed for n in agents.exited if n != victim]
-    return took, codes, agents, victim
+    return took, codes, agents, killed
 
 
 def main() -> int:
@@ -79,8 +91,11 @@ def main() -> int:
         print(
             f"{count} agents, rank {count // 2} killed: every node restarted {took:.1f} s later; {zero}/{count} exit 0"
         )
+        restart = event_times(agents, "restart", float((agents.marks / "killed").read_text()))
+        print(f"  every node met to restart (events.jsonl 'restart' after the kill): {spread(restart)}")
         left = leftovers(agents.home)
-        took_list, codes, agents, victim = node_killed(Path(tmp) / "lost", count)
+        took_list, codes, agents, killed = node_killed(Path(tmp) / "lost", count)
+        victim = count // 2
         others = [n for n in range(count) if n != victim]
         named = sum(1 for n in others if codes.get(n, 0) != 0 and f"node {victim}" in agents.stderr(n))
         bound = NODE_TIMEOUT + 5
@@ -90,6 +105,8 @@ def main() -> int:
             f"(max; bound node_timeout + 5 = {bound:g} s: "
             f"{'met' if max(took_list) <= bound else 'NOT met'}); {named}/{len(others)} non-zero naming node {victim}"
         )
+        learned = event_times(agents, "failure", killed)
+        print(f"  each learned of the loss and stopped its rank (events.jsonl 'failure'): {spread(learned)}")
         left += leftovers(agents.home)
         print(f"left running: {len(left)}" + ("".join(f"\n  {line}" for line in left) if left else ""))
     return 0
