@@ -292,10 +292,10 @@ def receive(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float)
     ending on ``zmq.Again``) cost more, for thousands of sockets, than the extra poll.
     """
     try:
-        frames = sock.recv_multipart(zmq.NOBLOCK)
+        frame = sock.recv(zmq.NOBLOCK)  # the hub says one frame; a stray extra part fails its MAC on its own
     except zmq.Again:
         return
-    message = unseal(secret, frames)
+    message = unseal(secret, [frame])
     if message is not None:
         with contextlib.suppress(KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
             state.on_message(message, now)
