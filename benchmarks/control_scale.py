@@ -213,6 +213,7 @@ def steady(events: Any, seconds: float) -> dict[str, float]:
             events.publish_summary({"phase": "running", "last_committed_step": step - step % 10, "stragglers": []})
         if mark is None and tick >= end - seconds + warm:
             mark = (time.monotonic(), time.process_time(), _copy(hub.traffic))
+            hub_cpu = thread_cpu(hub.native_id)
         time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
     assert mark is not None
     wall = time.monotonic() - mark[0]
@@ -220,12 +221,19 @@ def steady(events: Any, seconds: float) -> dict[str, float]:
     now, before = hub.traffic, mark[2]
     return {
         "cpu": cpu / wall,
+        "hub_thread": (thread_cpu(hub.native_id) - hub_cpu) / wall,
         "bytes_in": (now.bytes_in - before.bytes_in) / wall,
         "bytes_out": (now.bytes_out - before.bytes_out) / wall,
         "messages_in": (now.messages_in - before.messages_in) / wall,
         "slowest_broadcast": now.slowest_broadcast,
         "status_every": hub.cadence.status,
     }
+
+
+def thread_cpu(tid: int | None) -> float:
+    """CPU seconds of one thread of this process (/proc: utime + stime)."""
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _copy(traffic: Any) -> Any:
@@ -356,6 +364,7 @@ def verdict(rows: list[tuple[int, dict[str, Any]]]) -> None:
         ("hub CPU (share of one core)", top["cpu"], GOALS["hub_cpu"], ""),
     ]
     print(f"goals at N = {nnodes}:")
+    print(f"  (node 0's process: {top['cpu']:.1%} of a core, of which the hub's thread {top['hub_thread']:.1%})")
     for name, value, goal, unit in checks:
         print(f"  {name}: {value:.3g}{unit} (goal ≤ {goal:g}{unit}) {'met' if value <= goal else 'NOT met'}")
     first = rows[0][1]["per_agent"]

@@ -57,8 +57,8 @@ class Gathers:
 
     def check(self, topic: str, members: Set[int]) -> Done | None:
         gather = self.open.get(topic)
-        if gather is None or not members <= gather.values.keys():
-            return None
+        if gather is None or len(gather.values) < len(members) or not members <= gather.values.keys():
+            return None  # the count first: the subset test is O(N), and a put comes from each of N nodes
         del self.open[topic]
         if gather.error is not None:
             done = Done(None, {}, gather.error)
