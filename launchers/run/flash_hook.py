@@ -111,7 +111,7 @@ class FlashHook:
                 deadline=deadline,
                 exchange=self.exchange,
             )
-        if result.status != "skipped":  # "nothing" too: the ranks staged, yet no step can be saved (say why)
+        if result.status not in ("skipped", "unstaged"):  # "nothing": ranks staged, yet no step can be saved: say why
             where = f" ({result.path})" if result.path else ""
             say(f"flash save {when}: {result.message}{where}")
         if result.status in ("committed", "written") and result.step is not None and self.on_commit is not None:

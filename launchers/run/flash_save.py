@@ -58,7 +58,8 @@ class TornSlot(RuntimeError):
 
 @dataclass
 class FlashResult:
-    status: Literal["committed", "written", "nothing", "skipped", "failed"]
+    # unstaged: no rank staged anything in this attempt (a script that never calls stage): nothing to say
+    status: Literal["committed", "written", "nothing", "unstaged", "skipped", "failed"]
     message: str
     step: int | None = None
     path: Path | None = None
@@ -155,7 +156,7 @@ def persist(
 def _staged(readers: dict[int, staging.SegmentReader], share: _Share) -> _Staged | FlashResult:
     """What every rank staged in this attempt, or why there is nothing to persist."""
     if not readers:
-        return FlashResult("nothing", "no rank staged its state")
+        return FlashResult("unstaged", "no rank staged its state")
     ranks = share.ranks
     missing = [r for r in ranks if r not in readers]
     staged: dict[int, dict[int, staging.Slot]] = {}
@@ -165,7 +166,8 @@ def _staged(readers: dict[int, staging.SegmentReader], share: _Share) -> _Staged
             staged[rank] = {s.step: s for s in slots if s.complete and s.attempt == share.attempt}
     if missing or any(not steps for steps in staged.values()):
         empty = sorted(set(missing) | {r for r, s in staged.items() if not s})
-        return FlashResult("nothing", f"rank(s) {empty} staged nothing in this attempt")
+        status: Literal["nothing", "unstaged"] = "unstaged" if len(empty) == len(ranks) else "nothing"
+        return FlashResult(status, f"rank(s) {empty} staged nothing in this attempt")
     infos = [readers[r].info for r in ranks]
     dirs = {i.ckpt_dir for i in infos}
     worlds = {i.world for i in infos}
