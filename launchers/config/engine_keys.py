@@ -17,6 +17,13 @@ def check_engine_keys(job: Job, engine: str) -> None:
     ``mpi.node0_timeout`` is the MPI engine's older name of ``monitor.node_timeout``; with another
     engine it would silently set the control plane's node timeout (``launchers.control.node_timeout``).
     """
+    if engine != "pytorch" and job.pytorch.nnodes and ":" in job.pytorch.nnodes:
+        raise key_error(
+            job,
+            ["pytorch", "nnodes"],
+            f"an elastic node range ({job.pytorch.nnodes}) is run by the pytorch engine only: engine {engine} "
+            "cannot re-form its job at another size; remove the range or run with --engine pytorch",
+        )
     if engine != "mpi" and "node0_timeout" in job.mpi.model_fields_set:
         raise key_error(
             job,

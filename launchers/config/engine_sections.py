@@ -27,7 +27,12 @@ class PytorchOptions(Section):
     master_port: Port | None = Field(
         None, description="rendezvous port; default: platform's, else 29500 (free port when simulated)"
     )
-    nnodes: str | None = Field(None, description="torchrun style: node count or elastic range, e.g. '2:3'")
+    nnodes: str | None = Field(
+        None,
+        description="elastic node range 'MIN:MAX', e.g. '2:3': the job goes on with at least MIN nodes when one is "
+        "lost and takes nodes back up to MAX (elastic:; torchrun style: torchrun's agent runs it); torchrun style "
+        "also takes a node count",
+    )
     rdzv_backend: str = "c10d"
     rdzv_id: str | None = None
     max_restarts: Count | None = Field(None, description="torchrun style: torchrun's own --max-restarts")

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
+from launchers.config.elastic import ElasticOptions
 from launchers.config.engine_sections import AscendOptions, MpiOptions, PytorchOptions, TensorflowOptions
 from launchers.config.fields import (
     CommandScalar,
@@ -71,6 +72,7 @@ class Job(Section):
     monitor: MonitorOptions = Field(default_factory=lambda: MonitorOptions())
     control: ControlOptions = Field(default_factory=lambda: ControlOptions())
     health_check: HealthCheckOptions = Field(default_factory=lambda: HealthCheckOptions())
+    elastic: ElasticOptions = Field(default_factory=lambda: ElasticOptions())
 
     _source: Path | None = PrivateAttr(None)
 

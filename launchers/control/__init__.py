@@ -44,8 +44,11 @@ from launchers.control.events import (
     ExchangeFailed,
     JobEnded,
     JobEvents,
+    Left,
     LocalEvents,
     Lost,
+    Meeting,
+    Regroup,
     RemoteFailure,
 )
 
@@ -73,6 +76,7 @@ def open_job_events(job: Job, cluster: Cluster) -> JobEvents:
     """The control plane for this node: in process for one node or a simulation, else pyzmq to node 0's hub."""
     if cluster.simulated or cluster.nnodes <= 1:
         return LocalEvents()
+    from launchers.config.elastic import node_range
     from launchers.control.agent import NetworkEvents
     from launchers.control.wire import job_secret
 
@@ -86,6 +90,7 @@ def open_job_events(job: Job, cluster: Cluster) -> JobEvents:
         secret=secret,
         node_timeout=node_timeout(job),
         join_timeout=job.monitor.join_timeout,  # never shorter than node_timeout (the agent sees to it)
+        elastic=node_range(job),  # the membership may change within it (``membership``)
     )
 
 
@@ -93,8 +98,11 @@ __all__ = [
     "ExchangeFailed",
     "JobEnded",
     "JobEvents",
+    "Left",
     "LocalEvents",
     "Lost",
+    "Meeting",
+    "Regroup",
     "RemoteFailure",
     "control_port",
     "node_timeout",

@@ -20,7 +20,16 @@ import zmq
 
 from launchers.control.agent_core import AgentState
 from launchers.control.driver import Driver
-from launchers.control.events import JobEnded, JobEvent, JobEvents, LocalFailure, Lost, RemoteFailure
+from launchers.control.events import (
+    ExchangeFailed,
+    JobEnded,
+    JobEvent,
+    JobEvents,
+    LocalFailure,
+    Lost,
+    Meeting,
+    RemoteFailure,
+)
 from launchers.control.hub import Hub
 from launchers.log import say
 
@@ -40,8 +49,12 @@ class NetworkEvents(JobEvents):
         join_timeout: float | None = None,
         driver: Driver | None = None,
         host: str = "",
+        elastic: tuple[int, int] | None = None,
     ) -> None:
-        """``driver``: a shared one (the benchmark's many agents in one process), else this node's own."""
+        """``driver``: a shared one (the benchmark's many agents in one process), else this node's own.
+
+        ``elastic``: the job's node range (MIN, MAX): the hub leaves a lost node out and admits
+        nodes that join instead of ending the job (``membership``)."""
         super().__init__()
         self.node = node
         self.nnodes = nnodes
@@ -52,7 +65,7 @@ class NetworkEvents(JobEvents):
             driver = Driver(zmq.Context(), secret)
         self.driver = driver
         if node == 0:
-            self.hub = Hub(driver.context, port, secret, nnodes, node_timeout)
+            self.hub = Hub(driver.context, port, secret, nnodes, node_timeout, elastic)
             self.hub.start()
         self._wake_r, self._wake_w = _pipe() if self._own else (-1, -1)  # the supervisor's loop: something arrived
         self.wake_fd: int | None = self._wake_r if self._own else None
@@ -172,6 +185,48 @@ class NetworkEvents(JobEvents):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.driver.context.term()
+
+    # -- an elastic job's membership -------------------------------------------------------------
+    @property
+    def candidate(self) -> bool:
+        return self.state.candidate
+
+    def joined(self, deadline: float) -> bool:
+        state = self.state
+        with state.cond:
+            while not state.welcomed and state.lost is None and time.monotonic() < deadline:
+                state.cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
+            return state.welcomed and state.lost is None
+
+    def meet(self, key: str, generation: int, restarts: int, deadline: float, *, admit: bool = True) -> Meeting:
+        state = self.state
+        state.meet(key, {"gen": generation, "restarts": restarts, "admit": admit})
+        self._kick()
+        with state.cond:
+            while key not in state.meetings:
+                final = state.lost or state.ended
+                if final is not None:
+                    raise ExchangeFailed(final.describe())
+                if time.monotonic() >= deadline:
+                    raise ExchangeFailed("not every node came to the meeting in time")
+                state.cond.wait(max(0.0, deadline - time.monotonic()))
+            return state.meetings[key]
+
+    def admission(self, wait: float) -> Meeting | None:
+        state = self.state
+        end = time.monotonic() + wait
+        with state.cond:
+            while state.admitted is None and state.lost is None and state.ended is None and time.monotonic() < end:
+                state.cond.wait(max(0.0, end - time.monotonic()))
+            return state.admitted
+
+    def waiting(self) -> list[int]:
+        return self.hub.membership.waiting() if self.hub is not None else []
+
+    def regroup(self, why: str) -> None:
+        if self.node == 0:
+            self.state.send({"t": "regroup", "why": why})
+            self._kick()
 
     def _kick(self) -> None:
         self.driver.kick(self.state)

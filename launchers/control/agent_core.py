@@ -25,10 +25,21 @@ from typing import Any
 import zmq
 
 from launchers.control.cadence import Cadence, cadence
-from launchers.control.events import ExchangeFailed, JobEnded, JobEvent, Lost, RemoteFailure
+from launchers.control.events import (
+    ExchangeFailed,
+    JobEnded,
+    JobEvent,
+    Left,
+    Lost,
+    Meeting,
+    Regroup,
+    RemoteFailure,
+)
 from launchers.control.wire import seal, unseal
 
-RELIABLE = frozenset({"fail", "put", "end", "bye", "sum", "ask"})  # kept until sent; the rest is said again anyway
+RELIABLE = frozenset(
+    {"fail", "put", "end", "bye", "sum", "ask", "meet", "regroup"}
+)  # kept until sent; the rest is said again anyway
 VIEW_FRESH = 1.5  # seconds a whole view asked of node 0 stays in this node's status view (then it is stale)
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
 
@@ -62,6 +73,10 @@ class AgentState:
         self.summary: dict[str, Any] = {}
         self.view: dict[int, dict[str, Any]] = {}
         self.view_at = 0.0
+        self.epoch = 0  # the membership this node's contributions belong to (an elastic job: the last meeting's)
+        self.candidate = False  # an elastic job that runs without this node: it waits to be admitted
+        self.meetings: OrderedDict[str, Meeting] = OrderedDict()
+        self.admitted: Meeting | None = None  # a candidate's admission
         self._outbox: deque[dict[str, Any]] = deque()
         self._pending: dict[str, dict[str, Any]] = {}  # topic → contribution not answered yet
         self._unconfirmed: dict[int, dict[str, Any]] = {}  # generation → failure report not yet echoed
@@ -86,7 +101,7 @@ class AgentState:
             self._outbox.append(message)
 
     def contribute(self, topic: str, value: Any, how: Any) -> None:
-        message = {"t": "put", "topic": topic, "value": value, "how": how}
+        message = {"t": "put", "topic": topic, "value": value, "how": how, "epoch": self.epoch}
         with self.cond:
             self.results.pop(topic, None)
             self._pending[topic] = message
@@ -118,6 +133,13 @@ class AgentState:
         if error is not None:
             raise ExchangeFailed(f"{topic.split('/')[0]!r}: {error}")
         return value
+
+    def meet(self, key: str, said: dict[str, Any]) -> None:
+        """This node's part of an elastic job's meeting (said again after a rejoin until answered)."""
+        message = {"t": "meet", "key": key, **said}
+        with self.cond:
+            self._pending[f"meet:{key}"] = message
+            self._outbox.append(message)
 
     def flush_status(self) -> None:
         """Send the newest status entry now (leaving: node 0 keeps the last word of every node)."""
@@ -174,6 +196,8 @@ class AgentState:
     def _welcome(self, message: dict[str, Any]) -> None:
         with self.cond:
             self.welcomed = True
+            self.candidate = self.candidate or bool(message.get("candidate"))
+            self.cond.notify_all()
             self.cadence = Cadence.from_message(message, self.cadence)
             self._outbox.extend(self._unconfirmed.values())  # a rejoin: what the hub may not have
             self._outbox.extend(self._pending.values())
@@ -218,7 +242,38 @@ class AgentState:
 
     def _lost(self, message: dict[str, Any]) -> None:
         node = int(message["lost"])
-        self.final(Lost(node, str(message.get("host", "")), float(message["seconds"])))
+        why = str(message.get("why") or "")
+        self.final(Lost(node, str(message.get("host", "")), float(message["seconds"]), why, node == self.node))
+
+    def _left(self, message: dict[str, Any]) -> None:
+        node = int(message["node"])
+        with self.cond:
+            host, why = str(message.get("host", "")), str(message.get("why", ""))
+            self.events.append(Left(node, host, why, float(message.get("seconds", 0))))
+            self.cond.notify_all()
+        self.wake()
+
+    def _met(self, message: dict[str, Any]) -> None:
+        """A meeting's answer (or a candidate's admission): the membership of the next generation."""
+        meeting = Meeting.of(message)
+        with self.cond:
+            self._pending.pop(f"meet:{meeting.key}", None)
+            self.meetings[meeting.key] = meeting
+            while len(self.meetings) > KEEP_RESULTS:
+                self.meetings.popitem(last=False)
+            self.epoch = int(message.get("epoch", self.epoch))
+            if self.candidate and self.node in meeting.members:
+                self.candidate, self.admitted = False, meeting
+            # what changed before the meeting is in its answer: it must not stop the generation it starts
+            self.events[:] = [e for e in self.events if not isinstance(e, (Left, Regroup))]
+            self.cond.notify_all()
+        self.wake()
+
+    def _regroup(self, message: dict[str, Any]) -> None:
+        with self.cond:
+            self.events.append(Regroup(str(message.get("why", ""))))
+            self.cond.notify_all()
+        self.wake()
 
     def _end(self, message: dict[str, Any]) -> None:
         if int(message["node"]) != self.node:
@@ -269,6 +324,9 @@ _HANDLERS: dict[str, Callable[[AgentState, dict[str, Any]], None]] = {
     "closing": AgentState._closing,
     "sum": AgentState._summary,
     "view": AgentState._view,
+    "left": AgentState._left,
+    "met": AgentState._met,
+    "regroup": AgentState._regroup,
 }
 
 

@@ -65,15 +65,77 @@ class RemoteFailure:
 
 @dataclass(frozen=True)
 class Lost:
-    """A node whose mlaunch stopped answering for ``monitor.node_timeout``."""
+    """A node whose mlaunch stopped answering for ``monitor.node_timeout`` (the job ends).
+
+    ``reason``: why an elastic job cannot go on without it; ``out``: this node itself was left
+    out of an elastic job (it stops; a new mlaunch on it may rejoin).
+    """
 
     node: int
     host: str
     seconds: float
+    reason: str = ""
+    out: bool = False
 
     def describe(self) -> str:
         where = f"node {self.node}" + (f" ({self.host})" if self.host else "")
-        return f"{where} is lost: its mlaunch sent nothing for {self.seconds:.1f}s"
+        if self.out:
+            return f"{where}: {self.reason}"
+        return f"{where} is lost: its mlaunch sent nothing for {self.seconds:.1f}s" + (
+            f"; {self.reason}" if self.reason else ""
+        )
+
+
+@dataclass(frozen=True)
+class Left:
+    """An elastic job left a node out (silent, its mlaunch ended or started again): the others re-form without it."""
+
+    node: int
+    host: str
+    why: str
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        where = f"node {self.node}" + (f" ({self.host})" if self.host else "")
+        return f"{where} left the job: {self.why}"
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """Node 0 asks every node of an elastic job to stop its ranks gracefully and re-form (a node waits to join)."""
+
+    why: str
+
+    def describe(self) -> str:
+        return f"node 0 re-forms the job: {self.why}"
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """An elastic job's members met before a generation: who runs it (platform node indexes) and what changed."""
+
+    key: str
+    generation: int
+    members: tuple[int, ...]
+    joined: tuple[tuple[int, str], ...] = ()  # (node, host) admitted at this meeting
+    left: tuple[Left, ...] = ()  # left out since the meeting before
+    restarts: int = 0  # the job's restarts after failures so far (the most any member said)
+    regroup: str = ""  # node 0 re-formed the job since the meeting before (why)
+
+    @classmethod
+    def of(cls, message: dict[str, Any]) -> Meeting:
+        return cls(
+            str(message["key"]),
+            int(message["gen"]),
+            tuple(int(n) for n in message["members"]),
+            tuple((int(j["node"]), str(j.get("host", ""))) for j in message.get("joined", [])),
+            tuple(
+                Left(int(x["node"]), str(x.get("host", "")), str(x.get("why", "")), float(x.get("seconds", 0.0)))
+                for x in message.get("left", [])
+            ),
+            int(message.get("restarts", 0)),
+            str(message.get("regroup") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -95,7 +157,7 @@ class JobEnded:
         return f"{where} reports the job ended with exit code {self.exit_code}"
 
 
-JobEvent = RemoteFailure | Lost | JobEnded
+JobEvent = RemoteFailure | Lost | JobEnded | Left | Regroup
 
 
 class JobEvents:
@@ -199,6 +261,31 @@ class JobEvents:
 
     def close(self, exit_code: int) -> None:
         """Leave the job (node 0: tell every node the job ended with ``exit_code``, wait for them to leave)."""
+
+    # -- an elastic job's membership (``membership``; only with one mlaunch per node) --------------
+    @property
+    def candidate(self) -> bool:
+        """This node's mlaunch started while the job ran: it waits to be admitted, running no ranks."""
+        return False
+
+    def joined(self, deadline: float) -> bool:
+        """Node 0's hub answered this node (False at ``deadline`` or once the hub is lost)."""
+        return True
+
+    def meet(self, key: str, generation: int, restarts: int, deadline: float, *, admit: bool = True) -> Meeting:
+        """Every member's meeting before ``generation``: the membership it runs with; else ExchangeFailed."""
+        return Meeting(key, generation, (self.node,), restarts=restarts)
+
+    def admission(self, wait: float) -> Meeting | None:
+        """A candidate: the meeting that admitted it, waiting up to ``wait`` seconds (None: not yet)."""
+        return None
+
+    def waiting(self) -> list[int]:
+        """Node 0: the nodes waiting to be admitted."""
+        return []
+
+    def regroup(self, why: str) -> None:
+        """Node 0: every member stops its ranks gracefully and meets (a waiting node is admitted there)."""
 
 
 class LocalEvents(JobEvents):

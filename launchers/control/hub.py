@@ -31,6 +31,7 @@ import zmq
 
 from launchers.control.cadence import Cadence, cadence
 from launchers.control.gathers import Done, Gathers
+from launchers.control.membership import Membership
 from launchers.control.wire import seal, unseal
 from launchers.log import say
 
@@ -52,7 +53,15 @@ class Traffic:
 
 
 class Hub(threading.Thread):
-    def __init__(self, context: zmq.Context[Any], port: int, secret: bytes, nnodes: int, node_timeout: float) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        port: int,
+        secret: bytes,
+        nnodes: int,
+        node_timeout: float,
+        elastic: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__(name="mlaunch-control-hub", daemon=True)
         self.secret = secret
         self.nnodes = nnodes  # node indexes are 0 … nnodes-1
@@ -65,6 +74,8 @@ class Hub(threading.Thread):
         self.sock.setsockopt(zmq.BACKLOG, max(100, min(nnodes, 65536)))  # every node connecting at once
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.bind(f"tcp://*:{port}")
+        self.membership = Membership(self, elastic)  # an elastic range: members leave and join (``membership``)
+        self.membership.watch(self.sock)
         self.peers: dict[int, bytes] = {}
         self.hosts: dict[int, str] = {}
         self.seen: dict[int, float] = {}
@@ -114,9 +125,11 @@ class Hub(threading.Thread):
                     self._tick(now)
             self._broadcast({"t": "closing"})
         finally:
+            self.membership.close(self.sock)
             self.sock.close(linger=200)
 
     def _tick(self, now: float) -> None:
+        self.membership.closed_connections()
         self._check_lost(now)
         summary = self._summary
         if summary is not None and now - self._last_broadcast >= self.cadence.status / 2:
@@ -142,6 +155,8 @@ class Hub(threading.Thread):
                 if message["t"] == "hello":  # it came back too late: tell it, so it stops at once
                     self._to(ident, self._lost_message(node, time.monotonic()))
                 continue
+            if not self.membership.speaker(node, ident, message, time.monotonic()):
+                continue
             self.peers[node] = ident
             self.seen[node] = time.monotonic()
             try:
@@ -165,7 +180,13 @@ class Hub(threading.Thread):
             with self._lock:
                 self.status[node] = message.get("entry")
         elif kind == "put":
-            self._put(node, str(message["topic"]), message.get("how"), message.get("value"))
+            if self.membership.current(message):
+                self._put(node, str(message["topic"]), message.get("how"), message.get("value"))
+            else:  # made under a membership that changed since: void (a partial step must never commit)
+                error = "the job's membership changed since this exchange began: it is void"
+                self._send(node, {"t": "got", "topic": str(message["topic"]), "error": error})
+        elif kind == "meet":
+            self.membership.meet(node, message)
         elif kind == "fail":
             generation = int(message["gen"])
             if generation not in self.first:
@@ -178,7 +199,9 @@ class Hub(threading.Thread):
         elif kind == "end" and node == 0 and self.ended is None:
             self.ended = {"t": "end", "node": 0, "code": int(message["code"]), "host": self.hosts.get(0, "")}
             self._broadcast(self.ended)
-        elif kind == "bye":
+        elif kind == "regroup" and node == 0:
+            self.membership.regroup(str(message.get("why", "")))
+        elif kind == "bye" and not self.membership.on_bye(node, int(message.get("code", 0)), time.monotonic()):
             self.left.add(node)
 
     def _put(self, node: int, topic: str, how: Any, value: Any) -> None:
@@ -197,6 +220,7 @@ class Hub(threading.Thread):
         if known is not None and node in self.left:
             self.left.discard(node)
         welcome: dict[str, Any] = {"t": "welcome", "members": len(self.members), **self.cadence.as_message()}
+        welcome.update(self.membership.welcome(node, time.monotonic()))
         if self.first:
             welcome["first"] = self.first[max(self.first)]
         if self.ended is not None:
@@ -226,15 +250,19 @@ class Hub(threading.Thread):
         self._send_frames(node, cached[1])
 
     def _check_lost(self, now: float) -> None:
+        limit = self.membership.silence_limit(now)  # shorter just after a peer's connection closed (elastic)
         for node, seen in list(self.seen.items()):
-            if node in self.left or node in self.lost or now - seen <= self.node_timeout:
+            if node in self.left or node in self.lost or now - seen <= limit:
+                continue
+            why = self.membership.on_silent(node, now - seen, now)  # None: left out of an elastic job
+            if why is None:
                 continue
             self.lost.add(node)
-            self._broadcast(self._lost_message(node, now))
+            self._broadcast(self._lost_message(node, now, why))
 
-    def _lost_message(self, node: int, now: float) -> dict[str, Any]:
+    def _lost_message(self, node: int, now: float, why: str = "") -> dict[str, Any]:
         seconds = now - self.seen.get(node, now)
-        return {"t": "lost", "lost": node, "host": self.hosts.get(node, ""), "seconds": seconds}
+        return {"t": "lost", "lost": node, "host": self.hosts.get(node, ""), "seconds": seconds, "why": why}
 
     # -- sending ----------------------------------------------------------------------------------
     def _send(self, node: int, message: dict[str, Any]) -> None:

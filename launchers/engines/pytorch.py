@@ -43,6 +43,13 @@ class PytorchEngine:
                 f"the platform asks for an elastic node range ({cluster.nnodes_spec}); only torchrun's agent can "
                 "run that — set `pytorch: {style: torchrun}` in job.yaml"
             )
+        from launchers.platform.resize import check_node_range
+
+        if check_node_range(job, cluster) is not None and cluster.simulated:
+            cluster.notes.append(
+                f"pytorch.nnodes {job.pytorch.nnodes}: a local simulation runs every node in this one mlaunch, "
+                "so no node can leave or join; the elastic range takes effect with one mlaunch per node"
+            )
         return cluster
 
     def restart_cluster(self, cluster: Cluster, attempt: int) -> Cluster:

@@ -83,6 +83,8 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)  # the environment detection saw
     control_port: int = 0  # the engine's port for the job's control plane (0: the documented default)
     control_key: str = ""  # a secret file every node holds, mixed into the control plane's key ("" if none)
+    members: list[int] | None = None  # elastic: the platform's node indexes in the job now (None: all; resize.py)
+    rank_env: dict[str, str] = field(default_factory=dict)  # the platform's shape variables restated for the ranks
 
     @property
     def world_size(self) -> int:

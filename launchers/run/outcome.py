@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from launchers.control import RemoteFailure
 
 
+MEMBERSHIP = "membership"  # the cause of an attempt an elastic job's membership change ended (not a failure)
+
+
 def exit_status(status: int) -> tuple[int, int | None]:
     """waitpid status → (shell-style exit code, the signal that killed the process or None)."""
     try:

@@ -47,8 +47,10 @@ def make_plan(
 def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> LaunchPlan:
     """The engine's plan, plus what job-wide features add to it (high-availability side processes, env)."""
     plan = engine.plan(job, cluster, attempt)
+    restated = getattr(cluster, "rank_env", None) or {}  # an elastic job at another size (platform/resize.py)
     for proc in plan.processes:  # the elastic runtime's Checkpointer keeps this many
         proc.env.setdefault("MLAUNCH_CHECKPOINT_KEEP", str(job.checkpoint.keep))
+        proc.env.update(restated)
     if job.high_availability.enabled:
         from launchers.engines.high_availability import apply_high_availability
 

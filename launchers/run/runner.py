@@ -103,11 +103,13 @@ def run_job(
     code = 1
     try:
         with SignalRouter() as signals:
-            refused = _health_check(job, cluster, events, observer)  # the node health check: its exit code
+            run = _Run(engine, run_id, signals, watchdog, events, observer, standbys)
+            run.span = _elastic_span(job, events)
+            refused = None if run.span else _health_check(job, cluster, events, observer)  # elastic: per generation
             if refused is not None:
                 code = refused
                 return code
-            code = _attempts(job, cluster, plan, _Run(engine, run_id, signals, watchdog, events, observer, standbys))
+            code = _attempts(job, cluster, plan, run)
             return code
     finally:
         observer.finished(code)
@@ -130,6 +132,14 @@ class _Run:
     events: JobEvents
     observer: JobObserver
     standbys: StandbyPool | None = None
+    span: tuple[int, int] | None = None  # an elastic node range mlaunch runs (run/membership.py)
+
+
+def _elastic_span(job: Job, events: JobEvents) -> tuple[int, int] | None:
+    """``pytorch.nnodes: "MIN:MAX"`` with one mlaunch per node: the job's membership can change."""
+    from launchers.config.elastic import node_range
+
+    return node_range(job) if events.networked else None
 
 
 def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
@@ -140,6 +150,14 @@ def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
     attempt = 0
     policy = plan.policy
     monitor = Monitor(run.run_id, policy.grace_period, say, declared_save=job.checkpoint.save_time)
+    if run.span is not None:
+        from launchers.run.membership import Elastic, Steps, elastic_attempts
+
+        def one(plan: LaunchPlan, attempt: int, tick: Callable[[], None]) -> tuple[Outcome, set[str]]:
+            return _attempt(job, plan, attempt, policy.grace_period, run, _ticks(monitor, tick))
+
+        elastic = Elastic(job, run.engine, cluster, run.span, run.events, run.observer, run.signals)
+        return elastic_attempts(elastic, Steps(one, _run_exit_code))
     while True:
         outcome, roots = _attempt(job, plan, attempt, policy.grace_period, run, monitor)
         code = _run_exit_code(outcome, plan, roots)
@@ -181,7 +199,7 @@ def _attempt(
     say(plan.headline() + (f"  attempt {attempt}" if attempt else ""))
     clear_error_files(plan)
     run.events.start_generation(attempt)
-    exchange = run.events.exchange if run.events.networked else None
+    exchange = run.events.reduce if run.events.networked else None
     background = _background_persist(job, plan, attempt, run.run_id, exchange)
     quiesce = background.stop if background else None
     flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)

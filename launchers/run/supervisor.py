@@ -49,7 +49,15 @@ from launchers.elastic import progress
 from launchers.log import say
 from launchers.plan import FOLLOWER_ROLES, ProcessSpec, process_label
 from launchers.run.hang import HangMonitor, dump_stacks
-from launchers.run.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of, remote_failure
+from launchers.run.outcome import (
+    MEMBERSHIP,
+    Failure,
+    Outcome,
+    exit_status,
+    launch_failure,
+    outcome_of,
+    remote_failure,
+)
 from launchers.run.procs import children_of, process_env, start_process
 from launchers.run.signal_router import SignalRouter
 from launchers.run.standby_pool import StandbyPool
@@ -58,7 +66,7 @@ from launchers.run.teardown import Teardown
 from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from launchers.control import JobEnded, JobEvents
+    from launchers.control import JobEnded, JobEvents, Left, Regroup
 
 
 class Supervisor:
@@ -231,7 +239,7 @@ class Supervisor:
         """Another node's first failure stops this node's ranks too (flash save first); a lost node stops them now."""
         if self.job_events is None:
             return
-        from launchers.control import JobEnded, Lost
+        from launchers.control import JobEnded, Left, Lost, Regroup
 
         event = self.job_events.poll()
         if event is None or self.teardown.stopping:
@@ -239,6 +247,9 @@ class Supervisor:
         live = self._live()
         if isinstance(event, JobEnded):
             self._job_ended(event, live)
+            return
+        if isinstance(event, (Left, Regroup)):
+            self._membership_changed(event, live)
             return
         if isinstance(event, Lost):
             # No flash save: what the remaining ranks staged is not one consistent step of the job.
@@ -252,6 +263,26 @@ class Supervisor:
             self.announce(f"{event.cause}; writing every process's stacks to its log")
             self.dump_stacks()
         self.teardown.after_failure(self._failure, self.on_failure)
+
+    def _membership_changed(self, event: Left | Regroup, live: list[Worker]) -> None:
+        """An elastic job re-forms: a node left (stop now: no save can include its ranks), or node 0 regroups.
+
+        A node that left takes its ranks' shards with it: the ranks here cannot finish a collective or
+        commit a step, so they get SIGTERM and, a second later, SIGKILL (no flash save: a step staged
+        by only some ranks must never be committed). A regroup (a node waits to join) is a graceful
+        stop: SIGTERM and the grace period, in which the ranks write their dying checkpoint.
+        """
+        from launchers.control import Left
+
+        who = f"node {event.node}" if isinstance(event, Left) else "node 0"
+        said = event.describe()
+        self._failure = Failure(who, -1, 0, 1, None, [said], None, cause=f"{MEMBERSHIP}: {said}")
+        if isinstance(event, Left):
+            self.announce(f"{event.describe()}; stopping the {len(live)} processes here: the job re-forms without it")
+            self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 1.0))
+            return
+        self.announce(f"{event.describe()}; stopping the {len(live)} processes here gracefully (SIGTERM)")
+        self.teardown.stop_all(signal.SIGTERM)
 
     def _job_ended(self, event: JobEnded, live: list[Worker]) -> None:
         """Node 0 ended the job: followers stop with its code; other ranks stop unless it succeeded."""

@@ -37,6 +37,7 @@ class AttemptTimes:
     first_step: int | None = None
     last_step: int | None = None
     saving: float = 0.0  # the most any rank was blocked by saves
+    regrouped: bool = False  # started by an elastic job's membership change (a node left or joined)
 
     def note(self, first_step: int, first_wall: float, step: int, last_wall: float, saving: float) -> None:
         """One rank's figures for this attempt (called again as they grow)."""
@@ -68,6 +69,11 @@ class Goodput:
     commits: dict[str, int] = field(default_factory=dict)  # who committed (ranks, flash, background) → how often
     committed_step: int | None = None
     committed_by: str | None = None
+    _regroup_next: bool = False
+
+    def membership_changed(self, now: float) -> None:
+        """The next attempt starts at another membership (its time lost is the gap of steps around it)."""
+        self._regroup_next = True
 
     def committed(self, step: int, source: str) -> None:
         """A new newest committed step, by ``source``."""
@@ -76,7 +82,8 @@ class Goodput:
             self.committed_step, self.committed_by = step, source
 
     def begin(self, attempt: int, now: float) -> AttemptTimes:
-        times = AttemptTimes(attempt, now)
+        times = AttemptTimes(attempt, now, regrouped=self._regroup_next)
+        self._regroup_next = False
         self.attempts.append(times)
         return times
 
@@ -109,7 +116,14 @@ class Goodput:
             "committed_step": self.committed_step,
             "committed_by": self.committed_by,
             "commits": dict(self.commits),
+            **self._membership(),
         }
+
+    def _membership(self) -> dict[str, Any]:
+        """Membership changes, and the time from the last step before each to the first step after it."""
+        changes = [(a, b) for a, b in zip(self.attempts, self.attempts[1:], strict=False) if b.regrouped]
+        gaps = [b.first_wall - a.last_wall for a, b in changes if a.last_wall is not None and b.first_wall is not None]
+        return {"membership_changes": len(changes), "membership_lost_s": round(sum(gaps), 3)}
 
     def _recomputed(self) -> tuple[int, float]:
         """Steps each attempt redid (at or below the newest step an earlier attempt reached), and their time."""
@@ -147,6 +161,11 @@ def describe(figures: dict[str, Any]) -> str:
         f"checkpoint stalls {figures['checkpoint_stall_s']:.1f}s",
         f"other {figures['other_s']:.1f}s",
     ]
+    if figures.get("membership_changes"):
+        parts.append(
+            f"membership changes {figures['membership_changes']} ({figures['membership_lost_s']:.1f}s between the "
+            "last step before and the first after)"
+        )
     if figures.get("committed_step") is not None:
         by = _COMMITTERS.get(figures.get("committed_by") or "", "")
         parts.append(f"newest commit step {figures['committed_step']}" + (f" ({by})" if by else ""))

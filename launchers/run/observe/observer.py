@@ -20,7 +20,7 @@ from launchers.run.observe.steps import StepTracker
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
-    from launchers.control import JobEvents
+    from launchers.control import JobEvents, Meeting
     from launchers.health.outcome import HealthOutcome
     from launchers.plan import LaunchPlan
     from launchers.run.observe.status_relay import StatusRelay
@@ -60,6 +60,7 @@ class JobObserver:
         self._stragglers: set[int] = set()
         self._broken = False
         self.relay: StatusRelay | None = None
+        self.members: dict[str, Any] | None = None  # an elastic job's newest membership change
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
             from launchers.run.observe.status_relay import StatusRelay
 
@@ -68,6 +69,7 @@ class JobObserver:
     # -- the runner's calls ---------------------------------------------------------------
     def attempt_started(self, plan: LaunchPlan, attempt: int) -> None:
         self.attempt = attempt
+        self.nnodes = plan.nnodes  # an elastic job's size can change between attempts
         self.phase = "running"
         self.current = self.clock.begin(attempt, time.time())
         host = socket.gethostname()
@@ -137,6 +139,23 @@ class JobObserver:
         self.phase = "restarting"
         self.log.write("restart", attempt=attempt, delay_s=delay)
         self._publish()
+
+    @property
+    def committed_step(self) -> int:
+        """The newest step committed as this node saw it (-1: none yet)."""
+        return self._committed
+
+    def waiting_to_join(self) -> None:
+        """A node of an elastic job that runs no ranks until it is admitted (``run/membership.py``)."""
+        self.phase = "waiting to join"
+        self.log.write("waiting_to_join")
+
+    def membership(self, meeting: Meeting, before: list[int], procs_per_node: int) -> None:
+        """An elastic job's membership changed (``run/membership.py``): events.jsonl, status and goodput say so."""
+        change = membership_record(meeting, before, procs_per_node)
+        self.members = change
+        self.clock.membership_changed(time.time())
+        self.log.write("membership", **change)
 
     def health(self, outcome: HealthOutcome) -> None:
         """A node health check's verdicts (``launchers.health``), as events.jsonl records them."""
@@ -224,6 +243,8 @@ class JobObserver:
                 stragglers=sorted(self._stragglers),
             ),
         }
+        if self.members is not None:
+            status["membership"] = self.members
         if not self.simulated and self.node == 0:
             self._summarize(status)
         else:  # node 0's word on the job, beside this node's own ranks
@@ -270,6 +291,22 @@ class JobObserver:
                 median_s=round(change.median, 4),
             )
         self._stragglers = set(self.detector.slow)
+
+
+def membership_record(meeting: Meeting, before: list[int], procs_per_node: int) -> dict[str, Any]:
+    """One membership change as events.jsonl and status.json say it (nodes by the platform's index)."""
+    return {
+        "attempt": meeting.generation,
+        "members": list(meeting.members),
+        "left": [{"node": x.node, "host": x.host, "why": x.why, "silent_s": round(x.seconds, 3)} for x in meeting.left],
+        "joined": [{"node": node, "host": host} for node, host in meeting.joined],
+        "nodes_before": len(before),
+        "nodes_after": len(meeting.members),
+        "world_before": len(before) * procs_per_node,
+        "world_after": len(meeting.members) * procs_per_node,
+        "regroup": meeting.regroup or None,
+        "at": round(time.time(), 3),
+    }
 
 
 def _int(value: Any) -> int:

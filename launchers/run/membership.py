@@ -1,0 +1,288 @@
+"""An elastic job's attempts: it goes on at a smaller size when a node leaves, and takes nodes back (issue 27).
+
+With ``pytorch.nnodes: "MIN:MAX"`` and one mlaunch per node, this loop replaces the runner's
+restart loop. Before every generation the members meet at node 0's hub (``JobEvents.meet``):
+the meeting's answer is the membership the generation runs with (the platform's node indexes;
+a member's node rank is its position among them, ``platform.resize``), who left since the last
+meeting, who is admitted, and the job's restart count. Then, per generation:
+
+1. the health check when every platform node is in the job (it numbers nodes as the platform
+   does); a node it excludes exits 75, the others meet again without it;
+2. the plan of the resized cluster (``RANK``/``WORLD_SIZE``/``NODE_RANK``, the rendezvous port of
+   the generation, the platform's shape variables restated), and the attempt;
+3. after it: a node that left (``Left``), node 0's regroup (``Regroup``) or a failure; the
+   next meeting says which. A change of membership does not count against
+   ``restart.max_restarts`` and waits no backoff; a failure does, and the job gives up when
+   they are spent — every node decides from the same meeting, so they decide alike.
+
+A node whose mlaunch starts while the job runs is a candidate: it starts no ranks, says so, and
+waits to be admitted (``elastic.grow``: at the next meeting, or node 0 makes one right after the
+next committed checkpoint). Node 0 never leaves: it hosts the hub and the rendezvous master.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from launchers.control import ExchangeFailed
+from launchers.log import say
+from launchers.phases import long_phase
+from launchers.platform.resize import resize
+from launchers.run import signals as early_signals
+from launchers.run.job_wide import job_exit_code
+from launchers.run.outcome import MEMBERSHIP, Outcome, signal_name
+from launchers.run.planning import plan_attempt
+
+if TYPE_CHECKING:
+    from launchers.config.job import Job
+    from launchers.control import JobEvents, Meeting
+    from launchers.engines.base import Engine
+    from launchers.health.check import HealthOutcome
+    from launchers.plan import LaunchPlan
+    from launchers.platform.cluster import Cluster
+    from launchers.run.observe.observer import JobObserver
+    from launchers.run.signal_router import SignalRouter
+
+MEET_AFTER_FAILURE = 5.0  # seconds past node_timeout the members wait for each other before a generation
+
+
+@dataclass
+class Steps:
+    """The runner's parts this loop uses (``runner`` passes them in: no import back)."""
+
+    attempt: Callable[[LaunchPlan, int, Callable[[], None]], tuple[Outcome, set[str]]]  # plan, attempt, extra tick
+    ended: Callable[[Outcome, LaunchPlan, set[str]], int | None]  # success or a stop: the exit code; else None
+
+
+@dataclass
+class Elastic:
+    """What the loop works with: the job, the platform's whole cluster, the plane, how to plan and see."""
+
+    job: Job
+    engine: Engine[Cluster]
+    platform: Cluster
+    span: tuple[int, int]
+    events: JobEvents
+    observer: JobObserver
+    signals: SignalRouter
+    members: tuple[int, ...] = ()
+    restarts: int = 0
+    grow: GrowPoint | None = field(default=None)
+
+
+def elastic_attempts(elastic: Elastic, steps: Steps) -> int:
+    """Generation after generation at the size the members' meetings say; the exit code mlaunch exits with."""
+    job, events = elastic.job, elastic.events
+    elastic.members = tuple(range(elastic.platform.nnodes))
+    if events.node == 0 and job.elastic.grow == "at_checkpoint":
+        elastic.grow = GrowPoint(events, elastic.observer)
+    joined = _join(elastic)
+    if isinstance(joined, int):
+        return joined
+    meeting = joined
+    code = 1
+    while True:
+        attempt = meeting.generation
+        formed = _form(elastic, meeting)
+        if isinstance(formed, int):
+            return formed
+        plan = formed
+        outcome, roots = steps.attempt(plan, attempt, elastic.grow.tick if elastic.grow else _nothing)
+        if not _changed(outcome):
+            ended = steps.ended(outcome, plan, roots)
+            if ended is not None:
+                return ended
+            code, over = job_exit_code(events, attempt, outcome)
+            if over:
+                return code
+        later = _meet(elastic, str(attempt + 1), attempt + 1, MEET_AFTER_FAILURE + _node_timeout(job))
+        if later is None:
+            return code
+        meeting = later
+        refused = _before_restart(elastic, meeting, code)
+        if refused is not None:
+            return refused
+
+
+def _nothing() -> None:
+    return None
+
+
+def _node_timeout(job: Job) -> float:
+    from launchers.control import node_timeout
+
+    return node_timeout(job)
+
+
+def _changed(outcome: Outcome) -> bool:
+    """The attempt was ended by a change of membership (a node left, node 0 regrouped), not by a failure."""
+    return outcome.failure is not None and outcome.failure.cause.startswith(MEMBERSHIP)
+
+
+def _join(elastic: Elastic) -> Meeting | int:
+    """This node's place: a member meets the others for generation 0; a candidate waits to be admitted."""
+    job, events = elastic.job, elastic.events
+    deadline = time.monotonic() + max(job.monitor.join_timeout, _node_timeout(job))
+    with long_phase("joining the job's control plane"):
+        if not events.joined(deadline):
+            say(f"job failed: {events.lost.describe() if events.lost else 'node 0 never answered'}; exit code 1")
+            return 1
+    if not events.candidate:
+        meeting = _meet(elastic, "0", 0, deadline - time.monotonic())
+        return meeting if meeting is not None else 1
+    grow = job.elastic.grow.replace("_", " ")
+    say(
+        f"node {events.node}: the job is already running; this node starts no ranks and waits to be admitted "
+        f"(elastic.grow: {job.elastic.grow}: {grow}, up to {elastic.span[1]} nodes)"
+    )
+    elastic.observer.waiting_to_join()
+    while True:
+        meeting = events.admission(0.5)
+        if meeting is not None:
+            say(f"node {events.node}: admitted to the job at generation {meeting.generation}")
+            return meeting
+        stop = [s for s in elastic.signals.wait(0.0) if s in early_signals.STOP_SIGNALS]
+        if stop:
+            say(f"stopped by {signal_name(stop[0])} while waiting to join")
+            return 128 + stop[0]
+        if events.lost is not None:
+            say(f"job failed: {events.lost.describe()} before this node was admitted; exit code 1")
+            return 1
+        if events.ended is not None:
+            code = events.ended.exit_code
+            say(f"{events.ended.describe()} before this node was admitted; exit code {code}")
+            return code
+
+
+def _meet(elastic: Elastic, key: str, generation: int, wait: float, admit: bool = True) -> Meeting | None:
+    """Every member's meeting before ``generation`` (None, said why, when it cannot happen)."""
+    events = elastic.events
+    try:
+        with long_phase("waiting for every node before the restart" if generation else "waiting for every node"):
+            return events.meet(key, generation, elastic.restarts, time.monotonic() + wait, admit=admit)
+    except ExchangeFailed as exc:
+        say(f"job failed: cannot {'restart' if generation else 'start'} together: {exc}")
+        return None
+
+
+def _before_restart(elastic: Elastic, meeting: Meeting, code: int) -> int | None:
+    """After a meeting: a membership change restarts at once, a failure counts and backs off (None: go on)."""
+    job = elastic.job
+    if meeting.left or meeting.regroup:
+        return None  # not a failure: restart.max_restarts does not count it, no backoff
+    policy = job.restart
+    if meeting.restarts >= policy.max_restarts:
+        if policy.max_restarts:
+            say(f"giving up after {meeting.restarts} restart(s) (restart.max_restarts: {policy.max_restarts})")
+        return code
+    count = meeting.restarts + 1
+    delay = min(policy.backoff * (2**meeting.restarts), policy.max_backoff)
+    say(f"restarting the group ({count}/{policy.max_restarts}) in {delay:g}s")
+    elastic.observer.restarting(meeting.generation, delay)
+    received = [s for s in elastic.signals.wait(delay) if s in early_signals.STOP_SIGNALS]
+    if received:
+        say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
+        return 128 + received[0]
+    return None
+
+
+def _form(elastic: Elastic, meeting: Meeting) -> LaunchPlan | int:
+    """The generation's plan on the meeting's membership (after the health check and its exclusions)."""
+    job, events, platform = elastic.job, elastic.events, elastic.platform
+    attempt = meeting.generation
+    counted = meeting.restarts + (0 if (meeting.left or meeting.regroup or not attempt) else 1)
+    events.start_generation(attempt)
+    members = meeting.members
+    if job.health_check.before_start:
+        checked = _health(elastic, meeting)
+        if isinstance(checked, int):
+            return checked
+        members = checked.members
+        meeting = checked
+    before = elastic.members
+    elastic.members = members
+    elastic.restarts = counted
+    cluster = elastic.engine.restart_cluster(resize(platform, members), attempt)
+    plan = plan_attempt(elastic.engine, job, cluster, attempt)
+    if members != before or meeting.joined:
+        _announce(elastic, meeting, before, plan)
+    if elastic.grow is not None:
+        elastic.grow.new_generation()
+    return plan
+
+
+def _health(elastic: Elastic, meeting: Meeting) -> Meeting | int:
+    """The health check when every platform node is in the job; after an exclusion, a second meeting without them."""
+    job, events, platform = elastic.job, elastic.events, elastic.platform
+    if list(meeting.members) != list(range(platform.nnodes)):
+        say(
+            f"health check: skipped before generation {meeting.generation}: {len(meeting.members)} of the "
+            f"platform's {platform.nnodes} nodes are in the job (the check numbers nodes as the platform does)"
+        )
+        return meeting
+    from launchers.health.gate import before_start
+
+    bad: list[int] = []
+
+    def seen(outcome: HealthOutcome) -> None:
+        elastic.observer.health(outcome)
+        bad.extend(v.index for v in outcome.bad)
+
+    refused = before_start(job, platform, events, seen)
+    if refused is not None:
+        return refused
+    if not bad:
+        return meeting
+    again = _meet(elastic, f"{meeting.key}/health", meeting.generation, MEET_AFTER_FAILURE + _node_timeout(job), False)
+    if again is None:
+        return 1
+    return again
+
+
+def _announce(elastic: Elastic, meeting: Meeting, before: tuple[int, ...], plan: LaunchPlan) -> None:
+    """Say and record who left and who joined, and the size before and after."""
+    procs = elastic.platform.procs_per_node
+    left = ", ".join(f"{x.node}{f' ({x.host})' if x.host else ''}: {x.why}" for x in meeting.left) or "none"
+    joined = ", ".join(f"{n}{f' ({h})' if h else ''}" for n, h in meeting.joined) or "none"
+    say(
+        f"membership (generation {meeting.generation}): {len(before)} → {len(meeting.members)} nodes "
+        f"({len(before) * procs} → {plan.world_size} ranks); nodes in the job: "
+        f"{', '.join(map(str, meeting.members))}; left: {left}; joined: {joined}"
+    )
+    elastic.observer.membership(meeting, list(before), procs)
+
+
+class GrowPoint:
+    """Node 0 with ``elastic.grow: at_checkpoint``: a candidate waits → regroup once a newer step is committed."""
+
+    def __init__(self, events: JobEvents, observer: JobObserver) -> None:
+        self.events = events
+        self.observer = observer
+        self.since: dict[int, int] = {}  # candidate → the newest committed step when it was first seen waiting
+        self.asked = False
+
+    def new_generation(self) -> None:
+        self.asked = False
+        self.since.clear()
+
+    def tick(self) -> None:
+        if self.asked:
+            return
+        waiting = self.events.waiting()
+        if not waiting:
+            return
+        step = self.observer.committed_step
+        for node in waiting:
+            self.since.setdefault(node, step)
+        if any(step > self.since[node] for node in waiting):
+            self.asked = True
+            names = ", ".join(map(str, waiting))
+            why = (
+                f"node(s) {names} wait to join and step {step} is committed (elastic.grow: at_checkpoint): "
+                "every node stops its ranks gracefully and the job re-forms with them"
+            )
+            say(why)
+            self.events.regroup(why)
