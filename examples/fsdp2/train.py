@@ -49,6 +49,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step, to watch a stop land")
     parser.add_argument("--ckpt-dir", default=None, help="default: $MLAUNCH_CHECKPOINT_DIR, else output/ckpt")
+    parser.add_argument("--save-every", type=int, default=0, help="also save a checkpoint every N steps (0: off)")
     parser.add_argument(
         "--kill-rank-at",
         default=os.environ.get("FSDP2_KILL_RANK_AT", ""),
@@ -93,6 +94,14 @@ def model_checksum(model: nn.Module) -> str:
         full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
         digest.update(name.encode() + full.detach().contiguous().numpy().tobytes())
     return digest.hexdigest()[:32]
+
+
+def saved(ckpt: elastic.Checkpointer, step: int, state: dict[str, object], model: nn.Module, rank: int) -> None:
+    """Save (every rank writes its slices) and say which model the checkpoint holds (collective)."""
+    ckpt.save(step, state)
+    checksum = model_checksum(model)
+    if rank == 0:
+        print(f"saved step {step}: model-checksum {checksum}", flush=True)
 
 
 def main() -> None:
@@ -173,11 +182,10 @@ def main() -> None:
         if rank == kill_rank and step == kill_step and attempt == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         if guard.should_stop(step):  # any rank's signal: every rank stops here, at the same step
-            ckpt.save(step, state())
-            checksum = model_checksum(model)
-            if rank == 0:
-                print(f"saved step {step}: model-checksum {checksum}", flush=True)
+            saved(ckpt, step, state(), model, rank)
             guard.exit()  # 143
+        if args.save_every and (step + 1) % args.save_every == 0:
+            saved(ckpt, step, state(), model, rank)
 
     checksum = model_checksum(model)
     if rank == 0:

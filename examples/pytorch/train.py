@@ -45,6 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=4096, help="the data set's size, whatever the world size")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
     parser.add_argument("--ckpt-dir", default=None, help="default: $MLAUNCH_CHECKPOINT_DIR, else output/ckpt")
@@ -85,6 +86,26 @@ def checksum(model: nn.Module) -> str:
     return digest.hexdigest()[:32]
 
 
+def resume_template(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: object, loader: object) -> dict:
+    """What a checkpoint holds, shaped for ``load_latest(into=...)`` before the first step.
+
+    SGD's momentum buffers and DDP's bucket layout exist only after a step: the buffers are
+    made here (filled in place by the load), the layout is a placeholder the saved one replaces.
+    """
+    state = elastic_torch.capture(-1, model=model, optimizer=optimizer, scheduler=scheduler, data=loader)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state["optimizer"]["state"] = {i: {"momentum_buffer": torch.zeros_like(p)} for i, p in enumerate(params)}
+    state["ddp_buckets"] = None
+    return state
+
+
+def saved(ckpt: elastic.Checkpointer, step: int, snapshot: dict, model: nn.Module, rank: int) -> None:
+    """Save (every rank) and say which model the checkpoint holds (rank 0)."""
+    ckpt.save(step, snapshot)
+    if rank == 0:
+        print(f"saved step {step}: model-checksum {checksum(model)}", flush=True)
+
+
 def main() -> None:
     args = parse_args()
     if args.init_method:
@@ -98,7 +119,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
-    dataset = Synthetic(64 * args.batch_size * world, args.seed)
+    dataset = Synthetic(args.samples, args.seed)  # the same data at any world size: an elastic job resumes in it
     sampler = elastic_torch.ResumableSampler(dataset, rank=rank, num_replicas=world, seed=args.seed)
     # Two worker processes prefetch batches ahead; ResumableLoader records the batches this
     # loop consumed (not those prefetched), so a resume continues with the next unseen one.
@@ -122,11 +143,17 @@ def main() -> None:
     loss_fn = nn.MSELoss()
 
     start = 0
-    state = ckpt.load_latest()
-    if state is not None:
+    state = resume_template(model, optimizer, scheduler, loader)
+    if ckpt.load_latest(into=state) is not None:  # filled in place, whatever world size saved it
         start = elastic_torch.restore(state, model=model, optimizer=optimizer, scheduler=scheduler, data=loader)
+        saved_by = ckpt.loaded.world_size if ckpt.loaded else world
         if rank == 0:
-            print(f"resumed from step {ckpt.loaded_step} ({ckpt.loaded.path if ckpt.loaded else ''})", flush=True)
+            where = ckpt.loaded.path if ckpt.loaded else ""
+            print(
+                f"resumed from step {ckpt.loaded_step} ({where}) (saved by {saved_by} ranks, now {world}): "
+                f"model-checksum {checksum(model.module)}",
+                flush=True,
+            )
 
     batches = iter(loader)
     model.train()
@@ -156,10 +183,10 @@ def main() -> None:
         if not args.no_stage:
             ckpt.stage(step, snapshot)  # mlaunch persists it if this process is killed
         if guard.should_stop(step):  # any rank's signal: every rank stops here, at the same step
-            ckpt.save(step, snapshot)
+            saved(ckpt, step, snapshot, model.module, rank)
             guard.exit()  # 143
         if args.save_every and (step + 1) % args.save_every == 0:
-            ckpt.save(step, snapshot)
+            saved(ckpt, step, snapshot, model.module, rank)
 
     mine = checksum(model.module)
     print(f"param-checksum {mine}", flush=True)

@@ -76,7 +76,6 @@ class Elastic:
 def elastic_attempts(elastic: Elastic, steps: Steps) -> int:
     """Generation after generation at the size the members' meetings say; the exit code mlaunch exits with."""
     job, events = elastic.job, elastic.events
-    elastic.members = tuple(range(elastic.platform.nnodes))
     if events.node == 0 and job.elastic.grow == "at_checkpoint":
         elastic.grow = GrowPoint(events, elastic.observer)
     joined = _join(elastic)
@@ -133,10 +132,10 @@ def _join(elastic: Elastic) -> Meeting | int:
     if not events.candidate:
         meeting = _meet(elastic, "0", 0, deadline - time.monotonic())
         return meeting if meeting is not None else 1
-    grow = job.elastic.grow.replace("_", " ")
+    when = "the job's next restart" if job.elastic.grow == "at_restart" else "the next committed checkpoint"
     say(
         f"node {events.node}: the job is already running; this node starts no ranks and waits to be admitted "
-        f"(elastic.grow: {job.elastic.grow}: {grow}, up to {elastic.span[1]} nodes)"
+        f"at {when} (elastic.grow: {job.elastic.grow}; up to {elastic.span[1]} nodes)"
     )
     elastic.observer.waiting_to_join()
     while True:
@@ -202,16 +201,22 @@ def _form(elastic: Elastic, meeting: Meeting) -> LaunchPlan | int:
             return checked
         members = checked.members
         meeting = checked
-    before = elastic.members
+    before = elastic.members if elastic.members else _before(meeting)  # a node just admitted knows it from the meeting
     elastic.members = members
     elastic.restarts = counted
     cluster = elastic.engine.restart_cluster(resize(platform, members), attempt)
     plan = plan_attempt(elastic.engine, job, cluster, attempt)
-    if members != before or meeting.joined:
+    if members != before:
         _announce(elastic, meeting, before, plan)
     if elastic.grow is not None:
         elastic.grow.new_generation()
     return plan
+
+
+def _before(meeting: Meeting) -> tuple[int, ...]:
+    """The membership before the meeting: its members less the admitted, with those who left."""
+    joined = {node for node, _ in meeting.joined}
+    return tuple(sorted({n for n in meeting.members if n not in joined} | {x.node for x in meeting.left}))
 
 
 def _health(elastic: Elastic, meeting: Meeting) -> Meeting | int:

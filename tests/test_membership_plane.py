@@ -1,0 +1,165 @@
+"""An elastic job's membership on the real control plane (issue 27): leaving out, voiding, meeting, admitting.
+
+Node 0's hub and real ``NetworkEvents`` agents over loopback TCP (each agent its own DEALER
+socket); a node's mlaunch ending is its agent's socket closing with no farewell (what a SIGKILL
+leaves), a restarted mlaunch is a new ``NetworkEvents`` for the same node. The netns tests
+(tests/test_membership_hosts.py) run the same with real training across hosts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from launchers.control import ExchangeFailed, Left, Lost, Meeting, Regroup
+from launchers.platform.cluster import free_port
+
+zmq = pytest.importorskip("zmq")
+
+KEY = b"m" * 32
+
+
+def agent(node: int, port: int, node_timeout: float, elastic: tuple[int, int] | None) -> Any:
+    from launchers.control.agent import NetworkEvents
+
+    return NetworkEvents(
+        node=node,
+        nnodes=3,
+        master_addr="127.0.0.1",
+        port=port,
+        secret=KEY,
+        node_timeout=node_timeout,
+        host=f"h{node}",
+        elastic=elastic,
+    )
+
+
+@contextmanager
+def plane(elastic: tuple[int, int] | None, node_timeout: float = 10.0) -> Iterator[tuple[list[Any], int]]:
+    port = free_port()
+    nodes = [agent(n, port, node_timeout, elastic) for n in range(3)]
+    try:
+        yield nodes, port
+    finally:
+        for events in reversed(nodes):
+            events.close(0)
+
+
+def until(check: Any, timeout: float = 8.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    return check()
+
+
+def together(nodes: list[Any], call: Any) -> list[Any]:
+    """``call(node)`` on every node at once (each waits for the others' parts), the results in order."""
+    import threading
+
+    results: dict[int, Any] = {}
+    threads = [threading.Thread(target=lambda i=i, n=n: results.__setitem__(i, call(n))) for i, n in enumerate(nodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [results[i] for i in range(len(nodes))]
+
+
+def meet(nodes: list[Any], key: str, generation: int) -> list[Meeting]:
+    return together(nodes, lambda n: n.meet(key, generation, 0, time.monotonic() + 8))
+
+
+def count(nodes: list[Any], topic: str) -> list[int]:
+    return together(nodes, lambda n: n.reduce(topic, None, time.monotonic() + 8, "count"))
+
+
+def vanish(events: Any) -> None:
+    """The node's mlaunch ends without a farewell (its socket closes, as a SIGKILL leaves it)."""
+    events.driver.remove(events.state)
+
+
+def next_event(events: Any, kind: type) -> Any:
+    return until(lambda: next((e for e in iter(events.poll, None) if isinstance(e, kind)), None))
+
+
+def test_a_member_that_vanishes_is_left_out_and_the_others_meet_without_it() -> None:
+    """Within the range the job goes on: a ``Left`` event, not ``Lost``; exchanges of the old membership are void."""
+    with plane((2, 3)) as (nodes, _port):
+        assert [m.members for m in meet(nodes, "0", 0)] == [(0, 1, 2)] * 3
+        nodes[0].state.contribute("bg/a0/ok", True, "and")  # an exchange in flight when node 2 goes
+        nodes[0].driver.kick()
+        began = time.monotonic()
+        vanish(nodes[2])
+        left = next_event(nodes[1], Left)
+        took = time.monotonic() - began
+        assert isinstance(left, Left) and left.node == 2 and left.host == "h2", left
+        assert "connection to the control plane closed" in left.why  # found by the closed connection ...
+        assert took < 10.0  # ... not after node_timeout (10 s)
+        assert nodes[0].lost is None and nodes[1].lost is None
+        with pytest.raises(ExchangeFailed, match="left the job"):
+            nodes[0].state.result("bg/a0/ok", time.monotonic() + 5)  # the answer to the one in flight
+        with pytest.raises(ExchangeFailed, match="membership changed"):  # a new exchange of the old membership
+            nodes[1].reduce("bg/a0/next", 1, time.monotonic() + 5, "max")
+        after = meet(nodes[:2], "1", 1)
+        assert [m.members for m in after] == [(0, 1)] * 2
+        assert [x.node for x in after[0].left] == [2] and after[0].joined == ()
+        assert count(nodes[:2], "start/1") == [2, 2]  # the new membership's exchanges
+
+
+def test_without_a_range_or_below_the_minimum_a_vanished_member_ends_the_job() -> None:
+    for elastic, reason in ((None, ""), ((3, 3), "below the elastic minimum 3")):
+        with plane(elastic, node_timeout=1.0) as (nodes, _port):
+            assert until(lambda n=nodes: all(x.state.welcomed for x in n))
+            vanish(nodes[2])
+            lost = until(lambda n=nodes: n[1].lost)
+            assert isinstance(lost, Lost) and lost.node == 2, lost
+            assert reason in lost.describe(), lost.describe()
+
+
+def test_a_node_that_comes_back_waits_and_is_admitted_at_the_next_meeting() -> None:
+    """A new mlaunch on a node that was left out joins as a candidate: no ranks, admitted by the next meeting."""
+    with plane((2, 3)) as (nodes, port):
+        meet(nodes, "0", 0)
+        vanish(nodes[2])
+        next_event(nodes[0], Left)
+        meet(nodes[:2], "1", 1)
+        back = agent(2, port, 10.0, (2, 3))
+        try:
+            assert back.joined(time.monotonic() + 5) and back.candidate
+            assert back.admission(0.2) is None  # nobody met yet: it keeps waiting
+            assert until(lambda: nodes[0].waiting() == [2])
+            met = meet(nodes[:2], "2", 2)
+            admitted = back.admission(5)
+            assert isinstance(admitted, Meeting) and admitted == met[0]
+            assert admitted.members == (0, 1, 2) and admitted.joined == ((2, "h2"),) and admitted.generation == 2
+            assert not back.candidate and nodes[0].waiting() == []
+            assert count([nodes[0], nodes[1], back], "start/3") == [3, 3, 3]  # it counts with the others
+        finally:
+            back.close(0)
+
+
+def test_a_restarted_mlaunch_replaces_its_old_self_and_node_0_can_regroup_for_it() -> None:
+    """Node 2's mlaunch starts again while its old one is silent: the old one is left out at once, the new
+    one waits; node 0's regroup (a checkpoint was committed) reaches every member and the meeting says so."""
+    with plane((2, 3)) as (nodes, port):
+        meet(nodes, "0", 0)
+        nodes[2].driver.remove(nodes[2].state)
+        again = agent(2, port, 10.0, (2, 3))
+        try:
+            left = next_event(nodes[1], Left)
+            assert left.node == 2 and "started again" in left.why, left
+            assert again.joined(time.monotonic() + 5) and again.candidate
+            nodes[0].regroup("node 2 waits to join")
+            assert isinstance(next_event(nodes[1], Regroup), Regroup)
+            met = meet(nodes[:2], "1", 1)
+            assert met[0].regroup == "node 2 waits to join" and met[0].members == (0, 1, 2)
+            assert again.admission(5) == met[0]
+        finally:
+            again.close(0)
