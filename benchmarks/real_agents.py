@@ -30,9 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from many_agents import NODE_TIMEOUT, Agents, leftovers, start  # noqa: E402
-
-from launchers.platform.cluster import free_port  # noqa: E402
+from many_agents import NODE_TIMEOUT, Agents, job_port, leftovers, start  # noqa: E402
 
 STARTUP = 600.0  # seconds for every mlaunch to start its rank (128 interpreters on two cores)
 
@@ -50,7 +48,7 @@ def spread(values: list[float]) -> str:
 
 def restart_together(home: Path, count: int) -> tuple[float, dict[int, int], Agents]:
     kill = count // 2
-    agents = start(home, count, free_port(), KILL_RANK=str(kill), RUN="600", RUN_AGAIN="2")
+    agents = start(home, count, job_port(), KILL_RANK=str(kill), RUN="600", RUN_AGAIN="2")
     try:
         if len(agents.wait_started(0, STARTUP)) < count:
             raise RuntimeError(f"only {len(agents.started(0))} of {count} ranks started")
@@ -66,7 +64,7 @@ def restart_together(home: Path, count: int) -> tuple[float, dict[int, int], Age
 
 def node_killed(home: Path, count: int) -> tuple[list[float], dict[int, int], Agents, float]:
     victim = count // 2
-    agents = start(home, count, free_port(), RUN="600")
+    agents = start(home, count, job_port(), RUN="600")
     try:
         if len(agents.wait_started(0, STARTUP)) < count:
             raise RuntimeError(f"only {len(agents.started(0))} of {count} ranks started")

@@ -9,14 +9,19 @@ The rank is ``scripts/light_rank.py`` (no torch): it marks its start per attempt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from conftest import ROOT, clean_env, mlaunch_cmd
+
+from launchers.config.monitor import CONTROL_PORT_OFFSET
+from launchers.platform.cluster import free_port
 
 LIGHT_RANK = ROOT / "tests" / "scripts" / "light_rank.py"
 NODE_TIMEOUT = 5.0
@@ -66,6 +71,16 @@ class Agents:
                 os.killpg(proc.pid, signal.SIGKILL)
         for proc in self.procs:
             proc.wait()
+
+
+def job_port() -> int:
+    """A rendezvous port whose control plane port (+ 1000) is free too: node 0 binds that one."""
+    while True:
+        port = free_port()
+        if port + CONTROL_PORT_OFFSET < 65536:
+            with contextlib.suppress(OSError), socket.socket() as probe:
+                probe.bind(("127.0.0.1", port + CONTROL_PORT_OFFSET))
+                return port
 
 
 def start(home: Path, count: int, port: int, **env: str) -> Agents:

@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from many_agents import NODE_TIMEOUT, leftovers, start
-
-from launchers.platform.cluster import free_port
+from many_agents import NODE_TIMEOUT, job_port, leftovers, start
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +22,7 @@ STARTUP = 600.0  # seconds for 128 mlaunch to start their ranks on two cores
 
 
 def test_a_rank_killed_on_node_64_restarts_every_node_together_and_all_exit_0(tmp_path: Path) -> None:
-    agents = start(tmp_path, COUNT, free_port(), KILL_RANK="64", RUN="600", RUN_AGAIN="2")
+    agents = start(tmp_path, COUNT, job_port(), KILL_RANK="64", RUN="600", RUN_AGAIN="2")
     try:
         assert len(agents.wait_started(0, STARTUP)) == COUNT
         (agents.marks / "go").write_text("go\n")
@@ -39,7 +37,7 @@ def test_a_rank_killed_on_node_64_restarts_every_node_together_and_all_exit_0(tm
 
 
 def test_node_64s_mlaunch_killed_ends_every_other_node_naming_it(tmp_path: Path) -> None:
-    agents = start(tmp_path, COUNT, free_port(), RUN="600")
+    agents = start(tmp_path, COUNT, job_port(), RUN="600")
     try:
         assert len(agents.wait_started(0, STARTUP)) == COUNT
         killed = time.time()
