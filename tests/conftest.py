@@ -26,6 +26,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="also run @pytest.mark.slow suites")
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Say when this machine has a stale pyenv rehash lock: the netns/MPI suites would wait 60 s per ssh session.
+
+    Open MPI starts ``orted`` over ssh; the remote bash sources ~/.bashrc, whose ``pyenv init`` rehashes
+    and waits up to 60 s for a lock a killed rehash left behind. ``.ci/run`` clears one older than 10 min.
+    """
+    lock = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "shims" / ".pyenv-shim"
+    if lock.exists():
+        return f"WARNING: {lock} exists (a pyenv rehash lock): ssh sessions sourcing ~/.bashrc wait 60 s on it"
+    return None
+
+
 def slow_enabled(config: pytest.Config) -> bool:
     return bool(
         config.getoption("--slow")

@@ -198,10 +198,8 @@ def assert_hosts_empty(hosts: list[Host]) -> None:
 
 def test_allreduce_across_three_hosts_with_modelarts_env(tmp_path: Path, hosts: list[Host]) -> None:
     job = MpiJob(tmp_path, hosts)
-    started = time.monotonic()
     job.start()
     nodes = job.wait()
-    elapsed = time.monotonic() - started
     assert [n.code for n in nodes] == [0, 0, 0], job.dump()
     head = nodes[0].out
     assert "allreduce-sum 21 world 6" in head, job.dump()
@@ -214,7 +212,6 @@ def test_allreduce_across_three_hosts_with_modelarts_env(tmp_path: Path, hosts: 
         assert "reports the job ended with exit code 0" in node.out, job.dump()
     assert_hosts_empty(hosts)
     assert not any(d.exists() for d in job.runtime_dirs())  # key copies and configs are gone too
-    assert elapsed < 60, f"took {elapsed:.1f}s"
 
 
 def test_rank_exit_7_ends_every_host_non_zero_and_node0_with_7(tmp_path: Path, hosts: list[Host]) -> None:
