@@ -21,6 +21,7 @@ measures).
     python benchmarks/fault_recovery.py                       # 50 mlaunch restarts, 16 torchrun restarts
     python benchmarks/fault_recovery.py --restarts 10 --torchrun-restarts 5
     python benchmarks/fault_recovery.py --hosts 2             # 2 netns hosts × 2 ranks: fault_recovery_hosts.py
+    python benchmarks/fault_recovery.py --hosts 3 --membership  # a host lost, then back: membership_hosts.py
     python benchmarks/fault_recovery.py --worker              # (what the launchers run)
 """
 
@@ -90,9 +91,13 @@ def worker(step_time: float) -> None:
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    state = ckpt.load_latest()
     start = 0
-    if state is not None:
+    if os.environ.get("BENCH_ELASTIC"):  # membership_hosts.py: the world size changes, so load into the state
+        state = {"step": -1, "model": model.module.state_dict()}  # filled in place (the parameters themselves)
+        if ckpt.load_latest(into=state) is not None:
+            start = int(state["step"]) + 1
+            say(f"resumed {start - 1} {time.monotonic():.6f}")
+    elif (state := ckpt.load_latest()) is not None:
         model.module.load_state_dict(state["model"])
         start = int(state["step"]) + 1
     step = start
@@ -336,10 +341,20 @@ def main() -> int:
     )
     parser.add_argument("--no-wait-standby", action="store_true", help="kill without waiting for standbys")
     parser.add_argument("--seed", type=int, default=4)
+    parser.add_argument(
+        "--membership", action="store_true", help="--hosts 3: the last host leaves and comes back (membership_hosts.py)"
+    )
+    parser.add_argument("--cycles", type=int, default=3, help="--membership: leave-and-return cycles")
     args, _ = parser.parse_known_args()
     if args.worker:
         worker(args.step_time)
         return 0
+    if args.hosts and args.membership:
+        args.nproc = 2 if args.nproc is None else args.nproc
+        args.timeout = 120.0 if args.timeout is None else args.timeout
+        import membership_hosts  # the script's own directory is on sys.path
+
+        return membership_hosts.main(args)
     if args.hosts:
         args.nproc = 2 if args.nproc is None else args.nproc  # the issue's 2 hosts × 2 ranks
         args.timeout = 120.0 if args.timeout is None else args.timeout  # torchrun across hosts is slow

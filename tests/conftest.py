@@ -38,6 +38,18 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return None
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Workers for ``-n auto``: one per core, at least 2, at most 4.
+
+    Most suites wait on real processes (timeouts, restarts, sleeping ranks), so two workers
+    halve CI's wall time even on 2 cores; more than 4 would oversubscribe the multi-rank jobs.
+    ``MLAUNCH_TEST_WORKERS`` overrides (``-n 0`` runs everything in this process).
+    """
+    if os.environ.get("MLAUNCH_TEST_WORKERS"):
+        return int(os.environ["MLAUNCH_TEST_WORKERS"])
+    return max(2, min(os.cpu_count() or 2, 4))
+
+
 def slow_enabled(config: pytest.Config) -> bool:
     return bool(
         config.getoption("--slow")

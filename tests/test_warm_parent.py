@@ -171,6 +171,22 @@ def test_learning_never_takes_modules_from_the_jobs_directories(tmp_path: Path, 
     assert len(said) == 1 and "the ranks also import sympy" in said[0]  # said once
 
 
+def test_learning_stops_after_a_module_made_forking_unsafe(tmp_path: Path, monkeypatch) -> None:
+    """A refused module is often not the culprit but what its import pulled in (torch's OpenMP pool with
+    OMP_NUM_THREADS unset): the next module would pull it in again, so learning stops at the first refusal
+    instead of restarting the warm parent for each module the ranks import (seen: four in one job)."""
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
+    reports = tmp_path / "mlaunch.wpstop.progress.1.imports"
+    reports.write_text("sympy\t/venv/lib/python3.11/site-packages/sympy/__init__.py\n")
+    said: list[str] = []
+    learner = PreloadLearner("wpstop", said.append)
+    assert learner.new_modules(set(), []) == ["sympy"]
+    learner.refuse("sympy", "importing sympy started 1 thread(s)")
+    reports.write_text(reports.read_text() + "decimal\t/usr/lib/python3.11/decimal.py\n")
+    assert learner.new_modules(set(), [], now=time.monotonic() + 5) == []
+    assert learner.refused == {"sympy"} and "learns no more" in said[-1] and "sympy" in said[-1]
+
+
 DDP_LEARN = """\
 import os, sys, time
 at_start = {"dynamo": "torch._dynamo" in sys.modules, "helper": "jobhelper" in sys.modules}

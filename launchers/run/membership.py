@@ -22,6 +22,7 @@ next committed checkpoint). Node 0 never leaves: it hosts the hub and the rendez
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from launchers.platform.cluster import Cluster
     from launchers.run.observe.observer import JobObserver
     from launchers.run.signal_router import SignalRouter
+    from launchers.run.standby_pool import StandbyPool
 
 MEET_AFTER_FAILURE = 5.0  # seconds past node_timeout the members wait for each other before a generation
 
@@ -68,6 +70,8 @@ class Elastic:
     events: JobEvents
     observer: JobObserver
     signals: SignalRouter
+    standbys: StandbyPool | None = None
+    first_plan: LaunchPlan | None = None  # the platform's plan of attempt 0 (a candidate warms standbys for it)
     members: tuple[int, ...] = ()
     restarts: int = 0
     grow: GrowPoint | None = field(default=None)
@@ -90,6 +94,7 @@ def elastic_attempts(elastic: Elastic, steps: Steps) -> int:
             return formed
         plan = formed
         outcome, roots = steps.attempt(plan, attempt, elastic.grow.tick if elastic.grow else _nothing)
+        _say_if_node0_lost(events)
         if not _changed(outcome):
             ended = steps.ended(outcome, plan, roots)
             if ended is not None:
@@ -97,13 +102,33 @@ def elastic_attempts(elastic: Elastic, steps: Steps) -> int:
             code, over = job_exit_code(events, attempt, outcome)
             if over:
                 return code
-        later = _meet(elastic, str(attempt + 1), attempt + 1, MEET_AFTER_FAILURE + _node_timeout(job))
+        later = _meet(elastic, str(attempt + 1), attempt + 1, _meeting_wait(job))
         if later is None:
             return code
         meeting = later
         refused = _before_restart(elastic, meeting, code)
         if refused is not None:
             return refused
+
+
+NODE0_LOST = (
+    "an elastic job cannot go on without node 0: it hosts the control plane (the hub every node meets at) "
+    "and the rendezvous master; the job ends on every node, as without a range — start it again "
+    "(or let the platform restart node 0's pod and the job) to resume from the newest committed step"
+)
+
+
+def _say_if_node0_lost(events: JobEvents) -> None:
+    """Node 0 lost: why the range does not help (the others stop, as a job without one does)."""
+    lost = events.lost
+    if lost is not None and lost.node == 0 and not lost.out and events.node != 0:
+        say(NODE0_LOST)
+
+
+def _meeting_wait(job: Job) -> float:
+    """How long the members wait for each other after an attempt: one may still be stopping gracefully
+    (a regroup gives its ranks the grace period for their dying save), one that is gone is found by then."""
+    return MEET_AFTER_FAILURE + _node_timeout(job) + job.checkpoint.grace_period
 
 
 def _nothing() -> None:
@@ -139,6 +164,7 @@ def _join(elastic: Elastic) -> Meeting | int:
     )
     elastic.observer.waiting_to_join()
     while True:
+        _warm_standbys(elastic)  # admitted, its ranks start from them: not seconds after the others'
         meeting = events.admission(0.5)
         if meeting is not None:
             say(f"node {events.node}: admitted to the job at generation {meeting.generation}")
@@ -154,6 +180,20 @@ def _join(elastic: Elastic) -> Meeting | int:
             code = events.ended.exit_code
             say(f"{events.ended.describe()} before this node was admitted; exit code {code}")
             return code
+
+
+def _warm_standbys(elastic: Elastic) -> None:
+    """A candidate's standbys (``preload``), started while it waits: its ranks start warm when admitted."""
+    pool, plan = elastic.standbys, elastic.first_plan
+    if pool is None or plan is None:
+        return
+    try:
+        pool.maintain()
+        if pool.alive_count() < sum(1 for spec in plan.processes if pool.compatible(spec)):
+            pool.fill(plan.processes, os.getpid())
+    except OSError as exc:  # standbys must never keep a node from joining
+        say(f"cannot start standby workers: {exc}")
+        elastic.standbys = None
 
 
 def _meet(elastic: Elastic, key: str, generation: int, wait: float, admit: bool = True) -> Meeting | None:
@@ -241,7 +281,7 @@ def _health(elastic: Elastic, meeting: Meeting) -> Meeting | int:
         return refused
     if not bad:
         return meeting
-    again = _meet(elastic, f"{meeting.key}/health", meeting.generation, MEET_AFTER_FAILURE + _node_timeout(job), False)
+    again = _meet(elastic, f"{meeting.key}/health", meeting.generation, _meeting_wait(job), False)
     if again is None:
         return 1
     return again

@@ -54,6 +54,7 @@ class PreloadLearner:
         self.announce = announce
         self.learned: list[str] = []  # modules the warm parent imported because the ranks did (roots)
         self.refused: set[str] = set()  # a learned module that made forking unsafe: never again
+        self.stopped = False  # after a refusal: what made it unsafe may come with any later import too
         self._asked: set[str] = set()  # sent to a warm parent once: not again (it imported or skipped it)
         self._cache: dict[str, tuple[int, int, list[tuple[str, str]]]] = {}
         self._next_read = 0.0
@@ -77,6 +78,8 @@ class PreloadLearner:
     def new_modules(self, known: set[str], job_dirs: Iterable[str], now: float | None = None) -> list[str]:
         """Modules to import in a warm parent that has ``known``; empty until ``READ_EVERY`` has passed."""
         now = time.monotonic() if now is None else now
+        if self.stopped:
+            return []
         if now < self._next_read:
             return []
         self._next_read = now + READ_EVERY
@@ -113,10 +116,17 @@ class PreloadLearner:
             )
 
     def refuse(self, module: str, why: str) -> None:
-        """A learned module made the warm parent unsafe to fork: it restarts without it, never to learn it again."""
+        """A learned module made the warm parent unsafe to fork: it restarts without it and learns no more.
+
+        Learning stops: the hazard is often not the module named but what its import pulled in (a
+        package that starts threads), which the next module learned would pull in again — each
+        time a warm parent started afresh for nothing.
+        """
         self.refused.add(module)
+        self.stopped = True
         if module in self.learned:
             self.learned.remove(module)
         self.announce(
-            f"preload: not preloading {module}, which the ranks import: {why}; the warm parent restarts without it"
+            f"preload: not preloading {module}, which the ranks import: {why}; the warm parent restarts without it "
+            "and learns no more this run (list what is safe to import in preload:)"
         )

@@ -156,7 +156,7 @@ def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
         def one(plan: LaunchPlan, attempt: int, tick: Callable[[], None]) -> tuple[Outcome, set[str]]:
             return _attempt(job, plan, attempt, policy.grace_period, run, _ticks(monitor, tick))
 
-        elastic = Elastic(job, run.engine, cluster, run.span, run.events, run.observer, run.signals)
+        elastic = Elastic(job, run.engine, cluster, run.span, run.events, run.observer, run.signals, run.standbys, plan)
         return elastic_attempts(elastic, Steps(one, _run_exit_code))
     while True:
         outcome, roots = _attempt(job, plan, attempt, policy.grace_period, run, monitor)

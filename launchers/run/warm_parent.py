@@ -120,7 +120,12 @@ def fork_hazard(name: str) -> str | None:
     """Why this process may not fork now that ``name`` is imported (None: it may)."""
     threads = thread_count()
     if threads > 1:
-        return f"importing {name} started {threads - 1} thread(s)"
+        hint = ""
+        if "torch" in sys.modules and os.environ.get("OMP_NUM_THREADS") != "1":
+            # torch starts its OpenMP pool at import unless OMP_NUM_THREADS=1 (mlaunch sets it with several
+            # ranks per node, as torchrun does); a child forked from a process with that pool may hang in it.
+            hint = " (torch's OpenMP threads: OMP_NUM_THREADS=1 in job.yaml's env avoids them)"
+        return f"importing {name} started {threads - 1} thread(s){hint}"
     cuda = getattr(sys.modules.get("torch"), "cuda", None)
     initialized = getattr(cuda, "is_initialized", None)
     if callable(initialized) and initialized():

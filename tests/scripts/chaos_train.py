@@ -19,7 +19,8 @@ itself, mid-step), ``term_launcher`` (SIGTERM to mlaunch, its parent), ``kill9_i
 (SIGKILL itself in the middle of writing its shard of the next save), ``hang`` (never finish
 the step: the others block in its collective, where no Python handler can run).
 
-Prints ``chaos pid <rank> <pid>`` at start and ``chaos fired <i> <action> rank <r> step <s>``.
+Prints ``chaos pid <rank> <pid>`` at start and ``chaos fired <i> <action> rank <r> step <s>``;
+with CHAOS_SHOW_ENV (names, ','-separated) also ``chaos env <rank> NAME=value ...`` as the rank sees them.
 """
 
 from __future__ import annotations
@@ -160,6 +161,9 @@ train.elastic_torch.restore = restore
 shardfile.write_file = write_file
 _checkpoint.Checkpointer.save = save  # type: ignore[method-assign]
 print(f"chaos pid {RANK} {os.getpid()}", flush=True)
+if os.environ.get("CHAOS_SHOW_ENV"):
+    shown = " ".join(f"{name}={os.environ.get(name, '')}" for name in os.environ["CHAOS_SHOW_ENV"].split(","))
+    print(f"chaos env {RANK} {shown}", flush=True)
 # The example's DataLoader worker processes stay on (2 per rank): mlaunch's stop signals go to the
 # guarded rank, not to them (``progress.mark_guarded``), so every fault here runs with them.
 train.main()

@@ -92,6 +92,9 @@ def render(data: dict[str, Any], path: Path) -> Any:
     hang = hang_line(data)
     if hang:
         head.append(f"\n{hang}", style="bold")
+    members = membership_line(data)
+    if members:
+        head.append(f"\n{members}")
     table = Table(box=None, pad_edge=False)
     for column in ("node", "host", "rank", "step", "steps/s", "last progress", "committed", "flags"):
         table.add_column(column, justify="right" if column in ("node", "rank", "step", "steps/s") else "left")
@@ -115,6 +118,31 @@ def render(data: dict[str, Any], path: Path) -> Any:
 
 _LIVE = {"starting", "running", "restarting"}
 MAX_NAMED = 16  # ranks named on the hang line; a job of thousands says how many more
+
+
+def membership_line(data: dict[str, Any]) -> str | None:
+    """An elastic job's newest membership change (``pytorch.nnodes: "MIN:MAX"``): who left, who joined, the sizes."""
+    change = data.get("membership")
+    if not isinstance(change, dict):
+        return None
+    left = ", ".join(_node(x) + (f": {x['why']}" if x.get("why") else "") for x in change.get("left") or [])
+    joined = ", ".join(_node(x) for x in change.get("joined") or [])
+    line = (
+        f"membership at attempt {change.get('attempt', '?')}: {change.get('nodes_before', '?')} → "
+        f"{change.get('nodes_after', '?')} nodes ({change.get('world_before', '?')} → {change.get('world_after', '?')} "
+        f"ranks); nodes in the job: {', '.join(map(str, change.get('members') or [])) or '-'}"
+    )
+    if left:
+        line += f"; left: {left}"
+    if joined:
+        line += f"; joined: {joined}"
+    if change.get("regroup"):
+        line += f"; regrouped: {change['regroup']}"
+    return line
+
+
+def _node(entry: dict[str, Any]) -> str:
+    return f"node {entry.get('node')}" + (f" ({entry['host']})" if entry.get("host") else "")
 
 
 def hang_line(data: dict[str, Any]) -> str | None:

@@ -118,8 +118,9 @@ class JobObserver:
         failure = outcome.failure
         if failure is not None:
             hung = bool(failure.cause and failure.cause.startswith("hung"))
+            regroup = failure.cause.startswith("membership")  # an elastic job re-forms: not a failure
             self.log.write(
-                "hang" if hung else "failure",
+                "hang" if hung else "regroup" if regroup else "failure",
                 attempt=self.attempt,
                 rank=failure.rank,
                 label=failure.label,
@@ -153,6 +154,8 @@ class JobObserver:
     def membership(self, meeting: Meeting, before: list[int], procs_per_node: int) -> None:
         """An elastic job's membership changed (``run/membership.py``): events.jsonl, status and goodput say so."""
         change = membership_record(meeting, before, procs_per_node)
+        last = self.clock.attempts[-1].last_wall if self.clock.attempts else None
+        change["since_last_step_s"] = round(time.time() - last, 3) if last else None  # the time lost so far
         self.members = change
         self.clock.membership_changed(time.time())
         self.log.write("membership", **change)

@@ -1,0 +1,247 @@
+"""Elastic membership across real hosts (issue 27): 3 network-namespace hosts, ``pytorch.nnodes: "2:3"``.
+
+One mlaunch per host the ModelArts way (``--init_method tcp://HOST0:6666 --rank I --world_size 3``),
+real gloo training across the hosts' ``eth0``, one rank per host:
+
+- the DDP example (through the chaos wrapper, which prints each rank's pid): host 3's mlaunch is
+  SIGKILLed → hosts 1-2 go on as a 2-node job from the newest committed step with the model it
+  saved, their ranks see a consistent 2-node job (``RANK``/``WORLD_SIZE`` and the platform's
+  ``MA_NUM_HOSTS``/``VC_TASK_INDEX``/``VC_WORKER_HOSTS``); host 3's mlaunch started again waits
+  without ranks; a rank killed on host 2 restarts the job and host 3 is admitted there
+  (``elastic.grow: at_restart``), resuming from the flash-saved step; the job ends on every host;
+- the FSDP2 example: the same shrink, then host 3 is admitted after the next committed
+  checkpoint (``elastic.grow: at_checkpoint``: every rank stops gracefully and saves, all restart
+  with 3), resharded each time, the model after each load equal to the saved one;
+- the health check with ``on_failure: exclude``: host 3's link rate-limited → it exits 75, hosts
+  1-2 train as a 2-node job to the same final parameters as a 2-node run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
+from netns import Host, hosts_fixture
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from elastic_testlib import CHAOS, final_checksum  # noqa: E402
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_torch]
+
+hosts3 = pytest.fixture(hosts_fixture(3), name="hosts3")
+
+FSDP2 = ROOT / "examples" / "fsdp2" / "train.py"
+NODE_TIMEOUT = 3.0
+SAVED = re.compile(r"saved step (\d+): model-checksum (\w+)")
+RESUMED = re.compile(r"resumed from step (\d+) .*\(saved by (\d+) ranks, now (\d+)\): model-checksum (\w+)")
+
+
+def write_job(tmp: Path, entry: Path, args: str, extra: str = "") -> Path:
+    job = tmp / "job.yaml"
+    job.write_text(
+        f"name: elastic\nengine: pytorch\nentry: {entry}\nargs: [{args}]\nnodes: 3\nprocs_per_node: 1\n"
+        f"log_dir: {tmp / 'logs'}\ncheckpoint: {{dir: {tmp / 'ckpt'}, grace_period: 20s, keep: 50}}\n"
+        f"restart: {{max_restarts: 1, backoff: 0s}}\nmonitor: {{node_timeout: {NODE_TIMEOUT}s}}\n"
+        f"pytorch: {{nnodes: '2:3'}}\n{extra}"
+    )
+    return job
+
+
+class Launches:
+    """One mlaunch per host; every line of their output, in arrival order, with the host's index."""
+
+    def __init__(self, hosts: list[Host], job: Path, **env: str) -> None:
+        self.hosts, self.job, self.env = hosts, job, env
+        self.procs: dict[int, subprocess.Popen[str]] = {}
+        self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
+        self.seen: list[tuple[int, str]] = []
+
+    def start(self, index: int) -> None:
+        hosts = self.hosts
+        env = clean_env(
+            MA_NUM_GPUS="1",
+            MA_NUM_HOSTS=str(len(hosts)),
+            VC_TASK_INDEX=str(index),
+            VC_WORKER_HOSTS=",".join(h.name for h in hosts),
+            GLOO_SOCKET_IFNAME="eth0",
+            **self.env,
+        )
+        argv = [*mlaunch_cmd(), "--engine", "pytorch", str(self.job), "--init_method", f"tcp://{hosts[0].name}:6666"]
+        argv += ["--rank", str(index), "--world_size", str(len(hosts))]
+        proc = hosts[index].popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.procs[index] = proc
+        threading.Thread(target=self._pump, args=(index, proc), daemon=True).start()
+
+    def _pump(self, index: int, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.put((index, line.rstrip("\n")))
+
+    def wait_for(self, pattern: str, host: int | None = None, timeout: float = 120) -> re.Match[str]:
+        """The first line from now on (of ``host``, else any) matching ``pattern``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                index, line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            self.seen.append((index, line))
+            found = re.search(pattern, line)
+            if found and host in (None, index):
+                return found
+        raise AssertionError(f"no line matching {pattern!r} in {timeout}s:\n{self.text()}")
+
+    def last(self, pattern: str, host: int, since: str) -> re.Match[str] | None:
+        """The newest line of ``host`` matching ``pattern`` after the first line containing ``since``."""
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        start = next((i for i, (_, line) in enumerate(self.seen) if since in line), len(self.seen))
+        found = [re.search(pattern, line) for i, line in self.seen[start:] if i == host]
+        return next((m for m in reversed(found) if m), None)
+
+    def finish(self, timeout: float = 180) -> dict[int, int]:
+        deadline = time.monotonic() + timeout
+        try:
+            codes = {i: p.wait(timeout=max(1.0, deadline - time.monotonic())) for i, p in self.procs.items()}
+        finally:
+            self.kill()
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return codes
+
+    def kill(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def text(self, host: int | None = None) -> str:
+        return "\n".join(f"[host {i + 1}] {line}" for i, line in self.seen if host in (None, i))
+
+
+def membership_events(log_dir: Path) -> list[dict[str, object]]:
+    lines = (log_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == "membership" and e.get("node") == 0]
+
+
+def shrink(run: Launches) -> tuple[int, str]:
+    """Host 3's mlaunch SIGKILLed after a save: the 2-host job resumes the newest step, the model it saved."""
+    saved = run.wait_for(r"saved step (9|1\d): model-checksum", host=0)
+    run.procs[2].kill()
+    resumed = run.wait_for(RESUMED.pattern, host=0)
+    text = run.text()
+    checksums = {int(step): checksum for step, checksum in SAVED.findall(run.text(0))}  # every save before
+    assert re.search(r"membership \(generation 1\): 3 → 2 nodes .*; left: 2 \(\S+\): its mlaunch", text), text
+    assert int(resumed[1]) == max(checksums) >= int(saved[1]), text  # the newest committed step, none lost
+    assert (resumed[2], resumed[3]) == ("3", "2") and resumed[4] == checksums[int(resumed[1])], text
+    return int(resumed[1]), resumed[4]
+
+
+def test_ddp_shrinks_to_two_hosts_and_takes_the_third_back_at_the_next_restart(
+    tmp_path: Path, hosts3: list[Host]
+) -> None:
+    state = tmp_path / "chaos"
+    state.mkdir()
+    args = "'--steps', '70', '--save-every', '5', '--workers', '0'"
+    job = write_job(tmp_path, CHAOS, args)
+    shown = "RANK,WORLD_SIZE,NODE_RANK,MA_NUM_HOSTS,VC_TASK_INDEX,VC_WORKER_HOSTS"
+    run = Launches(hosts3, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1", CHAOS_SHOW_ENV=shown)
+    try:
+        for index in range(3):
+            run.start(index)
+        shrink(run)
+        run.wait_for(r"step \d+ loss", host=0)  # the 2-host job steps: its ranks have all started
+        pid = run.last(r"chaos pid 1 (\d+)", host=1, since="left the job")
+        shown = run.last(r"chaos env 1 (.*)", host=1, since="left the job")
+        assert pid and shown, run.text()
+        rank1 = int(pid[1])
+        names = ",".join(h.name for h in hosts3[:2])
+        assert shown[1] == f"RANK=1 WORLD_SIZE=2 NODE_RANK=1 MA_NUM_HOSTS=2 VC_TASK_INDEX=1 VC_WORKER_HOSTS={names}"
+        run.start(2)  # the platform restarted host 3's pod
+        run.wait_for(r"node 2: the job is already running; this node starts no ranks and waits", host=2)
+        time.sleep(1)
+        os.kill(rank1, signal.SIGKILL)  # a failure: the job restarts, and admits host 3 there
+        run.wait_for(r"node 2: admitted to the job at generation 2", host=2)
+        grown = run.wait_for(RESUMED.pattern, host=0)
+        # The newest step committed before: the ranks' own save, or the flash save after the kill (none when
+        # the kill came right after a save: the newest staged step is the committed one).
+        before = run.text(0)
+        committed = [int(m) for m in re.findall(r"saved step (\d+): model-checksum", before)]
+        committed += [int(m) for m in re.findall(r"flash save after .*: committed step (\d+)", before)]
+        assert int(grown[1]) == max(committed) and (grown[2], grown[3]) == ("2", "3"), run.text()
+        codes = run.finish()
+    finally:
+        run.kill()
+    text = run.text()
+    assert codes == {0: 0, 1: 0, 2: 0}, text
+    assert final_checksum(text), text
+    changes = membership_events(tmp_path / "logs")
+    assert [(e["nodes_before"], e["nodes_after"]) for e in changes] == [(3, 2), (2, 3)], changes
+    assert "'node': 2" in str(changes[0]["left"]) and "'node': 2" in str(changes[1]["joined"]), changes
+
+
+def test_fsdp2_shrinks_and_grows_at_the_next_checkpoint_resharding_each_time(
+    tmp_path: Path, hosts3: list[Host]
+) -> None:
+    args = "'--steps', '60', '--save-every', '5', '--step-sleep', '0.1'"
+    job = write_job(tmp_path, FSDP2, args, extra="elastic: {grow: at_checkpoint}\n")
+    run = Launches(hosts3, job)
+    try:
+        for index in range(3):
+            run.start(index)
+        step, _ = shrink(run)
+        run.start(2)
+        run.wait_for(r"waits to be admitted at the next committed checkpoint", host=2)
+        regroup = run.wait_for(r"wait to join and step (\d+) is committed", host=0)
+        assert int(regroup[1]) > step, run.text()
+        dying = run.wait_for(SAVED.pattern, host=0)  # the graceful stop's save
+        grown = run.wait_for(RESUMED.pattern, host=0)
+        assert (grown[1], grown[2], grown[3], grown[4]) == (dying[1], "2", "3", dying[2]), run.text()
+        codes = run.finish()
+    finally:
+        run.kill()
+    text = run.text()
+    assert codes == {0: 0, 1: 0, 2: 0} and final_checksum(text), text
+    status = json.loads((tmp_path / "logs" / "status.json").read_text())
+    assert status["membership"]["members"] == [0, 1, 2] and status["membership"]["regroup"], status
+    shown = run_mlaunch(["status", str(job)], env=clean_env(COLUMNS="400")).stdout  # what a person reads
+    assert re.search(r"membership at attempt \d+: 2 → 3 nodes \(2 → 3 ranks\); nodes in the job: 0, 1, 2", shown), shown
+    assert "joined: node 2 (" in shown and "regrouped: " in shown, shown
+
+
+def test_health_check_exclude_leaves_the_slow_host_out_and_the_others_train(tmp_path: Path, hosts3: list[Host]) -> None:
+    from health_faults import slow_link
+
+    args = "'--steps', '16', '--save-every', '8', '--workers', '0'"
+    ref_dir = tmp_path / "reference"
+    ref_dir.mkdir()
+    reference = write_job(ref_dir, CHAOS, args)
+    reference.write_text(
+        reference.read_text().replace("nodes: 3", "nodes: 2").replace("pytorch: {nnodes: '2:3'}\n", "")
+    )
+    expected = run_mlaunch(["--engine", "pytorch", str(reference)], env=clean_env(GLOO_SOCKET_IFNAME="lo"))
+    assert expected.returncode == 0, expected.stderr
+    slow_link(hosts3[2])
+    job = write_job(tmp_path, CHAOS, args, extra="health_check: {before_start: true, on_failure: exclude}\n")
+    run = Launches(hosts3, job)
+    try:
+        for index in range(3):
+            run.start(index)
+        codes = run.finish()
+    finally:
+        run.kill()
+    text = run.text()
+    assert codes == {0: 0, 1: 0, 2: 75}, text
+    assert "health check: this node is excluded" in run.text(2) and "starting without" in run.text(0), text
+    assert re.search(r"membership \(generation 0\): 3 → 2 nodes", run.text(0)), text
+    assert final_checksum(text) == final_checksum(expected.stdout), text
