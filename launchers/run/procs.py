@@ -45,6 +45,11 @@ def start_process(
     def child_setup() -> None:
         # Die with mlaunch even if it is SIGKILLed; if it already died, do not run at all.
         die_with_parent(signal.SIGKILL)
+        # Stop signals at their defaults whatever mlaunch's own are (``mlaunch … &`` in a script ignores
+        # SIGINT; a warm parent may start before mlaunch handles them): every worker, cold or forked
+        # from a warm parent, begins as a fresh interpreter would and the supervisor's stop reaches it.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
         if os.getppid() != parent:
             os._exit(137)
 
