@@ -13,7 +13,9 @@ real gloo training across the hosts' ``eth0``, one rank per host:
   checkpoint (``elastic.grow: at_checkpoint``: every rank stops gracefully and saves, all restart
   with 3), resharded each time, the model after each load equal to the saved one;
 - the health check with ``on_failure: exclude``: host 3's link rate-limited → it exits 75, hosts
-  1-2 train as a 2-node job to the same final parameters as a 2-node run.
+  1-2 train as a 2-node job to the same final parameters as a 2-node run;
+- host 3's link down (silence, no closed connection): the same shrink after ``node_timeout``;
+- node 0's mlaunch SIGKILLed: the range cannot help; the others stop, name it and say why.
 """
 
 from __future__ import annotations
@@ -245,3 +247,60 @@ def test_health_check_exclude_leaves_the_slow_host_out_and_the_others_train(tmp_
     assert "health check: this node is excluded" in run.text(2) and "starting without" in run.text(0), text
     assert re.search(r"membership \(generation 0\): 3 → 2 nodes", run.text(0)), text
     assert final_checksum(text) == final_checksum(expected.stdout), text
+
+
+def test_ddp_shrinks_when_a_hosts_link_goes_down(tmp_path: Path, hosts3: list[Host]) -> None:
+    """Host 3's link down (no connection closes: its mlaunch is silent past node_timeout, its peers' gloo
+    collectives block on it): hosts 1-2 leave it out, stop their blocked ranks and go on as a 2-node job
+    from the newest committed step; host 3's mlaunch, cut off, gives up on the hub and exits non-zero."""
+    from netns import IP
+
+    args = "'--steps', '40', '--save-every', '5', '--workers', '0'"
+    job = write_job(tmp_path, CHAOS, args)
+    state = tmp_path / "chaos"
+    state.mkdir()
+    run = Launches(hosts3, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1")
+    try:
+        for index in range(3):
+            run.start(index)
+        run.wait_for(r"saved step (9|1\d): model-checksum", host=0)
+        subprocess.run([IP, "-n", hosts3[2].ns, "link", "set", "eth0", "down"], check=True, timeout=10)
+        resumed = run.wait_for(RESUMED.pattern, host=0)
+        codes = run.finish()
+    finally:
+        run.kill()
+    text = run.text()
+    checksums = {int(step): checksum for step, checksum in SAVED.findall(run.text(0))}
+    assert re.search(r"membership \(generation 1\): 3 → 2 nodes .*; left: 2 \(\S+\): its mlaunch sent nothing", text)
+    saved_before = [s for s in checksums if s <= int(resumed[1])]
+    assert int(resumed[1]) == max(saved_before) and resumed[4] == checksums[int(resumed[1])], text
+    assert (resumed[2], resumed[3]) == ("3", "2"), text
+    assert codes[0] == 0 and codes[1] == 0 and codes[2] != 0, text
+    assert final_checksum(text), text
+
+
+def test_node_0_lost_ends_an_elastic_job_on_every_node_and_says_why(tmp_path: Path, hosts3: list[Host]) -> None:
+    """Node 0 hosts the hub and the rendezvous master: its mlaunch SIGKILLed, the range cannot help — the
+    others stop within node_timeout + 5 s, name it, and say why."""
+    args = "'--steps', '400', '--save-every', '5', '--workers', '0'"
+    job = write_job(tmp_path, CHAOS, args)
+    state = tmp_path / "chaos"
+    state.mkdir()
+    run = Launches(hosts3, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1")
+    try:
+        for index in range(3):
+            run.start(index)
+        run.wait_for(r"saved step \d+: model-checksum", host=0)
+        run.procs[0].kill()
+        killed = time.monotonic()
+        for index in (1, 2):
+            code = run.procs[index].wait(timeout=60)
+            assert time.monotonic() - killed < NODE_TIMEOUT + 5, run.text()  # as without a range
+            assert code != 0, run.text()
+        run.finish(timeout=10)
+    finally:
+        run.kill()
+    for index in (1, 2):
+        mine = run.text(index)
+        assert "node 0 (" in mine and "is lost" in mine, mine
+        assert "an elastic job cannot go on without node 0" in mine, mine
