@@ -32,6 +32,13 @@ def agents(node_timeout: float = 5.0, secrets: tuple[bytes, bytes] = (b"k" * 32,
     ]
 
 
+def both_joined(*events: Any, timeout: float = 30.0) -> None:
+    """Wait until every agent was welcomed by the hub (a fixed sleep raced a loaded machine: a node 0 that
+    closed before node 1 had joined left node 1 nobody to hear the job's end from)."""
+    deadline = time.monotonic() + timeout
+    assert all(e.joined(deadline) for e in events), "an agent never joined the hub"
+
+
 def next_event(events: Any, timeout: float = 3.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -45,7 +52,7 @@ def next_event(events: Any, timeout: float = 3.0) -> Any:
 def test_a_failure_reaches_the_other_node_fast_and_both_agree_who_was_first() -> None:
     a, b = agents()
     try:
-        time.sleep(0.3)
+        both_joined(a, b)
         sent = time.monotonic()
         b.report_failure(Failure("rank 3", 3, 1, 137, 9, [], None))
         event = None
@@ -69,7 +76,7 @@ def test_a_failure_reaches_the_other_node_fast_and_both_agree_who_was_first() ->
 def test_a_hang_carries_its_cause_so_the_other_nodes_dump_their_stacks_and_status_is_relayed() -> None:
     a, b = agents()
     try:
-        time.sleep(0.3)
+        both_joined(a, b)
         cause = "hung: no progress for 3s (monitor.hang_timeout) on host h1, last step 6"
         b.report_failure(Failure("rank 3", 3, 77, 137, None, [], None, cause=cause))
         event = None
@@ -100,7 +107,7 @@ def test_a_failure_left_over_from_an_ended_attempt_does_not_stop_the_next() -> N
     """An attempt can end through another channel (MPI's completion channel) before its plane event is polled."""
     a, b = agents()
     try:
-        time.sleep(0.3)
+        both_joined(a, b)
         b.report_failure(Failure("rank 3", 3, 1, 7, None, [], None))
         assert a.first_failure(0, 2) is not None  # arrived, not polled
         a.start_generation(1)
@@ -122,7 +129,7 @@ def test_a_failure_left_over_from_an_ended_attempt_does_not_stop_the_next() -> N
 def test_a_silent_node_is_lost_and_exchanges_end() -> None:
     a, b = agents(node_timeout=1.0)
     try:
-        time.sleep(0.3)
+        both_joined(a, b)
         b.driver.stop()  # its agent thread stops: no heartbeat any more (as if killed)
         with pytest.raises(ExchangeFailed, match="node 1"):
             a.exchange("start/1", None, time.monotonic() + 5)
@@ -135,7 +142,7 @@ def test_node0s_exit_code_reaches_the_other_nodes_and_ends_their_exchanges() -> 
     """What the MPI engine's peers exit with: node 0's mlaunch says the job's code as it leaves."""
     a, b = agents()
     try:
-        time.sleep(0.3)
+        both_joined(a, b)
         closing = threading.Thread(target=a.close, args=(5,))
         closing.start()  # node 0 waits (up to CLOSE_WAIT) for node 1 to leave
         event = next_event(b)
