@@ -136,6 +136,21 @@ def membership_events(log_dir: Path) -> list[dict[str, object]]:
     return [e for e in map(json.loads, lines) if e["event"] == "membership" and e.get("node") == 0]
 
 
+def start_ddp(tmp_path: Path, hosts: list[Host], steps: int, **env: str) -> Launches:
+    """The DDP example (through the chaos wrapper) on the 3 hosts, a save every 5 steps, one mlaunch per host."""
+    state = tmp_path / "chaos"
+    state.mkdir()
+    job = write_job(tmp_path, CHAOS, f"'--steps', '{steps}', '--save-every', '5', '--workers', '0'")
+    run = Launches(hosts, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1", **env)
+    try:
+        for index in range(3):
+            run.start(index)
+    except BaseException:
+        run.kill()
+        raise
+    return run
+
+
 def shrink(run: Launches) -> tuple[int, str]:
     """Host 3's mlaunch SIGKILLed after a save: the 2-host job resumes the newest step, the model it saved."""
     saved = run.wait_for(r"saved step (9|1\d): model-checksum", host=0)
@@ -152,15 +167,9 @@ def shrink(run: Launches) -> tuple[int, str]:
 def test_ddp_shrinks_to_two_hosts_and_takes_the_third_back_at_the_next_restart(
     tmp_path: Path, hosts3: list[Host]
 ) -> None:
-    state = tmp_path / "chaos"
-    state.mkdir()
-    args = "'--steps', '70', '--save-every', '5', '--workers', '0'"
-    job = write_job(tmp_path, CHAOS, args)
     shown = "RANK,WORLD_SIZE,NODE_RANK,MA_NUM_HOSTS,VC_TASK_INDEX,VC_WORKER_HOSTS"
-    run = Launches(hosts3, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1", CHAOS_SHOW_ENV=shown)
+    run = start_ddp(tmp_path, hosts3, 70, CHAOS_SHOW_ENV=shown)
     try:
-        for index in range(3):
-            run.start(index)
         shrink(run)
         run.wait_for(r"step \d+ loss", host=0)  # the 2-host job steps: its ranks have all started
         pid = run.last(r"chaos pid 1 (\d+)", host=1, since="left the job")
@@ -255,14 +264,8 @@ def test_ddp_shrinks_when_a_hosts_link_goes_down(tmp_path: Path, hosts3: list[Ho
     from the newest committed step; host 3's mlaunch, cut off, gives up on the hub and exits non-zero."""
     from netns import IP
 
-    args = "'--steps', '40', '--save-every', '5', '--workers', '0'"
-    job = write_job(tmp_path, CHAOS, args)
-    state = tmp_path / "chaos"
-    state.mkdir()
-    run = Launches(hosts3, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1")
+    run = start_ddp(tmp_path, hosts3, 40)
     try:
-        for index in range(3):
-            run.start(index)
         run.wait_for(r"saved step (9|1\d): model-checksum", host=0)
         subprocess.run([IP, "-n", hosts3[2].ns, "link", "set", "eth0", "down"], check=True, timeout=10)
         resumed = run.wait_for(RESUMED.pattern, host=0)
@@ -282,14 +285,8 @@ def test_ddp_shrinks_when_a_hosts_link_goes_down(tmp_path: Path, hosts3: list[Ho
 def test_node_0_lost_ends_an_elastic_job_on_every_node_and_says_why(tmp_path: Path, hosts3: list[Host]) -> None:
     """Node 0 hosts the hub and the rendezvous master: its mlaunch SIGKILLed, the range cannot help — the
     others stop within node_timeout + 5 s, name it, and say why."""
-    args = "'--steps', '400', '--save-every', '5', '--workers', '0'"
-    job = write_job(tmp_path, CHAOS, args)
-    state = tmp_path / "chaos"
-    state.mkdir()
-    run = Launches(hosts3, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1")
+    run = start_ddp(tmp_path, hosts3, 400)
     try:
-        for index in range(3):
-            run.start(index)
         run.wait_for(r"saved step \d+: model-checksum", host=0)
         run.procs[0].kill()
         killed = time.monotonic()

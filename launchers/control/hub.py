@@ -268,6 +268,12 @@ class Hub(threading.Thread):
     def _send(self, node: int, message: dict[str, Any]) -> None:
         self._send_frames(node, seal(self.secret, message))
 
+    def _multicast(self, nodes: Iterable[int], message: dict[str, Any]) -> None:
+        """One encoding, the same bytes to ``nodes`` (a meeting's members, an exchange's contributors)."""
+        frames = seal(self.secret, message)
+        for node in nodes:
+            self._send_frames(node, frames)
+
     def _send_frames(self, node: int, frames: list[bytes]) -> None:
         ident = self.peers.get(node)
         if ident is not None and node not in self.lost:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import zmq
@@ -48,6 +49,7 @@ class HubLike(Protocol):
 
     def _broadcast(self, message: dict[str, Any]) -> None: ...
     def _send(self, node: int, message: dict[str, Any]) -> None: ...
+    def _multicast(self, nodes: Iterable[int], message: dict[str, Any]) -> None: ...
     def _to(self, ident: bytes, frames: list[bytes] | dict[str, Any]) -> None: ...
 
     @property
@@ -163,8 +165,7 @@ class Membership:
         gathers.open.clear()
         for topic, gather in opened:
             gathers.done[topic] = Done(None, {}, error)
-            for node in gather.values:
-                self.hub._send(node, {"t": "got", "topic": topic, "error": error})
+            self.hub._multicast(gather.values, {"t": "got", "topic": topic, "error": error})
         while len(gathers.done) > KEEP_DONE:
             gathers.done.popitem(last=False)
 
@@ -212,8 +213,7 @@ class Membership:
         self.results[key] = result
         while len(self.results) > KEEP_MEETINGS:
             self.results.popitem(last=False)
-        for node in sorted(members):
-            self.hub._send(node, result)
+        self.hub._multicast(sorted(members), result)  # one encoding of an O(N) result, not one per member
 
     def regroup(self, why: str) -> None:
         """Node 0 asks every member to stop its ranks gracefully and meet (a candidate is admitted there)."""

@@ -47,7 +47,7 @@ def make_plan(
 def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> LaunchPlan:
     """The engine's plan, plus what job-wide features add to it (high-availability side processes, env)."""
     plan = engine.plan(job, cluster, attempt)
-    restated = getattr(cluster, "rank_env", None) or {}  # an elastic job at another size (platform/resize.py)
+    restated = cluster.rank_env  # an elastic job at another size: the platform's variables restated (resize.py)
     for proc in plan.processes:  # the elastic runtime's Checkpointer keeps this many
         proc.env.setdefault("MLAUNCH_CHECKPOINT_KEEP", str(job.checkpoint.keep))
         proc.env.update(restated)
