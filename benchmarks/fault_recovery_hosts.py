@@ -302,13 +302,16 @@ def run_torchrun(args: argparse.Namespace, hosts: list[Host], work: Path) -> lis
         lines.stop()
 
 
-def figures(name: str, values: list[float | None], ref: float | None, goal: str = "") -> float | None:
+def figures(
+    name: str, values: list[float | None], ref: float | None, goal: str = "", against: str = "torchrun's median"
+) -> float | None:
+    """Print the median, min and max of ``values`` (and the median's ratio to ``ref``); the median."""
     ok = [v for v in values if v is not None]
     if not ok:
         print(f"  {name}: none measured ({len(values)} tried)")
         return None
     med = statistics.median(ok)
-    ratio = f" = {med / ref:.3f}× torchrun's median" if ref else ""
+    ratio = f" = {med / ref:.3f}× {against}" if ref else ""
     print(f"  {name}: median {med:.3f}s{ratio} (min {min(ok):.3f}s, max {max(ok):.3f}s, n={len(ok)}){goal}")
     return med
 

@@ -29,7 +29,6 @@ import os
 import queue
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fault_recovery as single
+from fault_recovery_hosts import figures as recovery_figures
 from fault_recovery_hosts import host_env
 
 ROOT = single.ROOT
@@ -193,14 +193,7 @@ def cycle(hosts: Hosts, group: Group, ckpt: Path, args: argparse.Namespace) -> C
 
 
 def figures(name: str, values: list[float | None], ref: float | None = None, goal: str = "") -> float | None:
-    ok = [v for v in values if v is not None]
-    if not ok:
-        print(f"  {name}: none measured ({len(values)} tried)")
-        return None
-    med = statistics.median(ok)
-    ratio = f" = {med / ref:.2f}× the baseline" if ref else ""
-    print(f"  {name}: median {med:.3f}s{ratio} (min {min(ok):.3f}s, max {max(ok):.3f}s, n={len(ok)}){goal}")
-    return med
+    return recovery_figures(name, values, ref, goal, against="the baseline")
 
 
 def report(args: argparse.Namespace, cycles: list[Cycle]) -> None:
