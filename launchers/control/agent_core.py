@@ -245,13 +245,16 @@ class AgentState:
         why = str(message.get("why") or "")
         self.final(Lost(node, str(message.get("host", "")), float(message["seconds"]), why, node == self.node))
 
-    def _left(self, message: dict[str, Any]) -> None:
-        node = int(message["node"])
+    def _push(self, event: JobEvent) -> None:
+        """An event the supervisor acts on (``poll``); whoever waits is woken."""
         with self.cond:
-            host, why = str(message.get("host", "")), str(message.get("why", ""))
-            self.events.append(Left(node, host, why, float(message.get("seconds", 0))))
+            self.events.append(event)
             self.cond.notify_all()
         self.wake()
+
+    def _left(self, message: dict[str, Any]) -> None:
+        host, why = str(message.get("host", "")), str(message.get("why", ""))
+        self._push(Left(int(message["node"]), host, why, float(message.get("seconds", 0))))
 
     def _met(self, message: dict[str, Any]) -> None:
         """A meeting's answer (or a candidate's admission): the membership of the next generation."""
@@ -270,10 +273,7 @@ class AgentState:
         self.wake()
 
     def _regroup(self, message: dict[str, Any]) -> None:
-        with self.cond:
-            self.events.append(Regroup(str(message.get("why", ""))))
-            self.cond.notify_all()
-        self.wake()
+        self._push(Regroup(str(message.get("why", ""))))
 
     def _end(self, message: dict[str, Any]) -> None:
         if int(message["node"]) != self.node:
