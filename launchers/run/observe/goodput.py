@@ -71,7 +71,7 @@ class Goodput:
     committed_by: str | None = None
     _regroup_next: bool = False
 
-    def membership_changed(self, now: float) -> None:
+    def membership_changed(self) -> None:
         """The next attempt starts at another membership (its time lost is the gap of steps around it)."""
         self._regroup_next = True
 

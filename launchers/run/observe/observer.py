@@ -17,6 +17,7 @@ from launchers.run.observe import goodput
 from launchers.run.observe.events_log import EventLog
 from launchers.run.observe.status_file import job_status, node_entry, rank_entry, write_status
 from launchers.run.observe.steps import StepTracker
+from launchers.run.outcome import MEMBERSHIP
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
@@ -118,7 +119,7 @@ class JobObserver:
         failure = outcome.failure
         if failure is not None:
             hung = bool(failure.cause and failure.cause.startswith("hung"))
-            regroup = failure.cause.startswith("membership")  # an elastic job re-forms: not a failure
+            regroup = failure.cause.startswith(MEMBERSHIP)  # an elastic job re-forms: not a failure
             self.log.write(
                 "hang" if hung else "regroup" if regroup else "failure",
                 attempt=self.attempt,
@@ -157,7 +158,7 @@ class JobObserver:
         last = self.clock.attempts[-1].last_wall if self.clock.attempts else None
         change["since_last_step_s"] = round(time.time() - last, 3) if last else None  # the time lost so far
         self.members = change
-        self.clock.membership_changed(time.time())
+        self.clock.membership_changed()
         self.log.write("membership", **change)
 
     def health(self, outcome: HealthOutcome) -> None:
