@@ -187,7 +187,8 @@ def test_replicas_stand_in_for_a_missing_shard(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "step_00000002" / layout.MARKER).read_text())
     manifest["shards"] = {"4": {"file": "rank_4.mlck", "bytes": size}}
     layout.write_json_atomic(tmp_path / "step_00000002" / layout.MARKER, manifest)
-    assert Checkpointer(tmp_path).load_latest() is None  # rank 0's own shard is missing
+    with pytest.raises(CheckpointError, match="no shard for rank 0"):  # never a silent fresh start
+        Checkpointer(tmp_path).load_latest()
     assert Checkpointer(tmp_path, replicas=[0, 4]).load_latest() == {"from": 0}
 
 
@@ -271,6 +272,27 @@ def test_without_a_process_group_rank_0_commits_after_every_done_file(tmp_path: 
 
 
 @needs_torch
-def test_a_checkpoint_of_another_world_size_is_not_loaded(tmp_path: Path) -> None:
+def test_per_rank_state_at_another_world_size_fails_loudly_on_every_rank(tmp_path: Path) -> None:
+    """Values that differ between the saving ranks cannot be any new rank's state: every rank raises, naming them."""
     assert [r.returncode for r in run_ranks("save", tmp_path, 2, STEP="1")] == [0, 0]
-    assert [r.stdout.strip() for r in run_ranks("load", tmp_path, 3)] == ["loaded none"] * 3
+    results = run_ranks("load", tmp_path, 3)
+    assert [r.returncode for r in results] == [4, 4, 4], [r.stderr for r in results]
+    for result in results:
+        line = result.stdout.strip()
+        assert line.startswith("load failed: cannot load step 1: it was written by 2 ranks and this job has 3")
+        assert "'rank' (rank)" in line and "'w' (w)" in line and "load_latest(into=state)" in line
+        assert "'step'" not in line  # the same on every rank: not named
+
+
+@needs_torch
+@pytest.mark.parametrize("world", [1, 3, 5])
+def test_replicated_state_loads_at_any_world_size(tmp_path: Path, world: int) -> None:
+    """DDP-style state (every rank saved the same values) resumes a shrunk or grown job from the newest step."""
+    assert [r.returncode for r in run_ranks("save", tmp_path, 2, STEP="1", REPLICATED="1")] == [0, 0]
+    assert [r.returncode for r in run_ranks("save", tmp_path, 2, STEP="6", REPLICATED="1")] == [0, 0]
+    same = run_ranks("load", tmp_path, 2, REPLICATED="1")
+    expected = same[0].stdout.strip()
+    assert expected.startswith("loaded 6 ") and same[1].stdout.strip() == expected
+    results = run_ranks("load", tmp_path, world, REPLICATED="1")
+    assert [r.stdout.strip() for r in results] == [expected] * world, [r.stderr for r in results]
+    assert "its state is replicated" in results[0].stderr + results[0].stdout

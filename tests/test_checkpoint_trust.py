@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import needs_torch
 
-from launchers.elastic import Checkpointer, CheckpointError, shardfile
+from launchers.elastic import Checkpointer, CheckpointError, layout, shardfile
 
 np = pytest.importorskip("numpy")
 
@@ -59,6 +59,10 @@ def test_a_crafted_legacy_checkpoint_runs_no_code(tmp_path: Path) -> None:
     ckpt.save(1, {"step": 1})
     shard = tmp_path / "ckpt" / "step_00000001" / "rank_0.mlck"
     shard.write_bytes(legacy_shard({"format": 1, "meta": {}, "skeleton": Boom(flag), "blobs": []}))
+    marker = shard.parent / layout.MARKER  # the crafted file's size, as whoever crafted it would write it
+    manifest = json.loads(marker.read_text())
+    manifest["shards"]["0"]["bytes"] = shard.stat().st_size
+    layout.write_json_atomic(marker, manifest)
     with pytest.raises(shardfile.ShardFormatError, match="trusted=True"):
         shardfile.read_file(shard)
     with pytest.raises(shardfile.ShardFormatError):

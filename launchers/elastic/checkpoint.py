@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,7 @@ class Checkpointer:
         keep: int | None = None,
         replicas: Sequence[int] | None = None,
         trusted: bool = False,
+        on_unreadable: str | None = None,
     ) -> None:
         chosen = dir if dir is not None else os.environ.get("MLAUNCH_CHECKPOINT_DIR") or DEFAULT_DIR
         self.dir = Path(chosen).expanduser().absolute()
@@ -87,6 +89,13 @@ class Checkpointer:
         # trusted=True: save any picklable object and unpickle it on load, which runs code the
         # checkpoint chose — only for directories nobody else can write (see shardfile)
         self.trusted = trusted
+        # committed steps exist but none can be loaded: "fail" (raise on every rank) or "start_over"
+        # (train from scratch, loudly); default: job.yaml's checkpoint.on_unreadable via mlaunch's env
+        chosen_policy = on_unreadable or os.environ.get(resume.ON_UNREADABLE_ENV) or "fail"
+        if chosen_policy not in ("fail", "start_over"):
+            raise ValueError(f"on_unreadable must be 'fail' or 'start_over', got {chosen_policy!r}")
+        self.on_unreadable = chosen_policy
+        self._fresh = f"fresh-{os.environ.get('MLAUNCH_RUN_ID', '')[:12]}-{uuid.uuid4().hex[:12]}"
         self.loaded: layout.Committed | None = None  # what load_latest() resumed from
         self.last_saved: Path | None = None
 
@@ -267,7 +276,8 @@ class Checkpointer:
         else:
             self._write_done(job.tmp, job.rank, size)
             sizes = self._wait_done(job.tmp, job.world)
-        return layout.commit(job.tmp, job.final, job.step, job.world, sizes, ext=job.ext, source="save")
+        lineage = self.lineage()
+        return layout.commit(job.tmp, job.final, job.step, job.world, sizes, ext=job.ext, source="save", **lineage)
 
     @staticmethod
     def _agree_committed(job: _Save, committed: bool, error: Exception | None) -> bool:
@@ -297,13 +307,18 @@ class Checkpointer:
     def _prepare(self, final: Path, tmp: Path, *, clean: bool) -> int:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            if layout.read_marker(final) is not None:
-                return _ALREADY_COMMITTED
+            step = layout.parse_step(final.name)
+            there = [c for c in layout.committed(self.dir) if step is not None and c.step == step[0]]
+            ours = self.lineage()
+            if there and layout.same_lineage(there[0].manifest, ours["lineage"]):
+                return _ALREADY_COMMITTED  # this line of training committed it (the agent, or an earlier save)
+            if there and clean:
+                collective.say(f"step {there[0].step} {_replacing(there[0], ours['resumed_step'])}")
             if clean:
                 if tmp.exists():
                     layout.remove_tree(tmp)  # a stale partial save of this step: never reuse it
-                if final.exists():
-                    layout.remove_tree(final)
+                if final.exists() and layout.read_marker(final) is None:
+                    layout.remove_tree(final)  # a replaced commit stays until this one's marker is written
             tmp.mkdir(exist_ok=True)
             durable.fsync_dir(self.dir)
         except OSError as exc:
@@ -358,4 +373,22 @@ class Checkpointer:
             "how": how,
             "attempt": int(os.environ.get("MLAUNCH_RESTART_COUNT", "0") or 0),
             "resumed_from": self.loaded.id if self.loaded else None,
+            **self.lineage(),
         }
+
+    def lineage(self) -> dict[str, Any]:
+        """The line of training this job's commits continue (``layout``): the commit it resumed from, or fresh."""
+        if self.loaded is not None:
+            return {"lineage": self.loaded.id or f"step-{self.loaded.step}", "resumed_step": self.loaded.step}
+        return {"lineage": self._fresh, "resumed_step": -1}
+
+
+def _replacing(old: layout.Committed, resumed_step: int) -> str:
+    """Why a save replaces a committed step: it belongs to another line of training than the one this job continues."""
+    before = old.resumed_step if old.resumed_step is not None else -1
+    theirs = f"resumed from step {before}" if before >= 0 else "started from scratch"
+    mine = f"resumed from step {resumed_step}" if resumed_step >= 0 else "started from scratch"
+    return (
+        f"was committed by another line of training (one that {theirs}); this job {mine}, so its own step "
+        f"{old.step} replaces it (the old one is removed once the new one is committed)"
+    )

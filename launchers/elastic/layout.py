@@ -16,7 +16,17 @@ cosmetic: a ``*.tmp`` directory that already holds a valid marker counts as comm
 crash between the two steps loses nothing).
 
 Resume takes the newest step with a valid marker — never merely the highest-numbered
-directory. Directories without a marker are stale partial saves; they are removed before a
+directory.
+
+Lineage: a marker records the line of training it continues — ``lineage`` (the id of the commit
+the job resumed from, or a fresh start's token) and ``resumed_step`` (that commit's step; -1 for
+a fresh start). A job that resumed from step k and commits step n > k ends every *other*
+lineage's steps above k: they are another branch of training, abandoned when this one was taken
+up. Such a commit is **superseded** (``superseded``): readers ignore it, the next rotation
+removes it, and a save of the same step by the newer lineage replaces it (the replaced one stays
+until the new marker is written; between the two, the newer commit time wins).
+
+Directories without a marker are stale partial saves; they are removed before a
 name is reused and when a run starts. Keeping the last *k*: older committed steps lose
 their marker first, then their files, so a half-deleted checkpoint never looks complete.
 """
@@ -66,9 +76,34 @@ class Committed:
     def id(self) -> str:
         return str(self.manifest.get("id", ""))
 
+    @property
+    def lineage(self) -> str | None:
+        value = self.manifest.get("lineage")
+        return str(value) if value is not None else None
+
+    @property
+    def resumed_step(self) -> int | None:
+        value = self.manifest.get("resumed_step")
+        return int(value) if isinstance(value, int) else None
+
+    @property
+    def time(self) -> float:
+        value = self.manifest.get("time")
+        return float(value) if isinstance(value, (int, float)) else 0.0
+
+    def ends(self, other: Committed) -> bool:
+        """Committing ``self`` abandoned ``other``: a later commit of another lineage that resumed before it."""
+        return _ends(self.lineage, self.resumed_step, self.time, other)
+
     def shard(self, rank: int) -> Path:
         entry = self.manifest.get("shards", {}).get(str(rank))
         return self.path / (entry["file"] if isinstance(entry, dict) and "file" in entry else shard_name(rank))
+
+
+def _ends(lineage: str | None, resumed_step: int | None, when: float, other: Committed) -> bool:
+    if lineage is None or resumed_step is None or lineage == other.lineage:
+        return False
+    return when > other.time and resumed_step < other.step
 
 
 def parse_step(name: str) -> tuple[int, bool] | None:
@@ -113,22 +148,70 @@ def read_marker(path: Path) -> dict[str, Any] | None:
     return dict(manifest)
 
 
-def committed(root: Path) -> list[Committed]:
-    """Every committed checkpoint under ``root``, newest step first (one entry per step)."""
-    found: dict[int, Committed] = {}
+def _all_committed(root: Path) -> list[Committed]:
+    """Every directory with a valid marker for its step (twins and superseded ones included)."""
+    found = []
     for step, is_tmp, path in _step_dirs(root):
         manifest = read_marker(path)
-        if manifest is None or int(manifest["step"]) != step:
-            continue
-        if step in found and is_tmp:
-            continue  # the final name wins over a committed-but-not-renamed twin
-        found[step] = Committed(step, path, manifest)
+        if manifest is not None and int(manifest["step"]) == step:
+            found.append((Committed(step, path, manifest), is_tmp))
+    found.sort(key=lambda pair: (pair[0].step, pair[0].time, not pair[1]))
+    return [item for item, _ in found]
+
+
+def superseded(items: list[Committed]) -> list[Committed]:
+    """The commits another lineage ended (see the module docstring)."""
+    return [c for c in items if any(d.ends(c) for d in items)]
+
+
+def committed(root: Path) -> list[Committed]:
+    """Every committed checkpoint under ``root`` that no newer lineage ended, newest step first (one per step).
+
+    Of two commits of one step (a replaced one and its replacement, or a committed ``.tmp`` and its
+    renamed twin), the newer commit wins, and the final name when they are the same commit.
+    """
+    items = _all_committed(root)
+    ended = {id(c) for c in superseded(items)}
+    found: dict[int, Committed] = {}
+    for item in items:  # sorted by (step, time, final name last): the last one of a step wins
+        if id(item) not in ended:
+            found[item.step] = item
     return [found[s] for s in sorted(found, reverse=True)]
 
 
 def newest_step(root: Path) -> int | None:
     items = committed(root)
     return items[0].step if items else None
+
+
+def newest_for(root: Path, lineage: str | None, resumed_step: int | None) -> int | None:
+    """The newest committed step a commit of ``lineage`` (resumed at ``resumed_step``) would not end."""
+    now = time.time() + 1.0
+    items = [c for c in committed(root) if not _ends(lineage, resumed_step, now, c)]
+    return items[0].step if items else None
+
+
+def lineage_fields(meta: dict[str, Any]) -> dict[str, Any]:
+    """The lineage a shard's metadata names (what a commit of it records), for mlaunch's own commits."""
+    return {k: meta[k] for k in ("lineage", "resumed_step") if meta.get(k) is not None}
+
+
+def image_lineage(image: Any) -> dict[str, Any]:
+    """``lineage_fields`` of a shard image's header (staged memory); {} when it cannot be read."""
+    from launchers.elastic import shardfile
+
+    try:
+        return lineage_fields(shardfile.read_header(image)["meta"])
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def same_lineage(manifest: dict[str, Any] | None, lineage: str | None) -> bool:
+    """A committed step's manifest continues ``lineage`` (unknown lineages count as the same: nothing to replace)."""
+    if manifest is None:
+        return False
+    theirs = manifest.get("lineage")
+    return lineage is None or theirs is None or str(theirs) == lineage
 
 
 def partial_dirs(root: Path, after: int | None = None) -> list[Path]:
@@ -199,7 +282,7 @@ def commit(
     }
     write_json_atomic(tmp / MARKER, manifest)
     # committed; now give it its final name (cosmetic, see the module docstring)
-    if read_marker(final) is not None:
+    if same_lineage(read_marker(final), extra.get("lineage")):
         remove_tree(tmp)  # someone (the agent or the ranks) committed this step first
         return final
     if final.exists():
@@ -216,14 +299,20 @@ def commit(
 
 
 def rotate(root: Path, keep: int) -> list[int]:
-    """Delete committed checkpoints beyond the newest ``keep``; returns the steps removed."""
+    """Delete committed checkpoints beyond the newest ``keep``, and those a newer lineage ended; the steps removed."""
     if keep < 1:
         return []
+    everything = _all_committed(root)
+    current = committed(root)
+    kept_steps = {c.step for c in current[:keep]}
+    ended = {id(c) for c in superseded(everything)}
     removed = []
-    for item in committed(root)[keep:]:
+    for item in everything:
+        if item.step in kept_steps and id(item) not in ended:
+            continue  # a kept step (or its not-yet-renamed twin: finish_renames settles it)
         remove_tree(item.path)
         removed.append(item.step)
-    return removed
+    return sorted(set(removed))
 
 
 def finish_renames(root: Path, before: int) -> list[Path]:

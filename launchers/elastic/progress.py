@@ -52,6 +52,8 @@ _WAITING = struct.Struct("<d")  # monotonic time this process entered ``waiting(
 _WAITING_AT = 56
 _EXTRA = struct.Struct("<ddq")  # seconds waiting for other ranks, seconds blocked saving, committed step
 _EXTRA_AT = 96
+_STARTED_OVER = struct.Struct("<q")  # the newest committed step this rank could not load and started over from; -1
+_STARTED_OVER_AT = 120
 
 
 def _shm_dir() -> str:
@@ -87,6 +89,7 @@ _stack_signal = 0
 _waited = 0.0
 _saving = 0.0
 _committed = -1
+_started_over = -1
 _first_written = False
 _guarded = 0
 _depth = 0  # nesting of ``waiting()``
@@ -125,6 +128,7 @@ def _open() -> mmap.mmap | None:
     _GUARDED.pack_into(mm, _GUARDED_AT, _guarded)
     _EXTRA.pack_into(mm, _EXTRA_AT, _waited, _saving, _committed)
     _WAITING.pack_into(mm, _WAITING_AT, 0.0)
+    _STARTED_OVER.pack_into(mm, _STARTED_OVER_AT, _started_over)
     _map = mm
     return mm
 
@@ -210,6 +214,18 @@ def saved(seconds: float, committed_step: int | None) -> None:
         _EXTRA.pack_into(mm, _EXTRA_AT, _waited, _saving, _committed)
 
 
+def started_over(newest_committed: int) -> None:
+    """This rank trains from scratch although ``newest_committed`` is committed (``checkpoint.on_unreadable``).
+
+    mlaunch's status view and events.jsonl show it: a fresh start over committed work is never silent.
+    """
+    global _started_over
+    _started_over = newest_committed
+    mm = _mapping()
+    if mm is not None:
+        _STARTED_OVER.pack_into(mm, _STARTED_OVER_AT, _started_over)
+
+
 heartbeat = report  # ``elastic.heartbeat(step)``: for scripts that call neither should_stop nor stage
 
 
@@ -281,6 +297,7 @@ class Progress:
     committed_step: int = -1
     guarded: bool = False
     waiting_since: float = 0.0  # monotonic time it entered ``waiting()`` (a collective); 0.0: not inside one
+    started_over: int = -1  # it started from scratch although this step was committed (``started_over``)
 
     @property
     def in_collective(self) -> bool:
@@ -304,6 +321,7 @@ def read(path: str) -> Progress | None:
     waited, saving, committed = _EXTRA.unpack_from(data, _EXTRA_AT)
     (guarded,) = _GUARDED.unpack_from(data, _GUARDED_AT)
     (waiting_since,) = _WAITING.unpack_from(data, _WAITING_AT)
+    (over,) = _STARTED_OVER.unpack_from(data, _STARTED_OVER_AT)
     return Progress(
         path,
         pid,
@@ -321,6 +339,7 @@ def read(path: str) -> Progress | None:
         committed_step=committed,
         guarded=guarded == 1,
         waiting_since=waiting_since,
+        started_over=over,
     )
 
 

@@ -9,11 +9,20 @@ Two ways to read a step (``Checkpointer.load_latest``):
   needs and ``dcp_reader`` copies them (``dcp_catalog`` says which copy of a non-DTensor
   value a rank gets). Returns the step.
 
+At another world size ``load_latest()`` works when the state is replicated (DDP: every rank
+saved the same values; ``replicated`` compares the shards): rank ``r`` reads saved rank
+``r % saved_world``'s shard, and rank 0 says so. State whose values differ between ranks raises
+``CheckpointError`` on every rank naming the keys that differ.
+
 The step is agreed first (the newest every rank sees), then read; if a rank cannot read it
-(a missing or damaged shard) every rank falls back to an older step together. A problem an
-older step would not fix — pickled objects without ``trusted=True``, a ``state`` that does
-not match the checkpoint, DTensor shards read without ``into`` — raises ``CheckpointError``
-on every rank instead: starting over would hide it.
+(a missing or damaged shard) every rank falls back to an older step together, and says why. A
+problem an older step would not fix — pickled objects without ``trusted=True``, a ``state``
+that does not match the checkpoint, DTensor shards read without ``into``, per-rank state at
+another world size — raises ``CheckpointError`` on every rank instead: starting over would hide
+it. Nor does a job start over in silence: when committed steps exist and none can be loaded
+(or a rank sees none where another sees some), every rank raises with the reason for each step
+tried — unless the job chose ``checkpoint.on_unreadable: start_over`` (``MLAUNCH_ON_UNREADABLE``),
+then it starts from scratch with a warning, and mlaunch's status and events show it.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from launchers.elastic import collective, layout, shardfile, staging
+from launchers.elastic import collective, layout, progress, replicated, shardfile, staging
 from launchers.elastic.errors import CheckpointError
+
+ON_UNREADABLE_ENV = "MLAUNCH_ON_UNREADABLE"  # "fail" (the default) | "start_over": job.yaml's checkpoint.on_unreadable
 
 
 class Checkpointer(Protocol):
@@ -38,6 +49,8 @@ class Checkpointer(Protocol):
     def trusted(self) -> bool: ...
     @property
     def replicas(self) -> Sequence[int]: ...
+    @property
+    def on_unreadable(self) -> str: ...
 
     def committed(self) -> list[layout.Committed]: ...
 
@@ -52,15 +65,20 @@ class Read:
 
 
 def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
-    """The state (``into`` None) or the step loaded into ``into``; None when nothing committed can be used."""
+    """The state (``into`` None) or the step loaded into ``into``; None when nothing was ever committed."""
     coll = collective.current()
     rank, world = coll.rank(), coll.world_size()
     if rank == 0:
         layout.clean_partial(ckpt.dir)
     candidates = ckpt.committed()
+    newest = candidates[0].step if candidates else -1
     if world > 1:  # the same list on every rank: agree on the newest step everyone sees
-        newest = coll.all_reduce([candidates[0].step if candidates else -1], "min")[0]
-        candidates = [c for c in candidates if c.step <= newest]
+        lowest, highest = coll.all_reduce([newest], "min")[0], coll.all_reduce([newest], "max")[0]
+        if lowest < 0 <= highest:
+            why = _unseen(ckpt, highest, newest)
+            return _start_over(ckpt, rank, world, highest, [why])
+        candidates = [c for c in candidates if c.step <= lowest]
+    tried: list[str] = []
     for item in candidates:
         got = own_shard(ckpt, item, rank, world) if into is None else load_into(ckpt, item, into)
         ok = 1 if got.error is None else -1 if got.fatal else 0
@@ -73,19 +91,51 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
             ckpt.loaded = item
             staging.update_status(rank, world, committed_step=item.step)
             return got.value
+        why = got.error or "another rank cannot read its part (see its message)"
+        tried.append(f"step {item.step}: {why}")
         if got.error is not None:
             collective.say(f"cannot use step {item.step}: {got.error}; trying an older checkpoint")
     ckpt.loaded = None
+    if candidates:
+        return _start_over(ckpt, rank, world, candidates[0].step, tried)
+    return None
+
+
+def _unseen(ckpt: Checkpointer, highest: int, mine: int) -> str:
+    where = f"this rank sees step {mine}" if mine >= 0 else f"this rank sees no committed step in {ckpt.dir}"
+    return (
+        f"another rank sees committed step {highest} but not every rank sees one ({where}): is the checkpoint "
+        "directory on storage every node shares?"
+    )
+
+
+def _start_over(ckpt: Checkpointer, rank: int, world: int, newest: int, tried: list[str]) -> None:
+    """Committed steps exist and none can be loaded: raise on every rank, or start over if the job says so."""
+    reasons = "; ".join(tried)
+    if ckpt.on_unreadable != "start_over":
+        raise CheckpointError(
+            f"committed checkpoints exist in {ckpt.dir} (newest: step {newest}) but none can be loaded — {reasons}. "
+            "Nothing was loaded and training did not start over: fix the cause, or set checkpoint.on_unreadable: "
+            "start_over in job.yaml to train from scratch anyway"
+        )
+    collective.say(
+        f"WARNING: starting over from scratch although step {newest} is committed (checkpoint.on_unreadable: "
+        f"start_over) — {reasons}"
+    )
+    progress.started_over(newest)
+    staging.update_status(rank, world, committed_step=-1)
     return None
 
 
 def own_shard(ckpt: Checkpointer, item: layout.Committed, rank: int, world: int) -> Read:
-    """This rank's state from its own shard of ``item`` (or a replica's): the world size must match."""
+    """This rank's state from its own shard of ``item`` (or a replica's); at another world size, a replicated one's."""
+    sources = [rank, *[r for r in ckpt.replicas if r != rank]]
     if item.world_size != world:
-        return Read(
-            error=f"it was written by {item.world_size} ranks, this job has {world} (load_latest(into=state) reshards)"
-        )
-    for source in [rank, *[r for r in ckpt.replicas if r != rank]]:
+        checked = _replicated_source(item, rank, world)
+        if isinstance(checked, Read):
+            return checked
+        sources = [checked]
+    for source in sources:
         path = item.shard(source)
         if str(source) not in item.manifest["shards"] or not path.exists():
             continue
@@ -99,6 +149,33 @@ def own_shard(ckpt: Checkpointer, item: layout.Committed, rank: int, world: int)
             return Read(error=f"{path}: {exc}")
         return Read(state)
     return Read(error=f"no shard for rank {rank} in {item.path}")
+
+
+def _replicated_source(item: layout.Committed, rank: int, world: int) -> int | Read:
+    """The saved rank whose shard this rank reads at another world size (collective), or why it cannot."""
+    saved = item.world_size
+    shards = [item.shard(r) for r in range(saved)]
+    try:
+        differ = replicated.compare(shards, rank, world, collective.current())
+    except replicated.NotComparable as exc:
+        return Read(error=f"{item.path}: {exc}", fatal=exc.sharded)
+    if differ:
+        return Read(
+            error=(
+                f"it was written by {saved} ranks and this job has {world}, and its state is not replicated: "
+                f"the values of {replicated.describe(differ)} differ between the ranks that saved it, so no "
+                "saved rank's state is this rank's. Load it with load_latest(into=state), which reshards tensors "
+                "and DTensors to this world size, or keep per-rank values out of the checkpoint"
+            ),
+            fatal=True,
+        )
+    source = rank % saved
+    if rank == 0:
+        collective.say(
+            f"step {item.step} was written by {saved} ranks, this job has {world}: its state is replicated (every "
+            f"saved rank holds the same values), so rank r reads saved rank r % {saved}'s shard"
+        )
+    return source
 
 
 def load_into(ckpt: Checkpointer, item: layout.Committed, into: Any) -> Read:

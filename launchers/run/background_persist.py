@@ -63,6 +63,7 @@ class _Captured:
     root: Path
     world: int
     keep: int
+    lineage: dict[str, Any]  # the line of training the ranks continue (``layout``)
 
 
 class BackgroundPersist:
@@ -198,7 +199,8 @@ class BackgroundPersist:
                 return None, newest
             head = next(iter(heads.values()))
             keep = max(h.keep for h in heads.values()) or 3
-            return _Captured(target, images, Path(dirs.pop()), head.world, keep), newest
+            lineage = layout.image_lineage(images[min(images)])
+            return _Captured(target, images, Path(dirs.pop()), head.world, keep, lineage), newest
         return None, None
 
     @staticmethod
@@ -238,7 +240,7 @@ class BackgroundPersist:
     def _write(self, captured: _Captured) -> tuple[Path | None, dict[int, int]]:
         """This node's shards of the captured step in its temporary directory; (None, {}) if not written."""
         root, step = captured.root, captured.step
-        newest = layout.newest_step(root)
+        newest = layout.newest_for(root, captured.lineage.get("lineage"), captured.lineage.get("resumed_step"))
         if newest is not None and newest >= step:
             return None, {}  # the ranks saved it (or a newer one) themselves
         tmp = root / f"{layout.step_name(step)}.bg-{self.key}.tmp"
@@ -268,6 +270,7 @@ class BackgroundPersist:
                     sizes,
                     source="background",
                     attempt=self.attempt,
+                    **captured.lineage,
                 )
             except OSError as exc:
                 self._once("commit", f"background persist could not commit step {captured.step}: {exc}")

@@ -105,6 +105,7 @@ class _Staged:
     root: Path
     world: int
     keep: int
+    lineage: dict[str, Any] = field(default_factory=dict)  # the line of training the ranks continue (``layout``)
 
 
 def persist(
@@ -173,7 +174,10 @@ def _staged(readers: dict[int, staging.SegmentReader], share: _Share) -> _Staged
     worlds = {i.world for i in infos}
     if len(dirs) != 1 or len(worlds) != 1:
         return FlashResult("failed", f"ranks disagree on the checkpoint directory or world size: {dirs} {worlds}")
-    return _Staged(staged, Path(dirs.pop()), worlds.pop(), max(i.keep for i in infos) or 3)
+    first = min(staged)
+    slot = max(staged[first].values(), key=lambda s: s.step)
+    lineage = layout.image_lineage(readers[first].data(slot))
+    return _Staged(staged, Path(dirs.pop()), worlds.pop(), max(i.keep for i in infos) or 3, lineage)
 
 
 def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
@@ -193,7 +197,7 @@ def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
         return FlashResult("nothing", "no step was staged by every rank (they are too far apart)")
     else:
         decision = max(common)
-    newest = layout.newest_step(staged.root)
+    newest = layout.newest_for(staged.root, staged.lineage.get("lineage"), staged.lineage.get("resumed_step"))
     if newest is not None and decision <= newest:
         return FlashResult("skipped", f"step {decision} is not newer than committed step {newest}", decision)
     return decision
@@ -230,7 +234,14 @@ def _write(
                 with contextlib.suppress(OSError):
                     (tmp / f"node_{node}.done").unlink()
         final = layout.commit(
-            tmp, root / layout.step_name(step), step, staged.world, all_sizes, source="flash", attempt=share.attempt
+            tmp,
+            root / layout.step_name(step),
+            step,
+            staged.world,
+            all_sizes,
+            source="flash",
+            attempt=share.attempt,
+            **staged.lineage,
         )
         kept = True
     finally:

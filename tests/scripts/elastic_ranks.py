@@ -6,7 +6,9 @@ Usage: elastic_ranks.py MODE CKPT_DIR   with RANK, WORLD_SIZE, MASTER_ADDR, MAST
 Modes:
   save    save step $STEP of a state whose size is $BYTES_<rank> (or $BYTES, default 4096)
           bytes; prints ``saved <path>`` or ``save failed: <error>`` (exit 3)
-  load    load_latest; prints ``loaded <step> <sha256 of the tensor bytes>`` or ``loaded none``
+  load    load_latest; prints ``loaded <step> <sha256 of the tensor bytes>`` or ``loaded none``,
+          or ``load failed: <error>`` (exit 4)
+($REPLICATED=1: every rank saves the same state, as data-parallel training does.)
   guard   install the guard and run steps (each $STEP_TIME s); rank $SIGNAL_RANK sends itself
           SIGTERM at step $SIGNAL_STEP; prints ``stop <step>`` where it stops, saves, exits 143
 """
@@ -26,6 +28,9 @@ from launchers import elastic
 
 
 def state_for(rank: int, step: int) -> dict[str, object]:
+    if os.environ.get("REPLICATED") == "1":  # data parallel: the same values on every rank
+        gen = torch.Generator().manual_seed(step)
+        return {"step": step, "w": torch.randint(0, 255, (4096,), dtype=torch.uint8, generator=gen)}
     size = int(os.environ.get(f"BYTES_{rank}", os.environ.get("BYTES", "4096")))
     gen = torch.Generator().manual_seed(rank * 1000 + step)
     return {"step": step, "rank": rank, "w": torch.randint(0, 255, (size,), dtype=torch.uint8, generator=gen)}
@@ -56,8 +61,12 @@ def main() -> int:
             print(f"save failed: {exc}", flush=True)
             code = 3
     elif mode == "load":
-        state = ckpt.load_latest()
-        print(f"loaded {state['step']} {digest(state)}" if state else "loaded none", flush=True)
+        try:
+            state = ckpt.load_latest()
+            print(f"loaded {state['step']} {digest(state)}" if state else "loaded none", flush=True)
+        except elastic.CheckpointError as exc:  # raised on every rank alike: the group still ends cleanly
+            print(f"load failed: {exc}", flush=True)
+            code = 4
     elif mode == "guard":
         guard = elastic.install()
         signal_rank = int(os.environ.get("SIGNAL_RANK", "-1"))
