@@ -82,6 +82,45 @@ def test_goodput_counts_the_steps_a_restart_redid() -> None:
     assert "recomputed 5 steps" in describe(figures)
 
 
+def test_a_restart_that_skipped_committed_work_is_a_warning_naming_the_cause() -> None:
+    """The issue's case: 4 ranks trained from step 0 although step 24 was committed, and goodput said nothing."""
+    clock = Goodput(started=0.0)
+    first = clock.begin(0, 1.0)
+    for step in (4, 9, 14, 19, 24):
+        clock.committed(step, "ranks")
+    first.note(first_step=0, first_wall=2.0, step=26, last_wall=28.0, saving=0.0)
+    first.ended = 29.0
+    second = clock.begin(1, 30.0)
+    second.note(first_step=0, first_wall=31.0, step=30, last_wall=61.0, saving=0.0)
+    second.ended = 62.0
+    warnings = clock.figures(ended=63.0)["recompute_warnings"]
+    assert warnings == [
+        "attempt 1 began from scratch although step 24 was committed: it did not resume from the newest commit, "
+        "and redid 27 steps"
+    ]
+
+
+def test_recomputing_more_than_one_commit_interval_is_a_warning_and_less_is_not() -> None:
+    def run(resumed_from: int) -> list[str]:
+        clock = Goodput(started=0.0)
+        first = clock.begin(0, 1.0)
+        for step in (4, 9, 14):
+            clock.committed(step, "background")
+        first.note(first_step=0, first_wall=2.0, step=17, last_wall=19.0, saving=0.0)
+        first.ended = 20.0
+        second = clock.begin(1, 21.0)
+        second.committed_before = resumed_from  # as if that were the newest commit when it began
+        second.note(first_step=resumed_from + 1, first_wall=22.0, step=30, last_wall=40.0, saving=0.0)
+        figures: list[str] = clock.figures(ended=41.0)["recompute_warnings"]
+        return figures
+
+    assert run(14) == []  # 3 steps redone, commits every 5: what a crash costs
+    assert run(4) == [
+        "attempt 1 resumed from step 4 and redid 13 steps, more than one commit interval (5 steps): the attempt "
+        "before reached step 17"
+    ]
+
+
 def test_goodput_without_progress_reports_says_what_it_cannot_tell() -> None:
     clock = Goodput(started=0.0)
     clock.begin(0, 1.0).ended = 9.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from launchers.config.fields import Count, Duration, EnvValue, PathText, PositiveCount, Section, check_env_names
@@ -68,6 +70,11 @@ class CheckpointOptions(Section):
         None,
         description="mlaunch writes every N-th step the ranks stage (Checkpointer.stage) to dir in the background "
         "and commits it, so periodic checkpoints cost the training loop only the memory copy; default: off",
+    )
+    on_unreadable: Literal["fail", "start_over"] = Field(
+        "fail",
+        description="committed checkpoints exist but none can be loaded: fail (every rank raises CheckpointError "
+        "with the reason per step) or start_over (train from scratch with a warning, an event and a status flag)",
     )
 
 

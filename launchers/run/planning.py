@@ -50,6 +50,7 @@ def plan_attempt(engine: Engine, job: Job, cluster: Cluster, attempt: int) -> La
     restated = cluster.rank_env  # an elastic job at another size: the platform's variables restated (resize.py)
     for proc in plan.processes:  # the elastic runtime's Checkpointer keeps this many
         proc.env.setdefault("MLAUNCH_CHECKPOINT_KEEP", str(job.checkpoint.keep))
+        proc.env.setdefault("MLAUNCH_ON_UNREADABLE", job.checkpoint.on_unreadable)
         proc.env.update(restated)
     if job.high_availability.enabled:
         from launchers.engines.high_availability import apply_high_availability

@@ -95,12 +95,21 @@ def render(data: dict[str, Any], path: Path) -> Any:
     members = membership_line(data)
     if members:
         head.append(f"\n{members}")
+    over = data.get("started_over")
+    if isinstance(over, dict):
+        head.append(
+            f"\nWARNING: attempt {over.get('attempt', '?')} trained from scratch although step "
+            f"{over.get('committed_step', '?')} is committed (checkpoint.on_unreadable: start_over)",
+            style="bold",
+        )
     table = Table(box=None, pad_edge=False)
     for column in ("node", "host", "rank", "step", "steps/s", "last progress", "committed", "flags"):
         table.add_column(column, justify="right" if column in ("node", "rank", "step", "steps/s") else "left")
     for node in data.get("nodes", []):
         for r in node.get("ranks", []):
             flags = [f for f in ("straggler", "hung") if r.get(f)]
+            if r.get("started_over_from") is not None:
+                flags.append(f"started over (step {r['started_over_from']} committed)")
             if r.get("hung") and r.get("in_collective"):
                 flags[-1] = "hung (in a collective)"
             table.add_row(

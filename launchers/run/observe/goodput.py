@@ -38,6 +38,7 @@ class AttemptTimes:
     last_step: int | None = None
     saving: float = 0.0  # the most any rank was blocked by saves
     regrouped: bool = False  # started by an elastic job's membership change (a node left or joined)
+    committed_before: int | None = None  # the job's newest committed step when this attempt began
 
     def note(self, first_step: int, first_wall: float, step: int, last_wall: float, saving: float) -> None:
         """One rank's figures for this attempt (called again as they grow)."""
@@ -67,6 +68,7 @@ class Goodput:
     started: float
     attempts: list[AttemptTimes] = field(default_factory=list)
     commits: dict[str, int] = field(default_factory=dict)  # who committed (ranks, flash, background) → how often
+    committed_steps: list[int] = field(default_factory=list)  # each new newest committed step, in order
     committed_step: int | None = None
     committed_by: str | None = None
     _regroup_next: bool = False
@@ -80,9 +82,11 @@ class Goodput:
         self.commits[source] = self.commits.get(source, 0) + 1
         if self.committed_step is None or step >= self.committed_step:
             self.committed_step, self.committed_by = step, source
+        if not self.committed_steps or step > self.committed_steps[-1]:
+            self.committed_steps.append(step)
 
     def begin(self, attempt: int, now: float) -> AttemptTimes:
-        times = AttemptTimes(attempt, now, regrouped=self._regroup_next)
+        times = AttemptTimes(attempt, now, regrouped=self._regroup_next, committed_before=self.committed_step)
         self._regroup_next = False
         self.attempts.append(times)
         return times
@@ -116,6 +120,7 @@ class Goodput:
             "committed_step": self.committed_step,
             "committed_by": self.committed_by,
             "commits": dict(self.commits),
+            "recompute_warnings": recompute_warnings(self.attempts, self.committed_steps),
             **self._membership(),
         }
 
@@ -140,6 +145,43 @@ class Goodput:
     def _steps_done(self) -> int | None:
         lasts = [a.last_step for a in self.attempts if a.last_step is not None]
         return max(lasts) if lasts else None
+
+
+def commit_interval(steps: list[int]) -> int | None:
+    """The job's usual distance between commits (the median gap), None with fewer than two commits."""
+    gaps = sorted(b - a for a, b in zip(steps, steps[1:], strict=False) if b > a)
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+def recompute_warnings(attempts: list[AttemptTimes], committed_steps: list[int]) -> list[str]:
+    """Attempts that redid more than the job should ever lose: why each did (pure: the report says them).
+
+    An attempt that began at or below a step already committed did not resume from the newest
+    commit (a fresh start, an unreadable step, a lineage gone wrong); one that redid more than one
+    commit interval lost more than a checkpoint's worth of work (commits too far apart, or a
+    resume from an older commit than the newest).
+    """
+    interval = commit_interval(committed_steps)
+    warnings: list[str] = []
+    reached: int | None = None
+    for a in attempts:
+        if reached is not None and a.first_step is not None:
+            redone = max(0, reached - a.first_step + 1)
+            committed = a.committed_before
+            if committed is not None and a.first_step <= committed:
+                begun = "from scratch" if a.first_step == 0 else f"at step {a.first_step}"
+                warnings.append(
+                    f"attempt {a.attempt} began {begun} although step {committed} was committed: it did not resume "
+                    f"from the newest commit, and redid {redone} steps"
+                )
+            elif interval is not None and redone > interval:
+                warnings.append(
+                    f"attempt {a.attempt} resumed from step {a.first_step - 1} and redid {redone} steps, more than "
+                    f"one commit interval ({interval} steps): the attempt before reached step {reached}"
+                )
+        if a.last_step is not None:
+            reached = a.last_step if reached is None else max(reached, a.last_step)
+    return warnings
 
 
 _COMMITTERS = {"ranks": "the ranks' own save", "flash": "flash save", "background": "background persist"}

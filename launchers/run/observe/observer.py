@@ -62,6 +62,7 @@ class JobObserver:
         self._broken = False
         self.relay: StatusRelay | None = None
         self.members: dict[str, Any] | None = None  # an elastic job's newest membership change
+        self.started_over: dict[str, Any] | None = None  # an attempt that trained from scratch over committed work
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
             from launchers.run.observe.status_relay import StatusRelay
 
@@ -104,6 +105,7 @@ class JobObserver:
         for r in tracker.ranks.values():
             self.current.note(r.first_step, r.first_wall, r.step, r.last_wall, r.saving)
         self._checkpoints(tracker)
+        self._started_over(tracker)
         now = time.monotonic()
         if now >= self._next_status or (self.relay is not None and self.relay.due(now)):
             self._next_status = now + max(STATUS_EVERY, self.events.status_every)  # slower for thousands of nodes
@@ -177,6 +179,9 @@ class JobObserver:
         """The run is over: the goodput report, printed and logged."""
         figures = self.clock.figures(time.time())
         say(goodput.describe(figures))
+        for warning in figures["recompute_warnings"]:
+            say(f"warning: {warning}")
+            self.log.write("recomputed", cause=warning)
         self.log.write("end", exit_code=code, **figures)
         self.phase = "finished" if code == 0 else "failed" if self.phase != "stopped" else "stopped"
         self._publish()
@@ -190,6 +195,19 @@ class JobObserver:
             self._committed = newest
             self.clock.committed(newest, "ranks")
             self.log.write("checkpoint", attempt=self.attempt, step=newest)
+
+    def _started_over(self, tracker: StepTracker) -> None:
+        """Ranks that train from scratch over committed work (``checkpoint.on_unreadable: start_over``): said once."""
+        over = max((r.started_over for r in tracker.ranks.values()), default=-1)
+        if over < 0 or (self.started_over is not None and self.started_over["attempt"] == self.attempt):
+            return
+        ranks = sorted(r.rank for r in tracker.ranks.values() if r.started_over >= 0)
+        self.started_over = {"attempt": self.attempt, "committed_step": over, "ranks": ranks}
+        say(
+            f"WARNING: attempt {self.attempt} trains from scratch although step {over} is committed: no committed "
+            "step could be loaded and job.yaml says checkpoint.on_unreadable: start_over (see the ranks' logs for why)"
+        )
+        self.log.write("started_over", **self.started_over)
 
     def background_committed(self, steps: list[int]) -> None:
         """Steps mlaunch itself committed (``checkpoint.persist_every``): the ranks never report these."""
@@ -249,6 +267,8 @@ class JobObserver:
         }
         if self.members is not None:
             status["membership"] = self.members
+        if self.started_over is not None:
+            status["started_over"] = self.started_over
         if not self.simulated and self.node == 0:
             self._summarize(status)
         else:  # node 0's word on the job, beside this node's own ranks

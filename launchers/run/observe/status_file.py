@@ -33,6 +33,7 @@ def rank_entry(r: RankProgress, *, now: float, straggler: bool, hung: bool) -> d
         "last_progress": round(r.last_wall, 3) if r.last_wall else None,
         "last_progress_age_s": round(now - r.last_wall, 1) if r.last_wall else None,
         "committed_step": r.committed_step if r.committed_step >= 0 else None,
+        "started_over_from": r.started_over if r.started_over >= 0 else None,
         "straggler": straggler,
         "hung": hung,
         "in_collective": r.in_collective,  # a hung rank inside a collective waits for one that is not

@@ -33,6 +33,7 @@ class RankProgress:
     saving: float = 0.0  # seconds saves blocked it, this attempt
     in_collective: bool = False  # inside ``elastic.waiting()`` at the newest sample (blocked on other ranks)
     frame: str | None = None  # innermost frame of its stack when a hang outside any collective was declared
+    started_over: int = -1  # it trains from scratch although this step is committed (checkpoint.on_unreadable)
     own_step_time: float | None = None  # newest own time per step
     step_time: float | None = None  # newest interval per step
     samples: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
@@ -84,10 +85,11 @@ class StepTracker:
         """Read every progress file of the attempt; rank → steps it advanced since the last sample."""
         advanced: dict[int, int] = {}
         for report in progress.read_run(self.run_id):
-            if report.attempt != self.attempt or report.count == 0:
-                continue
             state = self.ranks.get(report.rank)
-            if state is None:
+            if report.attempt != self.attempt or state is None:
+                continue
+            state.started_over = max(state.started_over, report.started_over)  # said before its first step
+            if report.count == 0:
                 continue
             steps = state.update(report)
             if steps:
