@@ -163,3 +163,43 @@ def test_a_restarted_mlaunch_replaces_its_old_self_and_node_0_can_regroup_for_it
             assert again.admission(5) == met[0]
         finally:
             again.close(0)
+
+
+def test_a_preempted_member_leaves_gracefully_and_a_waiting_candidate_fills_the_minimum() -> None:
+    """Issue 34's storm case: members 0 and 2 (MIN 2), node 1 waits; node 2's mlaunch gets SIGTERM.
+
+    It says it is leaving: the others get a graceful ``Left`` at once (their ranks are saving with its
+    ranks), nobody waits for it at the meeting, and the meeting admits node 1 — 2 nodes again, not the
+    end of the job."""
+    with plane((2, 3)) as (nodes, port):
+        meet(nodes, "0", 0)
+        vanish(nodes[1])  # node 1's mlaunch killed: the job shrinks to 0 and 2
+        assert next_event(nodes[0], Left).node == 1
+        meet([nodes[0], nodes[2]], "1", 1)
+        back = agent(1, port, 10.0, (2, 3))  # node 1 started again: a candidate
+        try:
+            assert back.joined(time.monotonic() + 5) and back.candidate
+            assert until(lambda: nodes[0].waiting() == [1])
+            nodes[2].leave("its mlaunch was stopped by SIGTERM (a preemption)")
+            left = next_event(nodes[0], Left)
+            assert left.node == 2 and left.graceful and "SIGTERM" in left.why, left
+            assert nodes[0].ended is None and nodes[0].lost is None
+            (met,) = meet([nodes[0]], "2", 2)  # node 0 alone: the leaving node is not waited for
+            assert met.members == (0, 1) and met.joined == ((1, "h1"),) and [x.node for x in met.left] == [2]
+            assert met.left[0].graceful
+            assert back.admission(5) == met
+        finally:
+            back.close(0)
+
+
+def test_a_preemption_below_the_minimum_ends_the_job_on_every_node_at_once() -> None:
+    """No candidate to fill in: the hub ends the job (exit 143, saying why) instead of a meeting that waits."""
+    with plane((3, 3)) as (nodes, _port):
+        meet(nodes, "0", 0)
+        nodes[2].leave("its mlaunch was stopped by SIGTERM (a preemption)")
+        ended = until(lambda: nodes[1].ended)
+        assert ended is not None and ended.exit_code == 143, ended
+        assert "below the elastic minimum 3" in ended.describe() and "node 2 is leaving" in ended.describe()
+        assert until(lambda: nodes[0].ended) is not None
+        with pytest.raises(ExchangeFailed, match="exit code 143"):
+            nodes[0].meet("1", 1, 0, time.monotonic() + 5)

@@ -223,6 +223,11 @@ class NetworkEvents(JobEvents):
     def waiting(self) -> list[int]:
         return self.hub.membership.waiting() if self.hub is not None else []
 
+    def leave(self, why: str) -> None:
+        if self.node != 0:  # node 0's stop ends the job (its ``end``): it hosts the plane
+            self.state.send({"t": "leaving", "why": why})
+            self._kick()
+
     def regroup(self, why: str) -> None:
         if self.node == 0:
             self.state.send({"t": "regroup", "why": why})

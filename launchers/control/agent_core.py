@@ -38,7 +38,7 @@ from launchers.control.events import (
 from launchers.control.wire import seal, unseal
 
 RELIABLE = frozenset(
-    {"fail", "put", "end", "bye", "sum", "ask", "meet", "regroup"}
+    {"fail", "put", "end", "bye", "sum", "ask", "meet", "regroup", "leaving"}
 )  # kept until sent; the rest is said again anyway
 VIEW_FRESH = 1.5  # seconds a whole view asked of node 0 stays in this node's status view (then it is stale)
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
@@ -254,7 +254,8 @@ class AgentState:
 
     def _left(self, message: dict[str, Any]) -> None:
         host, why = str(message.get("host", "")), str(message.get("why", ""))
-        self._push(Left(int(message["node"]), host, why, float(message.get("seconds", 0))))
+        graceful = bool(message.get("graceful", False))
+        self._push(Left(int(message["node"]), host, why, float(message.get("seconds", 0)), graceful))
 
     def _met(self, message: dict[str, Any]) -> None:
         """A meeting's answer (or a candidate's admission): the membership of the next generation."""
@@ -277,7 +278,8 @@ class AgentState:
 
     def _end(self, message: dict[str, Any]) -> None:
         if int(message["node"]) != self.node:
-            self.final(JobEnded(int(message["node"]), int(message["code"]), str(message.get("host", ""))))
+            host, why = str(message.get("host", "")), str(message.get("why") or "")
+            self.final(JobEnded(int(message["node"]), int(message["code"]), host, why))
 
     def _closing(self, message: dict[str, Any]) -> None:
         self.hub_closing = True

@@ -94,6 +94,7 @@ class Left:
     host: str
     why: str
     seconds: float = 0.0
+    graceful: bool = False  # its mlaunch was stopped and said so: its ranks write the dying checkpoint with ours
 
     def describe(self) -> str:
         where = f"node {self.node}" + (f" ({self.host})" if self.host else "")
@@ -130,7 +131,13 @@ class Meeting:
             tuple(int(n) for n in message["members"]),
             tuple((int(j["node"]), str(j.get("host", ""))) for j in message.get("joined", [])),
             tuple(
-                Left(int(x["node"]), str(x.get("host", "")), str(x.get("why", "")), float(x.get("seconds", 0.0)))
+                Left(
+                    int(x["node"]),
+                    str(x.get("host", "")),
+                    str(x.get("why", "")),
+                    float(x.get("seconds", 0.0)),
+                    bool(x.get("graceful", False)),
+                )
                 for x in message.get("left", [])
             ),
             int(message.get("restarts", 0)),
@@ -151,8 +158,11 @@ class JobEnded:
     node: int
     exit_code: int
     host: str = ""
+    why: str = ""  # the hub ended it for a node that left (a preemption below the elastic minimum)
 
     def describe(self) -> str:
+        if self.why:
+            return f"the job ended with exit code {self.exit_code}: {self.why}"
         where = f"node {self.node}" + (f" ({self.host})" if self.host else "")
         return f"{where} reports the job ended with exit code {self.exit_code}"
 
@@ -283,6 +293,9 @@ class JobEvents:
     def waiting(self) -> list[int]:
         """Node 0: the nodes waiting to be admitted."""
         return []
+
+    def leave(self, why: str) -> None:
+        """This node's mlaunch was stopped (SIGTERM): an elastic job goes on without it (no-op in process)."""
 
     def regroup(self, why: str) -> None:
         """Node 0: every member stops its ranks gracefully and meets (a waiting node is admitted there)."""

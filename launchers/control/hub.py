@@ -201,6 +201,11 @@ class Hub(threading.Thread):
             self._broadcast(self.ended)
         elif kind == "regroup" and node == 0:
             self.membership.regroup(str(message.get("why", "")))
+        elif kind == "leaving":
+            end = self.membership.on_leaving(node, str(message.get("why", "")), time.monotonic())
+            if end is not None and self.ended is None:
+                self.ended = end
+                self._broadcast(end)
         elif kind == "bye" and not self.membership.on_bye(node, int(message.get("code", 0)), time.monotonic()):
             self.left.add(node)
 

@@ -15,7 +15,13 @@ range ``(MIN, MAX)`` (``pytorch.nnodes: "MIN:MAX"``), instead of ending the job:
   before each generation), whose result tells every member (and the admitted) the membership,
   who left and who joined since the last meeting, and the job's restart count;
 - node 0 may ask every member to stop and re-form at once (``regroup``: a candidate waits and a
-  checkpoint was just committed).
+  checkpoint was just committed);
+- a member whose mlaunch got SIGTERM (a preemption) says it is **leaving** at once: it is left out
+  *gracefully* — its ranks are writing the job's dying checkpoint with everyone else's, so the
+  others stop theirs gracefully too, nobody waits for it at the next meeting, and that checkpoint
+  is the step the re-formed job resumes from. Waiting candidates count towards MIN: the job
+  re-forms with them. When fewer than MIN would remain even so, the hub ends the job on every
+  node at once (exit 143, saying why) instead of letting the others wait for a node that is gone.
 
 Below MIN, node 0 lost, or without a range: the loss ends the job (``lost``), as before.
 """
@@ -40,6 +46,7 @@ class HubLike(Protocol):
     """What the membership uses of the hub (``hub.Hub``; a protocol, so this module imports no hub)."""
 
     members: set[int]
+    left: set[int]
     peers: dict[int, bytes]
     seen: dict[int, float]
     hosts: dict[int, str]
@@ -121,14 +128,45 @@ class Membership:
 
     def on_bye(self, node: int, code: int, now: float) -> bool:
         """A member whose mlaunch ended with a non-zero code leaves the job (True); else it only left."""
+        if self.candidates.pop(node, None) is not None:  # a candidate that gave up waiting is never admitted
+            return False
         if self.span is None or code == 0 or node not in self.hub.members:
             return False
         return self.depart(node, f"its mlaunch ended with exit code {code}", now)
 
-    def depart(self, node: int, why: str, now: float, seconds: float = 0.0) -> bool:
-        """Leave ``node`` out (True), or False when the job cannot go on without it (node 0, below MIN)."""
+    def on_leaving(self, node: int, why: str, now: float) -> dict[str, Any] | None:
+        """A member's mlaunch was stopped (SIGTERM): left out gracefully; else the ``end`` message that ends the job.
+
+        None also when there is nothing to do (no range, node 0 — its stop ends the job anyway —,
+        or not a member: a candidate's stop is its ``bye``).
+        """
+        if self.span is None or node == 0 or node not in self.hub.members:
+            self.candidates.pop(node, None)
+            return None
+        if self.depart(node, why, now, graceful=True):
+            return None
+        return {
+            "t": "end",
+            "node": node,
+            "code": 143,
+            "host": self.hub.hosts.get(node, ""),
+            "why": (
+                f"node {node} is leaving ({why}), and the job cannot go on without it: "
+                f"{self._cannot_leave(node)}; every node stops"
+            ),
+        }
+
+    def depart(self, node: int, why: str, now: float, seconds: float = 0.0, graceful: bool = False) -> bool:
+        """Leave ``node`` out (True), or False when the job cannot go on without it (node 0, below MIN).
+
+        Waiting candidates count towards MIN: the next meeting admits them. ``graceful``: its mlaunch
+        said it is leaving (its ranks are saving with everyone's), not lost: it is not told it was left
+        out, and its silence is never judged again.
+        """
         hub = self.hub
-        if self.span is None or node == 0 or node not in hub.members or len(hub.members) - 1 < self.span[0]:
+        if self.span is None or node == 0 or node not in hub.members:
+            return False
+        if len(hub.members) - 1 + len(self.candidates) < self.span[0]:
             return False
         hub.members.discard(node)
         self.epoch += 1
@@ -136,9 +174,12 @@ class Membership:
         hub.seen.pop(node, None)
         hub.status.pop(node, None)
         entry = {"node": node, "host": hub.hosts.get(node, ""), "why": why, "seconds": round(seconds, 3)}
+        if graceful:
+            entry["graceful"] = True
+            hub.left.add(node)  # it said so: it is gone, not lost (a new mlaunch there says hello as a candidate)
         self.departed.append(entry)
         hub._broadcast({"t": "left", **entry, "members": len(hub.members)})
-        if ident is not None:  # a link that came back: that mlaunch learns it is out and stops
+        if ident is not None and not graceful:  # a link that came back: that mlaunch learns it is out and stops
             self.gone.add(ident)
             hub._to(ident, self.out_message(node, why))
         self._void(f"node {node} left the job ({why}); an exchange of the old membership is void")
@@ -152,7 +193,8 @@ class Membership:
         if node == 0:
             return "node 0 hosts the control plane and the rendezvous master: the job cannot re-form without it"
         left = len(self.hub.members) - 1
-        return f"only {left} node(s) would remain, below the elastic minimum {self.span[0]} (pytorch.nnodes)"
+        waiting = f" and {len(self.candidates)} waiting to join" if self.candidates else ""
+        return f"only {left} node(s) would remain{waiting}, below the elastic minimum {self.span[0]} (pytorch.nnodes)"
 
     def out_message(self, node: int, why: str) -> dict[str, Any]:
         what = f"this node was left out of the job: {why}; start its mlaunch again to rejoin"

@@ -57,9 +57,11 @@ from launchers.run.outcome import (
     launch_failure,
     outcome_of,
     remote_failure,
+    signal_name,
 )
 from launchers.run.procs import children_of, process_env, start_process
 from launchers.run.signal_router import SignalRouter
+from launchers.run.signals import STOP_SIGNALS
 from launchers.run.standby_pool import StandbyPool
 from launchers.run.streams import OutputStreams, Worker
 from launchers.run.teardown import Teardown
@@ -148,7 +150,7 @@ class Supervisor:
             self.streams.wake_on(self.job_events.wake_fd)
         for index, spec in enumerate(self.processes):
             for sig in self.signals.drain():
-                self.teardown.on_signal(sig)
+                self._on_signal(sig)
             if self.teardown.signal is not None or self._failure is not None:
                 return
             label = self.labels.get(index) or process_label(spec)
@@ -198,7 +200,7 @@ class Supervisor:
         while self._live():
             self.streams.wait(self.teardown.timeout(0.5 if self.signals.active else 0.05))
             for sig in self.signals.drain():
-                self.teardown.on_signal(sig)
+                self._on_signal(sig)
             self._reap()
             self._job_event()
             self._check_hang()
@@ -206,6 +208,17 @@ class Supervisor:
             now = time.monotonic()
             self._refill_standbys(now)
             self._tick(now)
+
+    def _on_signal(self, sig: int) -> None:
+        """A signal to mlaunch (``teardown``); the first stop signal also tells the job this node is leaving.
+
+        An elastic job's other nodes then stop gracefully with it (its ranks write the dying
+        checkpoint with theirs) and re-form without waiting for it; other jobs ignore the word.
+        """
+        first = self.teardown.signal is None and sig in STOP_SIGNALS
+        self.teardown.on_signal(sig)
+        if first and self.job_events is not None:
+            self.job_events.leave(f"its mlaunch was stopped by {signal_name(sig)} (a preemption)")
 
     def _refill_standbys(self, now: float) -> None:
         """Warm standbys for the next attempt, once this one's workers are past their start-up."""
@@ -269,15 +282,16 @@ class Supervisor:
 
         A node that left takes its ranks' shards with it: the ranks here cannot finish a collective or
         commit a step, so they get SIGTERM and, a second later, SIGKILL (no flash save: a step staged
-        by only some ranks must never be committed). A regroup (a node waits to join) is a graceful
-        stop: SIGTERM and the grace period, in which the ranks write their dying checkpoint.
+        by only some ranks must never be committed). A regroup (a node waits to join), and a node that
+        left gracefully (its mlaunch was stopped: its ranks agreed with ours to stop and save), is a
+        graceful stop: SIGTERM and the grace period, in which the ranks write their dying checkpoint.
         """
         from launchers.control import Left
 
         who = f"node {event.node}" if isinstance(event, Left) else "node 0"
         said = event.describe()
         self._failure = Failure(who, -1, 0, 1, None, [said], None, cause=f"{MEMBERSHIP}: {said}")
-        if isinstance(event, Left):
+        if isinstance(event, Left) and not event.graceful:
             self.announce(f"{event.describe()}; stopping the {len(live)} processes here: the job re-forms without it")
             self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 1.0))
             return
