@@ -64,6 +64,7 @@ class Launches:
 
     def __init__(self, hosts: list[Host], job: Path, **env: str) -> None:
         self.hosts, self.job, self.env = hosts, job, env
+        self.gpus = env.pop("MA_NUM_GPUS", "1")  # processes per host
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
         self.seen: list[tuple[int, str]] = []
@@ -71,7 +72,7 @@ class Launches:
     def start(self, index: int) -> None:
         hosts = self.hosts
         env = clean_env(
-            MA_NUM_GPUS="1",
+            MA_NUM_GPUS=self.gpus,
             MA_NUM_HOSTS=str(len(hosts)),
             VC_TASK_INDEX=str(index),
             VC_WORKER_HOSTS=",".join(h.name for h in hosts),
