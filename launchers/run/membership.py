@@ -1,7 +1,8 @@
 """An elastic job's attempts: it goes on at a smaller size when a node leaves, and takes nodes back (issue 27).
 
-With ``pytorch.nnodes: "MIN:MAX"`` and one mlaunch per node, this loop replaces the runner's
-restart loop. Before every generation the members meet at node 0's hub (``JobEvents.meet``):
+With ``pytorch.nnodes: "MIN:MAX"`` and one mlaunch per node, this is the restart loop's
+membership policy (``run/restarts.py``). Before every generation the members meet at node 0's hub
+(``JobEvents.meet``):
 the meeting's answer is the membership the generation runs with (the platform's node indexes;
 a member's node rank is its position among them, ``platform.resize``), who left since the last
 meeting, who is admitted, and the job's restart count. Then, per generation:
@@ -13,7 +14,8 @@ meeting, who is admitted, and the job's restart count. Then, per generation:
 3. after it: a node that left (``Left``), node 0's regroup (``Regroup``) or a failure; the
    next meeting says which. A change of membership does not count against
    ``restart.max_restarts`` and waits no backoff; a failure does, and the job gives up when
-   they are spent — every node decides from the same meeting, so they decide alike.
+   they are spent — every node decides from the same meeting (the restart loop applies it),
+   so they decide alike.
 
 A node whose mlaunch starts while the job runs is a candidate: it starts no ranks, says so, and
 waits to be admitted (``elastic.grow``: at the next meeting, or node 0 makes one right after the
@@ -24,91 +26,73 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from launchers.control import ExchangeFailed
+from launchers.control import ExchangeFailed, Meeting
 from launchers.log import say
 from launchers.phases import long_phase
 from launchers.platform.resize import resize
 from launchers.run import signals as early_signals
-from launchers.run.job_wide import job_exit_code
-from launchers.run.outcome import MEMBERSHIP, Outcome, signal_name
+from launchers.run.outcome import signal_name
 from launchers.run.planning import plan_attempt
+from launchers.run.restarts import Gathered, Generation
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
-    from launchers.control import JobEvents, Meeting
+    from launchers.control import JobEvents
     from launchers.engines.base import Engine
     from launchers.health.check import HealthOutcome
     from launchers.plan import LaunchPlan
     from launchers.platform.cluster import Cluster
+    from launchers.run.attempt import RunContext
     from launchers.run.observe.observer import JobObserver
-    from launchers.run.signal_router import SignalRouter
-    from launchers.run.standby_pool import StandbyPool
 
 MEET_AFTER_FAILURE = 5.0  # seconds past node_timeout the members wait for each other before a generation
 
 
-@dataclass
-class Steps:
-    """The runner's parts this loop uses (``runner`` passes them in: no import back)."""
+class ElasticMembership:
+    """The restart loop's policy for an elastic job: meet before every generation, at the size the meeting says."""
 
-    attempt: Callable[[LaunchPlan, int, Callable[[], None]], tuple[Outcome, set[str]]]  # plan, attempt, extra tick
-    ended: Callable[[Outcome, LaunchPlan, set[str]], int | None]  # success or a stop: the exit code; else None
+    def __init__(
+        self,
+        job: Job,
+        engine: Engine[Cluster],
+        platform: Cluster,
+        span: tuple[int, int],
+        run: RunContext,
+        first: LaunchPlan,
+    ) -> None:
+        self.job, self.engine, self.platform, self.span, self.run = job, engine, platform, span, run
+        self.events: JobEvents = run.events
+        self.observer: JobObserver = run.observer
+        self.first_plan: LaunchPlan | None = (
+            first  # the platform's plan of attempt 0 (a candidate warms standbys for it)
+        )
+        self.members: tuple[int, ...] = ()
+        self.restarts = 0
+        self.grow: GrowPoint | None = None
+        if self.events.node == 0 and job.elastic.grow == "at_checkpoint":
+            self.grow = GrowPoint(self.events, self.observer)
 
+    def start(self) -> Generation | int:
+        joined = _join(self)
+        return joined if isinstance(joined, int) else _form(self, joined)
 
-@dataclass
-class Elastic:
-    """What the loop works with: the job, the platform's whole cluster, the plane, how to plan and see."""
+    def tick(self) -> None:
+        if self.grow is not None:
+            self.grow.tick()
 
-    job: Job
-    engine: Engine[Cluster]
-    platform: Cluster
-    span: tuple[int, int]
-    events: JobEvents
-    observer: JobObserver
-    signals: SignalRouter
-    standbys: StandbyPool | None = None
-    first_plan: LaunchPlan | None = None  # the platform's plan of attempt 0 (a candidate warms standbys for it)
-    members: tuple[int, ...] = ()
-    restarts: int = 0
-    grow: GrowPoint | None = field(default=None)
-
-
-def elastic_attempts(elastic: Elastic, steps: Steps) -> int:
-    """Generation after generation at the size the members' meetings say; the exit code mlaunch exits with."""
-    job, events = elastic.job, elastic.events
-    if events.node == 0 and job.elastic.grow == "at_checkpoint":
-        elastic.grow = GrowPoint(events, elastic.observer)
-    joined = _join(elastic)
-    if isinstance(joined, int):
-        return joined
-    meeting = joined
-    code = 1
-    while True:
-        attempt = meeting.generation
-        formed = _form(elastic, meeting)
-        if isinstance(formed, int):
-            return formed
-        plan = formed
-        outcome, roots = steps.attempt(plan, attempt, elastic.grow.tick if elastic.grow else _nothing)
-        _say_if_node0_lost(events)
-        if not _changed(outcome):
-            ended = steps.ended(outcome, plan, roots)
-            if ended is not None:
-                return ended
-            code, over = job_exit_code(events, attempt, outcome)
-            if over:
-                return code
-        later = _meet(elastic, str(attempt + 1), attempt + 1, _meeting_wait(job))
-        if later is None:
+    def gather(self, attempt: int, code: int) -> Gathered | int:
+        _say_if_node0_lost(self.events)
+        meeting = _meet(self, str(attempt), attempt, _meeting_wait(self.job))
+        if meeting is None:
             return code
-        meeting = later
-        refused = _before_restart(elastic, meeting, code)
-        if refused is not None:
-            return refused
+        return Gathered(reformed=bool(meeting.left or meeting.regroup), restarts=meeting.restarts, detail=meeting)
+
+    def form(self, attempt: int, gathered: Gathered, code: int) -> Generation | int:
+        meeting = gathered.detail
+        assert isinstance(meeting, Meeting), meeting
+        return _form(self, meeting)
 
 
 NODE0_LOST = (
@@ -131,22 +115,13 @@ def _meeting_wait(job: Job) -> float:
     return MEET_AFTER_FAILURE + _node_timeout(job) + job.checkpoint.grace_period
 
 
-def _nothing() -> None:
-    return None
-
-
 def _node_timeout(job: Job) -> float:
     from launchers.control import node_timeout
 
     return node_timeout(job)
 
 
-def _changed(outcome: Outcome) -> bool:
-    """The attempt was ended by a change of membership (a node left, node 0 regrouped), not by a failure."""
-    return outcome.failure is not None and outcome.failure.cause.startswith(MEMBERSHIP)
-
-
-def _join(elastic: Elastic) -> Meeting | int:
+def _join(elastic: ElasticMembership) -> Meeting | int:
     """This node's place: a member meets the others for generation 0; a candidate waits to be admitted."""
     job, events = elastic.job, elastic.events
     deadline = time.monotonic() + max(job.monitor.join_timeout, _node_timeout(job))
@@ -169,7 +144,7 @@ def _join(elastic: Elastic) -> Meeting | int:
         if meeting is not None:
             say(f"node {events.node}: admitted to the job at generation {meeting.generation}")
             return meeting
-        stop = [s for s in elastic.signals.wait(0.0) if s in early_signals.STOP_SIGNALS]
+        stop = [s for s in elastic.run.signals.wait(0.0) if s in early_signals.STOP_SIGNALS]
         if stop:
             say(f"stopped by {signal_name(stop[0])} while waiting to join")
             return 128 + stop[0]
@@ -182,9 +157,9 @@ def _join(elastic: Elastic) -> Meeting | int:
             return code
 
 
-def _warm_standbys(elastic: Elastic) -> None:
+def _warm_standbys(elastic: ElasticMembership) -> None:
     """A candidate's standbys (``preload``), started while it waits: its ranks start warm when admitted."""
-    pool, plan = elastic.standbys, elastic.first_plan
+    pool, plan = elastic.run.standbys, elastic.first_plan
     if pool is None or plan is None:
         return
     try:
@@ -193,10 +168,10 @@ def _warm_standbys(elastic: Elastic) -> None:
             pool.fill(plan.processes, os.getpid())
     except OSError as exc:  # standbys must never keep a node from joining
         say(f"cannot start standby workers: {exc}")
-        elastic.standbys = None
+        elastic.run.standbys = None
 
 
-def _meet(elastic: Elastic, key: str, generation: int, wait: float, admit: bool = True) -> Meeting | None:
+def _meet(elastic: ElasticMembership, key: str, generation: int, wait: float, admit: bool = True) -> Meeting | None:
     """Every member's meeting before ``generation`` (None, said why, when it cannot happen)."""
     events = elastic.events
     try:
@@ -207,28 +182,7 @@ def _meet(elastic: Elastic, key: str, generation: int, wait: float, admit: bool 
         return None
 
 
-def _before_restart(elastic: Elastic, meeting: Meeting, code: int) -> int | None:
-    """After a meeting: a membership change restarts at once, a failure counts and backs off (None: go on)."""
-    job = elastic.job
-    if meeting.left or meeting.regroup:
-        return None  # not a failure: restart.max_restarts does not count it, no backoff
-    policy = job.restart
-    if meeting.restarts >= policy.max_restarts:
-        if policy.max_restarts:
-            say(f"giving up after {meeting.restarts} restart(s) (restart.max_restarts: {policy.max_restarts})")
-        return code
-    count = meeting.restarts + 1
-    delay = min(policy.backoff * (2**meeting.restarts), policy.max_backoff)
-    say(f"restarting the group ({count}/{policy.max_restarts}) in {delay:g}s")
-    elastic.observer.restarting(meeting.generation, delay)
-    received = [s for s in elastic.signals.wait(delay) if s in early_signals.STOP_SIGNALS]
-    if received:
-        say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
-        return 128 + received[0]
-    return None
-
-
-def _form(elastic: Elastic, meeting: Meeting) -> LaunchPlan | int:
+def _form(elastic: ElasticMembership, meeting: Meeting) -> Generation | int:
     """The generation's plan on the meeting's membership (after the health check and its exclusions)."""
     job, events, platform = elastic.job, elastic.events, elastic.platform
     attempt = meeting.generation
@@ -250,7 +204,7 @@ def _form(elastic: Elastic, meeting: Meeting) -> LaunchPlan | int:
         _announce(elastic, meeting, before, plan)
     if elastic.grow is not None:
         elastic.grow.new_generation()
-    return plan
+    return Generation(plan, attempt)
 
 
 def _before(meeting: Meeting) -> tuple[int, ...]:
@@ -259,7 +213,7 @@ def _before(meeting: Meeting) -> tuple[int, ...]:
     return tuple(sorted({n for n in meeting.members if n not in joined} | {x.node for x in meeting.left}))
 
 
-def _health(elastic: Elastic, meeting: Meeting) -> Meeting | int:
+def _health(elastic: ElasticMembership, meeting: Meeting) -> Meeting | int:
     """The health check when every platform node is in the job; after an exclusion, a second meeting without them."""
     job, events, platform = elastic.job, elastic.events, elastic.platform
     if list(meeting.members) != list(range(platform.nnodes)):
@@ -287,7 +241,7 @@ def _health(elastic: Elastic, meeting: Meeting) -> Meeting | int:
     return again
 
 
-def _announce(elastic: Elastic, meeting: Meeting, before: tuple[int, ...], plan: LaunchPlan) -> None:
+def _announce(elastic: ElasticMembership, meeting: Meeting, before: tuple[int, ...], plan: LaunchPlan) -> None:
     """Say and record who left and who joined, and the size before and after."""
     procs = elastic.platform.procs_per_node
     left = ", ".join(f"{x.node}{f' ({x.host})' if x.host else ''}: {x.why}" for x in meeting.left) or "none"

@@ -18,9 +18,6 @@ if TYPE_CHECKING:
     from launchers.control import RemoteFailure
 
 
-MEMBERSHIP = "membership"  # the cause of an attempt an elastic job's membership change ended (not a failure)
-
-
 def exit_status(status: int) -> tuple[int, int | None]:
     """waitpid status → (shell-style exit code, the signal that killed the process or None)."""
     try:
@@ -66,15 +63,21 @@ def launch_failure(spec: ProcessSpec, label: str, exc: OSError) -> Failure:
     return Failure(label, spec.rank, 0, code, None, [f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"], spec.log)
 
 
+Status = Literal["succeeded", "failed", "signalled", "reformed"]
+
+
 @dataclass
 class Outcome:
-    status: Literal["succeeded", "failed", "signalled"]
+    """How an attempt ended. ``reformed``: an elastic job's membership changed (``change`` says how): not a failure."""
+
+    status: Status
     exit_code: int
     failure: Failure | None = None
     signal: int | None = None
     exit_codes: dict[str, int] = field(default_factory=dict)  # label → exit code
     grace_expired: bool = False  # workers were still alive when the grace period ended (SIGKILLed)
     stop_started: float | None = None  # time.monotonic() when the stop (SIGTERM to the workers) began
+    change: str = ""  # ``reformed``: the membership change that ended the attempt (a node left, node 0 regrouped)
 
 
 class Ended(Protocol):
@@ -91,10 +94,13 @@ def outcome_of(
     *,
     grace_expired: bool,
     stop_started: float | None,
+    change: str = "",
 ) -> Outcome:
-    """The first failure wins; else a stop signal mlaunch received; else success."""
+    """A membership change wins (the attempt re-forms); else the first failure; else a stop signal; else success."""
     codes = {p.label: p.returncode for p in processes if p.returncode is not None}
-    if sig is not None and failure is None:
+    if change:
+        outcome = Outcome("reformed", 0, signal=sig, exit_codes=codes, change=change)
+    elif sig is not None and failure is None:
         outcome = Outcome("signalled", 128 + sig, signal=sig, exit_codes=codes)
     elif failure is not None:
         outcome = Outcome("failed", failure.exit_code or 1, failure=failure, signal=sig, exit_codes=codes)

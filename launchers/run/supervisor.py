@@ -50,7 +50,6 @@ from launchers.log import say
 from launchers.plan import FOLLOWER_ROLES, ProcessSpec, process_label
 from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.outcome import (
-    MEMBERSHIP,
     Failure,
     Outcome,
     exit_status,
@@ -115,6 +114,7 @@ class Supervisor:
         )
         self.hang = hang
         self._failure: Failure | None = None
+        self._change = ""  # an elastic job's membership changed: the attempt ends re-formed, not failed
         self._parent_pid = os.getpid()
         self.standbys = standbys
         if standbys is not None:
@@ -140,6 +140,7 @@ class Supervisor:
             self.teardown.signal,
             grace_expired=self.teardown.grace_expired,
             stop_started=self.teardown.stop_started,
+            change=self._change,
         )
 
     # -- starting --------------------------------------------------------------------------
@@ -288,9 +289,7 @@ class Supervisor:
         """
         from launchers.control import Left
 
-        who = f"node {event.node}" if isinstance(event, Left) else "node 0"
-        said = event.describe()
-        self._failure = Failure(who, -1, 0, 1, None, [said], None, cause=f"{MEMBERSHIP}: {said}")
+        self._change = event.describe()
         if isinstance(event, Left) and not event.graceful:
             self.announce(f"{event.describe()}; stopping the {len(live)} processes here: the job re-forms without it")
             self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 1.0))

@@ -17,7 +17,6 @@ from launchers.run.observe import goodput
 from launchers.run.observe.events_log import EventLog
 from launchers.run.observe.status_file import job_status, node_entry, rank_entry, write_status
 from launchers.run.observe.steps import StepTracker
-from launchers.run.outcome import MEMBERSHIP
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
@@ -117,13 +116,15 @@ class JobObserver:
         if self.tracker is None:
             return
         self.current.ended = time.time()
-        self.phase = {"succeeded": "finished", "signalled": "stopped"}.get(outcome.status, "failed")
+        phases = {"succeeded": "finished", "signalled": "stopped", "reformed": "restarting"}
+        self.phase = phases.get(outcome.status, "failed")
         failure = outcome.failure
-        if failure is not None:
+        if outcome.status == "reformed":  # an elastic job re-forms: not a failure
+            self.log.write("regroup", attempt=self.attempt, cause=outcome.change)
+        elif failure is not None:
             hung = bool(failure.cause and failure.cause.startswith("hung"))
-            regroup = failure.cause.startswith(MEMBERSHIP)  # an elastic job re-forms: not a failure
             self.log.write(
-                "hang" if hung else "regroup" if regroup else "failure",
+                "hang" if hung else "failure",
                 attempt=self.attempt,
                 rank=failure.rank,
                 label=failure.label,

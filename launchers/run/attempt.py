@@ -1,0 +1,201 @@
+"""One attempt of a run: supervise this node's processes, persist what they staged, say how it ended.
+
+Per attempt (issue 4): the agent-side flash save (``flash_save``) when a worker fails — and after
+a stop whose workers did not commit while grace time is left —, the background persist
+(``checkpoint.persist_every``), the grace-budget monitor, warm standbys, and freeing the run's
+shared memory when the attempt is over. ``attempt_exit_code`` turns the outcome into mlaunch's
+exit code when the attempt ends the run (success, a stop) — the restart loop (``restarts``)
+decides everything else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from launchers.config.job import Job
+from launchers.elastic import progress, staging
+from launchers.engines.base import Engine
+from launchers.log import say
+from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
+from launchers.run.flash_hook import FlashHook
+from launchers.run.hang import HangMonitor
+from launchers.run.labels import process_labels
+from launchers.run.observe.observer import JobObserver
+from launchers.run.outcome import Outcome, signal_name
+from launchers.run.rank_env import clear_error_files, error_file_lines
+from launchers.run.signal_router import SignalRouter
+from launchers.run.standby_pool import StandbyPool
+from launchers.run.supervisor import Supervisor
+from launchers.run.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from launchers.control import JobEvents
+    from launchers.run.background_persist import BackgroundPersist
+    from launchers.run.flash_save import Exchange
+
+
+@dataclass
+class RunContext:
+    """What every attempt of one ``mlaunch run`` shares."""
+
+    engine: Engine
+    run_id: str
+    signals: SignalRouter
+    watchdog: Watchdog
+    events: JobEvents
+    observer: JobObserver
+    standbys: StandbyPool | None = None
+
+
+def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
+    """What a succeeded run says: service processes (ps, schedulers) stopped after the workers are not "exited 0"."""
+    if processes and all(spec.role in FOLLOWER_ROLES for spec in processes):
+        return "node 0 reports exit code 0 (this node's ranks ran under node 0's mpirun)"
+    codes = list(outcome.exit_codes.values())
+    stopped = sum(1 for code in codes if code != 0)
+    if not codes or not stopped:
+        return f"all {len(processes)} processes exited 0"
+    return f"all {len(codes) - stopped} required processes exited 0; {stopped} service process(es) stopped after them"
+
+
+def run_attempt(
+    job: Job, plan: LaunchPlan, attempt: int, grace: float, run: RunContext, monitor: Callable[[], None]
+) -> tuple[Outcome, set[str]]:
+    """Supervise one attempt, then persist what its ranks staged; its outcome and checkpoint directories."""
+    cleanup = run.engine.prepare(job, plan)
+    say(plan.headline() + (f"  attempt {attempt}" if attempt else ""))
+    clear_error_files(plan)
+    run.events.start_generation(attempt)
+    exchange = run.events.reduce if run.events.networked else None
+    background = _background_persist(job, plan, attempt, run.run_id, exchange)
+    quiesce = background.stop if background else None
+    flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)
+    run.observer.attempt_started(plan, attempt)
+    try:
+        outcome = Supervisor(
+            plan.processes,
+            grace_period=grace,
+            run_id=run.run_id,
+            signals=run.signals,
+            watchdog=run.watchdog,
+            labels=process_labels(plan),
+            log_mode="wb" if attempt == 0 else "ab",
+            standbys=run.standbys,
+            on_failure=flash,
+            tick=ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer)),
+            reserve=flash.reserve,
+            job_events=run.events,
+            hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
+            stop_timeout=plan.policy.stop_timeout,
+        ).run()
+    finally:
+        if background is not None:
+            background.stop()
+        if cleanup is not None:
+            cleanup()
+    if outcome.status == "signalled":
+        flash.after_stop(outcome)
+    run.observer.attempt_ended(outcome)
+    roots = flash.checkpoint_dirs(job)
+    staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
+    progress.unlink_run(run.run_id)
+    return outcome, roots
+
+
+def _background_persist(
+    job: Job, plan: LaunchPlan, attempt: int, run_id: str, exchange: Exchange | None
+) -> BackgroundPersist | None:
+    """``checkpoint.persist_every``'s background writer (imported only when it is on)."""
+    if not job.checkpoint.persist_every:
+        return None
+    from launchers.run.background_persist import BackgroundPersist
+
+    return BackgroundPersist(run_id, attempt, plan, job.checkpoint.persist_every, exchange)
+
+
+def _background_ticks(background: BackgroundPersist | None, observer: JobObserver) -> list[Callable[[], None]]:
+    """The background writer's tick, and its commits into the status view (the ranks never report them)."""
+    if background is None:
+        return []
+    return [background.tick, lambda: observer.background_committed(background.committed)]
+
+
+def ticks(*calls: Callable[[], None]) -> Callable[[], None]:
+    """One supervisor tick that runs each of ``calls`` in turn."""
+
+    def tick() -> None:
+        for call in calls:
+            call()
+
+    return tick
+
+
+def attempt_exit_code(outcome: Outcome, plan: LaunchPlan, roots: set[str]) -> int | None:
+    """mlaunch's exit code when the attempt ends the run (success, a stop); None after a failure or a re-form."""
+    if outcome.status == "reformed":  # an elastic job's membership changed: the restart loop meets again
+        return None
+    if outcome.status == "succeeded":
+        say(f"job finished: {finished_summary(outcome, plan.processes)}")
+        return 0
+    if outcome.status == "signalled":
+        assert outcome.signal is not None
+        code = stop_exit_code(outcome, roots)
+        say(f"stopped by {signal_name(outcome.signal)}; exit code {code}")
+        return code
+    report_failure(outcome, plan.processes)
+    return None
+
+
+def stop_exit_code(outcome: Outcome, roots: set[str]) -> int:
+    """128+signal — or 137 when the grace period cut off a dying checkpoint that was being written.
+
+    The code says whether the stop lost the dying checkpoint: a platform's restart policy
+    treats both as retryable, a person reading it learns that resume falls back to an older
+    checkpoint. A worker that failed while stopping (its save failed: disk full...) is reported.
+    """
+    from pathlib import Path
+
+    from launchers.elastic import layout
+
+    assert outcome.signal is not None
+    clean = {0, 128 + outcome.signal, 143}
+    for label, code in outcome.exit_codes.items():
+        if code not in clean and not (outcome.grace_expired and code == 137):
+            say(f"{label} exited with code {code} while stopping; its dying checkpoint may not be committed")
+    if not outcome.grace_expired or outcome.stop_started is None:
+        return 128 + outcome.signal
+    began = time.time() - (time.monotonic() - outcome.stop_started) - 1.0
+    for root in sorted(roots):
+        newest = layout.newest_step(Path(root))
+        cut = [p for p in layout.partial_dirs(Path(root), after=newest) if _mtime(p) >= began]
+        if cut:
+            fallback = f"step {newest}" if newest is not None else "no checkpoint (a fresh start)"
+            say(
+                f"the grace period ended while {cut[0].name} was being written: it was NOT committed; "
+                f"a resume falls back to {fallback}; exit code 137"
+            )
+            return 137
+    return 128 + outcome.signal
+
+
+def _mtime(path: Any) -> float:
+    try:
+        return float(path.stat().st_mtime)
+    except OSError:
+        return 0.0
+
+
+def report_failure(outcome: Outcome, processes: list[ProcessSpec]) -> None:
+    failure = outcome.failure
+    if failure is None:
+        return
+    lines = [f"job failed: {failure.describe()}"]
+    if failure.tail:
+        where = f" (full log: {failure.log})" if failure.log else ""
+        lines.append(f"last lines of {failure.label}{where}:")
+        lines.extend(f"    {line}" for line in failure.tail[-10:])
+    lines.extend(error_file_lines(processes, failure.rank))
+    say("\n".join(lines))

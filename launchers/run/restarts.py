@@ -1,0 +1,156 @@
+"""The restart loop: attempt after attempt, the same for a fixed job and an elastic one.
+
+One loop (as torch.distributed.elastic's ``_invoke_run``): run an attempt; success or a stop ends
+the run with its exit code; otherwise the nodes gather for the next attempt, and the *membership
+policy* says how:
+
+- ``FixedMembership`` (every job without an elastic range): the nodes count each other at the
+  restart (``start/<attempt>``) after the backoff; a lost node ends the job;
+- ``ElasticMembership`` (``pytorch.nnodes: "MIN:MAX"``, ``run/membership.py``): the members meet
+  first; the meeting says who left, who is admitted and the job's restart count, and the next
+  generation runs at the size it says.
+
+An attempt ended by a membership change (``Outcome.status == "reformed"``, or a meeting that
+says a node left or node 0 regrouped) is not a failure: it does not count against
+``restart.max_restarts`` and waits no backoff. A failure does; giving up and the backoff (with
+a stop signal while waiting) exist here once, for both policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from launchers.log import say
+from launchers.phases import long_phase
+from launchers.run import signals as early_signals
+from launchers.run.job_wide import job_exit_code, meet_before_restart
+from launchers.run.outcome import Outcome, signal_name
+from launchers.run.planning import plan_attempt
+
+if TYPE_CHECKING:
+    from launchers.config.job import Job
+    from launchers.control import JobEvents
+    from launchers.engines.base import Engine
+    from launchers.plan import LaunchPlan
+    from launchers.platform.cluster import Cluster
+    from launchers.run.attempt import RunContext
+
+Attempt = Callable[["LaunchPlan", int, Callable[[], None]], tuple[Outcome, set[str]]]  # plan, attempt, extra tick
+Ended = Callable[[Outcome, "LaunchPlan", set[str]], "int | None"]  # success or a stop: the exit code; else None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The next attempt to run: its plan and number."""
+
+    plan: LaunchPlan
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """The nodes gathered after an attempt: whether the membership changed, and the job's restarts so far."""
+
+    reformed: bool
+    restarts: int
+    detail: object = None  # the policy's own record of the gathering (an elastic job's ``Meeting``)
+
+
+class MembershipPolicy(Protocol):
+    """How the nodes gather between attempts (see the module docstring)."""
+
+    def start(self) -> Generation | int: ...
+    def tick(self) -> None: ...
+    def gather(self, attempt: int, code: int) -> Gathered | int: ...
+    def form(self, attempt: int, gathered: Gathered, code: int) -> Generation | int: ...
+
+
+class RestartLoop:
+    """Attempts per ``restart:`` (``max_restarts``, ``backoff``, ``max_backoff``), gathering per the policy."""
+
+    def __init__(self, job: Job, run: RunContext, policy: MembershipPolicy, attempt: Attempt, ended: Ended) -> None:
+        self.job, self.run, self.policy = job, run, policy
+        self._attempt, self._ended = attempt, ended
+
+    def run_all(self) -> int:
+        """The exit code mlaunch exits with."""
+        generation = self.policy.start()
+        while not isinstance(generation, int):
+            outcome, roots = self._attempt(generation.plan, generation.attempt, self.policy.tick)
+            code = self._ended(outcome, generation.plan, roots)
+            if code is not None:
+                return code
+            code = 1
+            if outcome.status == "failed":
+                code, over = job_exit_code(self.run.events, generation.attempt, outcome)
+                if over:
+                    return code
+            following = generation.attempt + 1
+            gathered = self.policy.gather(following, code)
+            if isinstance(gathered, int):
+                return gathered
+            if not gathered.reformed:
+                refused = self._restart_allowed(gathered.restarts, following, code)
+                if refused is not None:
+                    return refused
+            generation = self.policy.form(following, gathered, code)
+        return generation
+
+    def _restart_allowed(self, restarts: int, attempt: int, code: int) -> int | None:
+        """After a failure: give up when the restarts are spent, else back off (None: restart)."""
+        policy = self.job.restart
+        if restarts >= policy.max_restarts:
+            if policy.max_restarts:
+                say(f"giving up after {restarts} restart(s) (restart.max_restarts: {policy.max_restarts})")
+            return code
+        delay = min(policy.backoff * (2**restarts), policy.max_backoff)
+        standbys = self.run.standbys
+        warm = f" from {standbys.ready_count()} warm standbys" if standbys is not None else ""
+        say(f"restarting the group ({restarts + 1}/{policy.max_restarts}) in {delay:g}s{warm}")
+        self.run.observer.restarting(attempt, delay)
+        received = [s for s in self.run.signals.wait(delay) if s in early_signals.STOP_SIGNALS]
+        if received:
+            say(f"received {signal_name(received[0])} while waiting to restart; not restarting")
+            return 128 + received[0]
+        return None
+
+
+class FixedMembership:
+    """A job without an elastic range: the same nodes every attempt; they count each other before a restart."""
+
+    def __init__(self, job: Job, engine: Engine[Cluster], cluster: Cluster, plan: LaunchPlan, run: RunContext) -> None:
+        self.job, self.engine, self.cluster, self.plan, self.run = job, engine, cluster, plan, run
+
+    def start(self) -> Generation | int:
+        return Generation(self.plan, 0)
+
+    def tick(self) -> None:
+        return None
+
+    def gather(self, attempt: int, code: int) -> Gathered:
+        return Gathered(reformed=False, restarts=attempt - 1)  # they meet after the backoff (``form``)
+
+    def form(self, attempt: int, gathered: Gathered, code: int) -> Generation | int:
+        from launchers.control import node_timeout
+
+        with long_phase("waiting for every node before the restart"):
+            met = meet_before_restart(self.run.events, attempt, node_timeout(self.job) + 5)
+        if not met:
+            return code
+        self.run.events.start_generation(attempt)
+        refused = health_check(self.job, self.cluster, self.run.events, self.run)  # again before each restart
+        if refused is not None:
+            return refused
+        self.cluster = self.engine.restart_cluster(self.cluster, attempt)
+        return Generation(plan_attempt(self.engine, self.job, self.cluster, attempt), attempt)
+
+
+def health_check(job: Job, cluster: Cluster, events: JobEvents, run: RunContext) -> int | None:
+    """The node health check when job.yaml turns it on (``launchers.health``, imported only then)."""
+    if not job.health_check.before_start:
+        return None
+    from launchers.health.gate import before_start
+
+    return before_start(job, cluster, events, run.observer.health)
