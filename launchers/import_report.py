@@ -46,7 +46,9 @@ def enabled() -> bool:
 
 def report_path(run_id: str, pid: int) -> str:
     """Beside the rank's progress file (``launchers.elastic.progress.progress_path``): same directory rule."""
-    shm = os.environ.get("MLAUNCH_SHM_DIR") or "/dev/shm"
+    from launchers.elastic import env
+
+    shm = env.shm_dir()
     return os.path.join(shm, f"mlaunch.{run_id}.progress.{pid}{SUFFIX}")
 
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import collective, durable, layout, plain, progress, resume, shardfile, staging
+from launchers.elastic import collective, commit_tail, durable, env, layout, plain, progress, resume, shardfile, staging
 from launchers.elastic.errors import CheckpointError as CheckpointError
 
 DEFAULT_DIR = "output/ckpt"
-DEFAULT_KEEP = 3
+DEFAULT_KEEP = env.DEFAULT_KEEP
 _DONE_WAIT = 600.0
 
 
@@ -79,7 +79,7 @@ class Checkpointer:
         chosen = dir if dir is not None else os.environ.get("MLAUNCH_CHECKPOINT_DIR") or DEFAULT_DIR
         self.dir = Path(chosen).expanduser().absolute()
         if keep is None:
-            keep = int(os.environ.get("MLAUNCH_CHECKPOINT_KEEP", "") or DEFAULT_KEEP)
+            keep = env.checkpoint_keep()
         if keep < 1:
             raise ValueError(f"keep must be ≥ 1, got {keep}")
         self.keep = keep
@@ -95,7 +95,7 @@ class Checkpointer:
         if chosen_policy not in ("fail", "start_over"):
             raise ValueError(f"on_unreadable must be 'fail' or 'start_over', got {chosen_policy!r}")
         self.on_unreadable = chosen_policy
-        self._fresh = f"fresh-{os.environ.get('MLAUNCH_RUN_ID', '')[:12]}-{uuid.uuid4().hex[:12]}"
+        self._fresh = f"fresh-{env.run_id()[:12]}-{uuid.uuid4().hex[:12]}"
         self.loaded: layout.Committed | None = None  # what load_latest() resumed from
         self.last_saved: Path | None = None
 
@@ -163,23 +163,15 @@ class Checkpointer:
     def _stage(self, step: int, state: Any) -> bool:
         coll = self._coll()
         rank, world = coll.rank(), coll.world_size()
-        seg = staging.process_segment(rank, world)
-        if seg is None:
-            return False
+        if staging.process_segment(rank, world) is None:
+            return False  # not under mlaunch, or staging is off: encode nothing
         try:
             enc = shardfile.encode(state, self._meta(step, rank, world, "stage"), trusted=self.trusted)
         except plain.UnsafeState as exc:  # a value the format cannot hold safely: the user's to fix
             raise CheckpointError(f"cannot stage step {step}: {exc}") from None
-        try:
-            seg.set_target(str(self.dir), self.keep)
-            seg.stage(step, enc)
-        except (OSError, ValueError, BufferError) as exc:
-            staging.disable(f"{type(exc).__name__}: {exc}")
+        if not commit_tail.stage_image(rank, world, self.dir, self.keep, step, enc):
             return False
-        with contextlib.suppress(OSError, ValueError):
-            status = seg.status()
-            status.state_bytes = enc.size
-            seg.set_status(status)
+        staging.update_status(rank, world, state_bytes=enc.size)
         return True
 
     # -- save --------------------------------------------------------------------------
@@ -289,19 +281,20 @@ class Checkpointer:
         return committed
 
     def _finish(self, job: _Save, committed_path: Path | None, size: int, started: float) -> Path:
-        """After the commit: rank 0 prunes to the newest ``keep``; status and the message."""
-        if job.rank == 0:
-            with contextlib.suppress(OSError):
-                layout.finish_renames(self.dir, before=job.step)  # a save killed after its commit
-                layout.rotate(self.dir, self.keep)
-        seconds = time.monotonic() - started
-        staging.update_status(
-            job.rank, job.world, saving_step=-1, committed_step=job.step, save_seconds=seconds, save_bytes=size
-        )
-        progress.saved(seconds, job.step)  # the goodput report's checkpoint stalls, the status view's step
+        """After the commit: rank 0 prunes to the newest ``keep``; status and the message (``commit_tail``)."""
         self.last_saved = committed_path or job.final
-        if job.rank == 0:
-            collective.say(f"committed step {job.step} to {self.last_saved} in {seconds:.2f}s")
+        seconds = time.monotonic() - started
+        commit_tail.after_commit(
+            self.dir,
+            self.keep,
+            job.step,
+            rank=job.rank,
+            world=job.world,
+            coordinator=job.rank == 0,
+            seconds=seconds,
+            size=size,
+            path=self.last_saved,
+        )
         return self.last_saved
 
     def _prepare(self, final: Path, tmp: Path, *, clean: bool) -> int:
@@ -371,7 +364,7 @@ class Checkpointer:
             "rank": rank,
             "world_size": world,
             "how": how,
-            "attempt": int(os.environ.get("MLAUNCH_RESTART_COUNT", "0") or 0),
+            "attempt": env.attempt(),
             "resumed_from": self.loaded.id if self.loaded else None,
             **self.lineage(),
         }

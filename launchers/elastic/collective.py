@@ -152,21 +152,13 @@ def current(rank: int | None = None, world: int | None = None) -> Collective:
         return Torch()
     if _mindspore_ready():
         return MindSpore()
-    import os
+    from launchers.elastic import env
 
     if rank is None:
-        rank = _env_int(os, ("RANK", "RANK_ID"), 0)
+        rank = env.env_rank(0)
     if world is None:
-        world = _env_int(os, ("WORLD_SIZE", "RANK_SIZE"), 1)
+        world = env.env_world(1)
     return Local(rank, world)
-
-
-def _env_int(os: Any, names: tuple[str, ...], default: int) -> int:
-    for name in names:
-        value = os.environ.get(name, "").strip()
-        if value.isascii() and value.isdigit():
-            return int(value)
-    return default
 
 
 def message_prefix() -> str:
@@ -174,10 +166,10 @@ def message_prefix() -> str:
 
     Read from the environment only: it is used inside signal handlers.
     """
-    import os
+    from launchers.elastic import env
 
-    rank = os.environ.get("RANK") or os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID")
-    return f"mlaunch.elastic[rank {rank}]" if rank else "mlaunch.elastic"
+    rank = env.env_rank()
+    return f"mlaunch.elastic[rank {rank}]" if rank >= 0 else "mlaunch.elastic"
 
 
 def say(message: str) -> None:

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from launchers.elastic import collective, durable, layout, progress, shardfile, staging, tensors
+from launchers.elastic import collective, commit_tail, durable, env, layout, shardfile, staging, tensors
 from launchers.elastic.dcp_reader import checkpoint_root, step_of
 
 
@@ -50,7 +50,7 @@ class MlaunchStorageWriter(StorageWriter):
         self.root = checkpoint_root(dir)
         self.step = step
         self.stage = stage
-        self.keep = keep if keep is not None else int(os.environ.get("MLAUNCH_CHECKPOINT_KEEP", "") or 3)
+        self.keep = keep if keep is not None else env.checkpoint_keep()
         self.trusted = trusted
         self.owner = os.getpid()  # staging goes to this process's own segment only
         self.rank = 0
@@ -140,11 +140,7 @@ class MlaunchStorageWriter(StorageWriter):
         return local
 
     def _stage(self, enc: shardfile.Encoded) -> None:
-        seg = staging.process_segment(self.rank, self.world)
-        if seg is None:
-            return  # not under mlaunch: nobody would read it (as Checkpointer.stage)
-        seg.set_target(str(self.root), self.keep)
-        seg.stage(self._step(), enc)
+        commit_tail.stage_image(self.rank, self.world, self.root, self.keep, self._step(), enc)  # as Checkpointer.stage
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         if self.stage or self.skip:
@@ -154,7 +150,14 @@ class MlaunchStorageWriter(StorageWriter):
         for rank in range(self.world):
             sizes.setdefault(rank, (self.tmp / layout.shard_name(rank)).stat().st_size)  # a rank with no items
         committed = layout.commit(self.tmp, self.final, self._step(), self.world, sizes, source="dcp")
-        layout.rotate(self.root, self.keep)
-        staging.update_status(self.rank, self.world, saving_step=-1, committed_step=self._step())
-        progress.saved(time.monotonic() - started, self._step())
-        collective.say(f"committed step {self._step()} to {committed} (dcp)")
+        commit_tail.after_commit(
+            self.root,
+            self.keep,
+            self._step(),
+            rank=self.rank,
+            world=self.world,
+            coordinator=True,
+            seconds=time.monotonic() - started,
+            size=sizes.get(self.rank, 0),
+            path=committed,
+        )

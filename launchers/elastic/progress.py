@@ -38,6 +38,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from launchers.elastic import env
+
 STACK_SIGNAL = signal.SIGURG
 MAGIC = b"MLPROG01"
 SIZE = 128
@@ -57,7 +59,7 @@ _STARTED_OVER_AT = 120
 
 
 def _shm_dir() -> str:
-    return os.environ.get("MLAUNCH_SHM_DIR") or "/dev/shm"
+    return env.shm_dir()
 
 
 def progress_path(run_id: str, pid: int) -> str:
@@ -97,16 +99,12 @@ _imports_at = 3  # the report count at which this rank next lists its imports (Ã
 
 
 def _env_rank() -> int:
-    for name in ("RANK", "RANK_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        value = os.environ.get(name, "").strip()
-        if value.isascii() and value.isdigit():
-            return int(value)
-    return -1
+    return env.env_rank()
 
 
 def _open() -> mmap.mmap | None:
     global _map, _off
-    run_id = os.environ.get("MLAUNCH_RUN_ID")
+    run_id = env.run_id()
     if not run_id:
         _off = True
         return None
@@ -121,7 +119,7 @@ def _open() -> mmap.mmap | None:
     except (OSError, ValueError):
         _off = True
         return None
-    attempt = int(os.environ.get("MLAUNCH_RESTART_COUNT", "0") or 0)
+    attempt = env.attempt()
     _HEAD.pack_into(mm, 0, MAGIC, pid, _env_rank(), attempt, _stack_signal)
     _BEAT.pack_into(mm, _BEAT_AT, -1, 0, 0.0, 0.0)
     _FIRST.pack_into(mm, _FIRST_AT, -1, 0.0)
@@ -257,7 +255,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def install_stack_dump() -> bool:
     """Under mlaunch: ``STACK_SIGNAL`` writes every thread's Python stack to stderr (idempotent)."""
     global _stack_signal
-    if _stack_signal or not os.environ.get("MLAUNCH_RUN_ID"):
+    if _stack_signal or not env.run_id():
         return bool(_stack_signal)
     import faulthandler
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from launchers.elastic import shardfile
+from launchers.elastic import env, shardfile
 from launchers.log import say
 
 MAGIC = b"MLSTAGE1"
@@ -52,7 +52,7 @@ _DIR_MAX = HEADER_SIZE - _DIR_AT - 2
 
 
 def shm_dir() -> str:
-    return os.environ.get("MLAUNCH_SHM_DIR") or "/dev/shm"
+    return env.shm_dir()
 
 
 def segment_path(run_id: str, rank: int) -> str:
@@ -328,11 +328,11 @@ def process_segment(rank: int, world: int) -> Segment | None:
     global _segment
     if _disabled_reason is not None:
         return None
-    run_id = os.environ.get("MLAUNCH_RUN_ID")
+    run_id = env.run_id()
     if not run_id:
         return None
     if _segment is None or _segment.rank != rank:
-        attempt = int(os.environ.get("MLAUNCH_RESTART_COUNT", "0") or 0)
+        attempt = env.attempt()
         _segment = Segment(segment_path(run_id, rank), rank, world, attempt)
     return _segment
 

@@ -20,13 +20,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from launchers import import_report
+from launchers.elastic import env
 
 READ_EVERY = 1.0  # seconds between two reads of the ranks' reports
 SHOWN = 6  # names a message lists before "+ N more"
 
 
 def report_files(run_id: str) -> list[str]:
-    shm = os.environ.get("MLAUNCH_SHM_DIR") or "/dev/shm"
+    shm = env.shm_dir()
     pattern = f"mlaunch.{glob.escape(run_id)}.progress.*{import_report.SUFFIX}"
     return sorted(glob.glob(os.path.join(glob.escape(shm), pattern)))
 
