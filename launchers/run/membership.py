@@ -82,8 +82,10 @@ class ElasticMembership:
         if self.grow is not None:
             self.grow.tick()
 
-    def gather(self, attempt: int, code: int) -> Gathered | int:
+    def attempt_ended(self) -> None:
         _say_if_node0_lost(self.events)
+
+    def gather(self, attempt: int, code: int) -> Gathered | int:
         meeting = _meet(self, str(attempt), attempt, _meeting_wait(self.job))
         if meeting is None:
             return code

@@ -63,6 +63,7 @@ class MembershipPolicy(Protocol):
 
     def start(self) -> Generation | int: ...
     def tick(self) -> None: ...
+    def attempt_ended(self) -> None: ...
     def gather(self, attempt: int, code: int) -> Gathered | int: ...
     def form(self, attempt: int, gathered: Gathered, code: int) -> Generation | int: ...
 
@@ -79,6 +80,7 @@ class RestartLoop:
         generation = self.policy.start()
         while not isinstance(generation, int):
             outcome, roots = self._attempt(generation.plan, generation.attempt, self.policy.tick)
+            self.policy.attempt_ended()
             code = self._ended(outcome, generation.plan, roots)
             if code is not None:
                 return code
@@ -127,6 +129,9 @@ class FixedMembership:
         return Generation(self.plan, 0)
 
     def tick(self) -> None:
+        return None
+
+    def attempt_ended(self) -> None:
         return None
 
     def gather(self, attempt: int, code: int) -> Gathered:
