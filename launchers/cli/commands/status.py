@@ -95,6 +95,8 @@ def render(data: dict[str, Any], path: Path) -> Any:
     members = membership_line(data)
     if members:
         head.append(f"\n{members}")
+    for warning in data.get("recompute_warnings") or []:
+        head.append(f"\nwarning: {warning}", style="bold")
     over = data.get("started_over")
     if isinstance(over, dict):
         head.append(

@@ -62,6 +62,7 @@ class JobObserver:
         self.relay: StatusRelay | None = None
         self.members: dict[str, Any] | None = None  # an elastic job's newest membership change
         self.started_over: dict[str, Any] | None = None  # an attempt that trained from scratch over committed work
+        self.recompute_warnings: list[str] = []  # the goodput report's warnings (``goodput.recompute_warnings``)
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
             from launchers.run.observe.status_relay import StatusRelay
 
@@ -183,6 +184,7 @@ class JobObserver:
         for warning in figures["recompute_warnings"]:
             say(f"warning: {warning}")
             self.log.write("recomputed", cause=warning)
+        self.recompute_warnings = list(figures["recompute_warnings"])
         self.log.write("end", exit_code=code, **figures)
         self.phase = "finished" if code == 0 else "failed" if self.phase != "stopped" else "stopped"
         self._publish()
@@ -270,6 +272,8 @@ class JobObserver:
             status["membership"] = self.members
         if self.started_over is not None:
             status["started_over"] = self.started_over
+        if self.recompute_warnings:
+            status["recompute_warnings"] = self.recompute_warnings
         if not self.simulated and self.node == 0:
             self._summarize(status)
         else:  # node 0's word on the job, beside this node's own ranks
