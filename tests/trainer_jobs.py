@@ -24,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^\[node \d+ rank \d+\] rank (\d+) (pid|start|step) (\d+)$")
+# the integration's last word on SIGTERM: the step every rank stopped at, saved (a finished step)
+STOPPED = re.compile(r"^\[node \d+ rank \d+\] mlaunch\.elastic\[rank (\d+)\]: stopped at step (\d+),")
 CHECKSUM = re.compile(r"final-checksum ([0-9a-f]{64})")
 
 
@@ -85,6 +87,9 @@ class Run:
         self._new.put(None)
 
     def _parse(self, line: str) -> None:
+        if (stop := STOPPED.match(line)) and self.attempts:
+            rank, step = int(stop.group(1)), int(stop.group(2))
+            self.attempts[-1].steps[rank] = max(step, self.attempts[-1].steps.get(rank, -1))
         m = LINE.match(line)
         if not m:
             return

@@ -94,7 +94,7 @@ def main() -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[Report(args.step_time), *mlaunch, checkpoints],  # Report prints a step before a stop
+        callbacks=[*mlaunch, checkpoints, Report(args.step_time)],
     )
     model = Regression()
     trainer.fit(model, loader, ckpt_path="last")

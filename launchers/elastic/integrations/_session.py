@@ -70,7 +70,9 @@ class Session:
 
     def stop(self) -> None:
         """After the framework saved the agreed step: tell mlaunch, end the group, exit 143."""
-        staging.update_status(*rank_world(), committed_step=self.stop_step if self.stop_step is not None else -1)
+        step = self.stop_step if self.stop_step is not None else -1
+        staging.update_status(*rank_world(), committed_step=step)
+        collective.say(f"stopped at step {step}, saved in the framework's own format; exiting with 143")
         (self.guard or self.install()).exit()
 
     # -- staging -----------------------------------------------------------------------
