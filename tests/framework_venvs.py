@@ -73,9 +73,7 @@ TRAINERS = VenvSpec(
         "assert transformers.__version__ == '5.24.0', transformers.__version__"
     ),
     inherit=True,
-    more=(
-        (("--no-build-isolation", "deepspeed==0.19.8"), (("DS_BUILD_OPS", "0"), ("DS_ACCELERATOR", "cpu"))),
-    ),
+    more=((("--no-build-isolation", "deepspeed==0.19.8"), (("DS_BUILD_OPS", "0"), ("DS_ACCELERATOR", "cpu"))),),
 )
 
 SPECS = {spec.key: spec for spec in (TENSORFLOW, MINDSPORE, TRAINERS)}

@@ -25,9 +25,8 @@ def mark_finished(rank: int) -> None:
     if not run_id:
         return
     attempt = os.environ.get("MLAUNCH_RESTART_COUNT", "0") or "0"
-    with contextlib.suppress(OSError):
-        with open(_path(run_id, rank), "w") as fh:
-            fh.write(f"{attempt}\n")
+    with contextlib.suppress(OSError), open(_path(run_id, rank), "w") as fh:
+        fh.write(f"{attempt}\n")
 
 
 def finished_ranks(run_id: str, attempt: int) -> set[int]:

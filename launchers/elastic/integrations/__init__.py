@@ -1,11 +1,8 @@
 """One line of integration per trainer: nothing lost on a preemption (SIGTERM) or a crash (kill -9).
 
-=================================================  ==============================================================
-``launchers.elastic.integrations.transformers``    ``Trainer(..., callbacks=[MlaunchCallback()])``
-``launchers.elastic.integrations.lightning``       ``L.Trainer(..., callbacks=[MlaunchCallback(), ModelCheckpoint(save_last=True)])``
-``launchers.elastic.integrations.accelerate``      ``ckpt = MlaunchAccelerate(accelerator, "checkpoints")``
-``launchers.elastic.integrations.deepspeed``       ``ckpt = MlaunchDeepSpeed(engine, "checkpoints")``
-=================================================  ==============================================================
+- ``launchers.elastic.integrations.transformers``: ``Trainer(..., callbacks=[MlaunchCallback()])``
+- ``launchers.elastic.integrations.lightning``: ``L.Trainer(..., callbacks=[MlaunchCallback(),
+  ModelCheckpoint(save_last=True)])``
 
 Each integration, in the framework's own terms:
 

@@ -44,7 +44,6 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-
 from torch.nn.parallel import DistributedDataParallel
 
 from launchers.elastic import ddp_buckets, shardfile
@@ -55,7 +54,7 @@ __all__ = ["MlaunchCallback"]
 _HINT = "lightning-last.json"  # in mlaunch's checkpoint directory: where the ModelCheckpoint's last.ckpt is
 
 
-class MlaunchCallback(Callback):  # type: ignore[misc]
+class MlaunchCallback(Callback):
     """Nothing lost on SIGTERM or kill -9 under mlaunch, in Lightning's own checkpoint format."""
 
     def __init__(self) -> None:
@@ -174,8 +173,9 @@ def _native_step(last: Path) -> int | None:
 
 def _rng_state() -> dict[str, Any]:
     """Python/NumPy/torch RNG states in types ``torch.load(weights_only=True)`` accepts (Lightning's default)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    numpy_state = [str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    keys_tensor = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    numpy_state = [str(name), keys_tensor, int(pos), int(has_gauss), float(cached)]
     return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 

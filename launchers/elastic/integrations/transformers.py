@@ -47,7 +47,7 @@ __all__ = ["MlaunchCallback"]
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
-class MlaunchCallback(TrainerCallback):  # type: ignore[misc]
+class MlaunchCallback(TrainerCallback):
     """Nothing lost on SIGTERM or kill -9 under mlaunch, in the ``Trainer``'s own checkpoint format."""
 
     def __init__(self) -> None:
