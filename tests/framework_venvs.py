@@ -36,6 +36,11 @@ class VenvSpec:
     requirements: tuple[str, ...]
     probe: str  # Python code run with the venv's interpreter; must exit 0
     timeout: float = 1800.0
+    # sees the packages of the interpreter running the tests (torch, lightning, mlaunch) instead of
+    # installing its own torch; its name then carries a hash of that interpreter's prefix
+    inherit: bool = False
+    # further ``pip install`` runs after ``requirements``: (extra pip arguments, extra env) each
+    more: tuple[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], ...] = ()
 
 
 TENSORFLOW = VenvSpec(
@@ -56,7 +61,22 @@ MINDSPORE = VenvSpec(
     ),
 )
 
-SPECS = {spec.key: spec for spec in (TENSORFLOW, MINDSPORE)}
+# The trainers of tests/test_trainers_*.py (transformers needs accelerate for its Trainer). DeepSpeed ships
+# sources only: DS_BUILD_OPS=0 installs it without compiling (it builds its CPU Adam op at start-up) and
+# --no-build-isolation lets its setup.py import the torch it builds against.
+TRAINERS = VenvSpec(
+    key="trainers",
+    dirname="trainers-tf5.24-acc1.15-ds0.19.8",
+    requirements=("transformers==5.24.0", "accelerate==1.15.0"),
+    probe=(
+        "import transformers, accelerate, lightning, torch, deepspeed, launchers; "
+        "assert transformers.__version__ == '5.24.0', transformers.__version__"
+    ),
+    inherit=True,
+    more=((("--no-build-isolation", "deepspeed==0.19.8"), (("DS_BUILD_OPS", "0"), ("DS_ACCELERATOR", "cpu"))),),
+)
+
+SPECS = {spec.key: spec for spec in (TENSORFLOW, MINDSPORE, TRAINERS)}
 READY_MARKER = ".mlaunch-ready"
 
 
@@ -77,9 +97,9 @@ def _tail(text: str, lines: int = 8) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
-def _run(argv: list[str], timeout: float, what: str) -> None:
+def _run(argv: list[str], timeout: float, what: str, env: dict[str, str] | None = None) -> None:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise VenvUnavailable(f"{what} took longer than {timeout:.0f}s") from None
     except OSError as exc:
@@ -91,7 +111,7 @@ def _run(argv: list[str], timeout: float, what: str) -> None:
 def ensure_venv(spec: VenvSpec, root: Path | None = None) -> Path:
     """The venv's interpreter, building the venv first unless a finished one is cached."""
     root = root or cache_dir()
-    venv = root / "venvs" / spec.dirname
+    venv = root / "venvs" / _dirname(spec)
     python = venv_python(venv)
     if (venv / READY_MARKER).exists() and python.exists():
         return python
@@ -99,21 +119,47 @@ def ensure_venv(spec: VenvSpec, root: Path | None = None) -> Path:
         root.joinpath("venvs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise VenvUnavailable(f"cannot create the cache directory {root}: {exc}") from None
-    with open(root / "venvs" / f"{spec.dirname}.lock", "w") as lock:
+    with open(root / "venvs" / f"{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another pytest may be building it right now
         if (venv / READY_MARKER).exists() and python.exists():
             return python
         shutil.rmtree(venv, ignore_errors=True)  # a half-built venv from an interrupted run
         started = time.monotonic()
         _run([sys.executable, "-m", "venv", str(venv)], 300, f"creating the {spec.key} venv")
-        _run(
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *spec.requirements],
-            spec.timeout,
-            f"pip install {' '.join(spec.requirements)}",
-        )
+        if spec.inherit:
+            _see_this_python(python)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        _run([*pip, *spec.requirements], spec.timeout, f"pip install {' '.join(spec.requirements)}")
+        for args, env in spec.more:
+            _run([*pip, *args], spec.timeout, f"pip install {' '.join(args)}", env={**os.environ, **dict(env)})
         _run([str(python), "-c", spec.probe], 300, f"importing {spec.key} in its venv")
         (venv / READY_MARKER).write_text(f"built in {time.monotonic() - started:.0f}s\n")
     return python
+
+
+def _dirname(spec: VenvSpec) -> str:
+    if not spec.inherit:
+        return spec.dirname
+    import hashlib
+
+    return f"{spec.dirname}-{hashlib.sha256(sys.prefix.encode()).hexdigest()[:10]}"
+
+
+def _see_this_python(python: Path) -> None:
+    """Let the venv see the packages of the interpreter running the tests (after its own, as
+    ``--system-site-packages`` would; see ``conftest.venv_seeing_this_python``)."""
+    import site
+
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    dirs = [d for d in dict.fromkeys(site.getsitepackages()) if os.path.isdir(d)]
+    lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in dirs)
+    Path(purelib, "_mlaunch_tests_parent_site.pth").write_text(lines)
 
 
 def _fixture_python(key: str) -> Path:
@@ -133,6 +179,18 @@ def tensorflow_python() -> Iterator[Path]:
 def mindspore_python() -> Iterator[Path]:
     """Interpreter of a venv with mindspore 2.10.0 and numpy<2 (skips the test when it cannot be built)."""
     yield _fixture_python("mindspore")
+
+
+@pytest.fixture(scope="session")
+def trainers_python() -> Iterator[Path]:
+    """Interpreter of a venv with transformers, accelerate and deepspeed that also sees this interpreter's
+    torch, lightning and mlaunch (skips the test when it cannot be built; fails under CI)."""
+    try:
+        yield ensure_venv(TRAINERS)
+    except VenvUnavailable as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must run the trainer tests: trainers environment unavailable: {exc}")
+        pytest.skip(f"trainers environment unavailable: {exc}")
 
 
 if __name__ == "__main__":

@@ -189,13 +189,26 @@ class ResumableLoader:
         # the sampler restarts from what was consumed, not from where prefetching left it
         self.sampler.load_state_dict(self.state_dict())
         epoch, total = self.epoch, len(self.sampler._indices())
+        if 0 < total <= self.position:  # the last epoch was consumed by a loop that stopped after len() batches
+            self.epoch, self.start, self.position = epoch + 1, 0, 0  # (Lightning): its generator never ended
+            self.sampler.load_state_dict(self.state_dict())
+            epoch, total = self.epoch, len(self.sampler._indices())
         for batch in self.loader:
             self.position = min(self.position + self.batch_size, total)
             yield batch
         self.epoch, self.start, self.position = epoch + 1, 0, 0
 
     def __len__(self) -> int:
-        return len(self.loader)
+        """Batches the next ``iter()`` yields: the rest of this epoch, or the next epoch when it is consumed."""
+        sampler, rank, replicas = self.sampler, self.sampler.rank, self.sampler.num_replicas
+
+        def share(start: int) -> int:  # len(order[start:][rank::replicas])
+            return max(0, -(-(sampler.length - start - rank) // replicas))
+
+        left = share(self.start) - self.position
+        if left <= 0:
+            left = share(0)
+        return left // self.batch_size if self.loader.drop_last else -(-left // self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.sampler.state_dict(), "epoch": self.epoch, "start": self.start, "position": self.position}

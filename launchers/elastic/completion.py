@@ -1,0 +1,51 @@
+"""A rank's "I finished training" report to mlaunch, next to its staging segment.
+
+``mark_finished(rank)`` writes ``mlaunch.<run id>.finished.rank<R>`` (in the staging directory,
+``/dev/shm``) holding the restart attempt. When every rank of the attempt has reported, mlaunch
+treats the job as complete: a rank that then dies in interpreter teardown (torch's C++ teardown
+aborting, SIGABRT) is reported as that, not restarted, and nothing staged is flash-saved.
+Outside mlaunch (no ``MLAUNCH_RUN_ID``) this does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+
+from launchers.elastic.staging import shm_dir
+
+
+def _path(run_id: str, rank: int) -> str:
+    return os.path.join(shm_dir(), f"mlaunch.{run_id}.finished.rank{rank}")
+
+
+def mark_finished(rank: int) -> None:
+    run_id = os.environ.get("MLAUNCH_RUN_ID")
+    if not run_id:
+        return
+    attempt = os.environ.get("MLAUNCH_RESTART_COUNT", "0") or "0"
+    with contextlib.suppress(OSError), open(_path(run_id, rank), "w") as fh:
+        fh.write(f"{attempt}\n")
+
+
+def finished_ranks(run_id: str, attempt: int) -> set[int]:
+    """The ranks that reported completion in ``attempt`` (mlaunch's side)."""
+    found: set[int] = set()
+    pattern = os.path.join(glob.escape(shm_dir()), f"mlaunch.{glob.escape(run_id)}.finished.rank*")
+    for path in glob.glob(pattern):
+        rank = path.rpartition(".rank")[2]
+        try:
+            with open(path) as fh:
+                if int(fh.read().strip() or -1) == attempt and rank.isdigit():
+                    found.add(int(rank))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def clear(run_id: str) -> None:
+    pattern = os.path.join(glob.escape(shm_dir()), f"mlaunch.{glob.escape(run_id)}.finished.rank*")
+    for path in glob.glob(pattern):
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -1,0 +1,187 @@
+"""PyTorch Lightning: ``L.Trainer(callbacks=[MlaunchCallback(), ModelCheckpoint(save_last=True, ...)])``.
+
+::
+
+    from launchers.elastic.integrations.lightning import MlaunchCallback
+
+    trainer = L.Trainer(..., callbacks=[MlaunchCallback(), ModelCheckpoint(dirpath="ckpt", save_last=True)])
+    trainer.fit(model, data, ckpt_path="last")
+
+What the callback does:
+
+- **SIGTERM**: Lightning's ``fit()`` installs a SIGTERM handler that runs ``dist.broadcast`` inside the
+  signal handler — with ranks in other collectives that deadlocks until the platform's SIGKILL. The
+  callback puts mlaunch's flag back in ``on_train_start``; after each training batch every rank checks
+  it (one all-reduce) and all stop at the same step: ``trainer.save_checkpoint`` writes the
+  ``ModelCheckpoint``'s ``last.ckpt``, then every rank leaves with 143.
+- **kill -9 / crash**: after each training batch rank 0 stages the checkpoint Lightning would write at
+  that point (its own ``dump_checkpoint``), every rank its RNG state. mlaunch commits the newest step
+  every rank staged. When the callback is created again (before ``fit`` looks for ``"last"``), that step
+  is written as the ``last.ckpt`` if it is newer than the one there, so ``ckpt_path="last"`` resumes it.
+- **RNG and data**: the checkpoint carries every rank's Python/NumPy/torch RNG state (restored at the
+  first batch of the resumed run). Lightning resumes the data position mid-epoch only for a dataloader
+  with ``state_dict``/``load_state_dict`` (e.g. ``launchers.elastic.pytorch.ResumableLoader``, with
+  ``use_distributed_sampler=False``).
+- **the end**: the rank reports completion to mlaunch and the process group ends at exit.
+
+Limits: data-parallel strategies (``ddp``, one device): sharded strategies (FSDP, DeepSpeed) hold state
+rank 0 cannot dump alone. The staged checkpoint may hold any object Lightning's does (hyperparameters),
+so it is staged with ``trusted=True``: keep ``checkpoint.dir`` writable by you alone, as ``last.ckpt``
+(a pickle, loaded with ``weights_only=False``) already must be. A dataloader without its own
+``generator=`` draws a seed from torch's global RNG at each epoch start; a resume exactly at an epoch
+boundary then differs from the uninterrupted run in dropout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.nn.parallel import DistributedDataParallel
+
+from launchers.elastic import ddp_buckets, shardfile
+from launchers.elastic.integrations._session import Session, rank_world, write_once
+
+__all__ = ["MlaunchCallback"]
+
+_HINT = "lightning-last.json"  # in mlaunch's checkpoint directory: where the ModelCheckpoint's last.ckpt is
+
+
+class MlaunchCallback(Callback):
+    """Nothing lost on SIGTERM or kill -9 under mlaunch, in Lightning's own checkpoint format."""
+
+    def __init__(self) -> None:
+        self.session = Session(trusted=True)
+        self.session.install()
+        self.last: Path | None = None
+        self._dumping = False
+        self._rng: dict[str, Any] | None = None  # this rank's RNG state to put back at the first batch
+        self._buckets: list[list[int]] | None = None  # DDP's rebuilt gradient buckets (see ddp_buckets)
+        self.resumed_from = self._materialise()
+
+    # -- start: mlaunch's commit as last.ckpt (before fit resolves ckpt_path="last") --
+    def _materialise(self) -> int | None:
+        hint = self.session.ckpt.dir / _HINT
+        if not self.session.under_mlaunch or not hint.is_file():
+            return None
+        last = Path(json.loads(hint.read_text())["last"])
+        got = self.session.newer_commit(_native_step(last))
+        if got is None:
+            return None
+        step, _own = got
+        write_once(last, step, lambda tmp: self._write(tmp, step), directory=False)
+        return step
+
+    def _write(self, tmp: Path, step: int) -> None:
+        """Rank 0: the staged checkpoint with every rank's RNG state, written as ``last.ckpt``."""
+        item = next(c for c in self.session.ckpt.committed() if c.step == step)
+        checkpoint: dict[str, Any] = {}
+        rngs: dict[str, Any] = {}
+        for rank in range(item.world_size):
+            state, _meta = shardfile.read_file(item.shard(rank), trusted=True)
+            rngs[str(rank)] = state["rng"]
+            checkpoint = state.get("checkpoint", checkpoint)
+        own = checkpoint.setdefault("callbacks", {}).setdefault(self.state_key, {})
+        own["rng"] = rngs
+        torch.save(checkpoint, tmp)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.session.install()  # fit() wrapped our handler in one that runs a collective
+        if self._buckets is not None and isinstance(trainer.strategy.model, DistributedDataParallel):
+            ddp_buckets.set_layout(trainer.strategy.model, self._buckets)  # the resumed step reduces as before
+        self.last = _last_path(trainer)  # every ModelCheckpoint has resolved its dirpath by now
+        if self.last is not None and trainer.is_global_zero and self.session.under_mlaunch:
+            self.session.ckpt.dir.mkdir(parents=True, exist_ok=True)
+            hint = self.session.ckpt.dir / _HINT
+            tmp = hint.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"last": str(self.last)}))
+            os.replace(tmp, hint)
+
+    # -- RNG: in the checkpoint for every rank, put back at the first batch ------------
+    def state_dict(self) -> dict[str, Any]:
+        own = _rng_state()
+        if self._dumping:  # staging on rank 0 alone: the other ranks stage their own
+            return {"rng": {str(rank_world()[0]): own}, "ddp_buckets": self._buckets}
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            every: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(every, own)  # save_checkpoint runs on every rank
+            return {"rng": {str(r): s for r, s in enumerate(every)}, "ddp_buckets": self._buckets}
+        return {"rng": {"0": own}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._rng = state_dict.get("rng", {}).get(str(rank_world()[0]))
+        self._buckets = state_dict.get("ddp_buckets")
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
+        if self._rng is not None:
+            _set_rng_state(self._rng)
+            self._rng = None
+
+    # -- each batch: stage, then agree on a stop ---------------------------------------
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        step = trainer.global_step
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            self._buckets = ddp_buckets.layout(trainer.strategy.model) or self._buckets  # every rank: collective once
+        if self.session.wants_stage():
+            self.session.stage(step, self._capture(trainer, step))
+        if self.session.should_stop(step):
+            if self.last is not None:
+                trainer.save_checkpoint(self.last)  # every rank; rank 0 writes, then a barrier
+            self.session.stop()
+
+    def _capture(self, trainer: pl.Trainer, step: int) -> dict[str, Any]:
+        state: dict[str, Any] = {"step": step, "rng": _rng_state()}
+        if trainer.is_global_zero:
+            self._dumping = True
+            try:
+                state["checkpoint"] = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            finally:
+                self._dumping = False
+        return state
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.session.finished()
+
+
+def _last_path(trainer: pl.Trainer) -> Path | None:
+    """The ``last.ckpt`` of the first ``ModelCheckpoint(save_last=True)`` (None without one)."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.save_last and callback.dirpath:
+            return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+    return None
+
+
+def _native_step(last: Path) -> int | None:
+    if not last.is_file():
+        return None
+    try:
+        return int(torch.load(last, map_location="cpu", weights_only=False, mmap=True)["global_step"])
+    except Exception:  # noqa: BLE001 - a torn or foreign file: mlaunch's commit is better than nothing
+        return None
+
+
+def _rng_state() -> dict[str, Any]:
+    """Python/NumPy/torch RNG states in types ``torch.load(weights_only=True)`` accepts (Lightning's default)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    keys_tensor = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    numpy_state = [str(name), keys_tensor, int(pos), int(has_gauss), float(cached)]
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])

@@ -1,0 +1,167 @@
+"""Run a trainer example under mlaunch, fault it, and count the steps lost (tests and benchmarks/trainers.py).
+
+The examples (``examples/<framework>/train.py``) print, per rank, ``rank R pid P``, ``rank R start S``
+(the step training begins from; once per attempt) and ``rank R step N`` after each step; rank 0 prints
+``final-checksum <sha256>``. mlaunch prefixes each line with ``[node n rank r]``.
+
+*Steps lost* by a fault (the issue's definition): the newest step every rank finished before the fault
+minus the step training begins from afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINE = re.compile(r"^\[node \d+ rank \d+\] rank (\d+) (pid|start|step) (\d+)$")
+# the integration's last word on SIGTERM: the step every rank stopped at, saved (a finished step)
+STOPPED = re.compile(r"^\[node \d+ rank \d+\] mlaunch\.elastic\[rank (\d+)\]: stopped at step (\d+),")
+CHECKSUM = re.compile(r"final-checksum ([0-9a-f]{64})")
+
+
+def job_yaml(
+    workdir: Path, framework: str, python: Path, args: list[str], *, restarts: int, grace: str = "30s"
+) -> Path:
+    """A 2 × 2 job of ``examples/<framework>/train.py`` run by ``python`` in ``workdir``."""
+    job = workdir / "job.yaml"
+    quoted = ", ".join(f'"{a}"' for a in [*args, "--output", str(workdir / "out")])
+    job.write_text(
+        f"name: {framework}-test\nengine: pytorch\nentry: train.py\npython: {python}\n"
+        f"code_dir: {ROOT / 'examples' / framework}\nargs: [{quoted}]\nnodes: 2\nprocs_per_node: 2\n"
+        f"log_dir: {workdir / 'logs'}\n"
+        "env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: '1', DS_ACCELERATOR: cpu}\n"
+        f"checkpoint: {{dir: {workdir / 'mlaunch-ckpt'}, grace_period: {grace}}}\n"
+        f"restart: {{max_restarts: {restarts}, backoff: 0s, stop_timeout: 2s}}\n"
+    )
+    return job
+
+
+@dataclass
+class Attempt:
+    """What one attempt (one start of the ranks) printed."""
+
+    start: dict[int, int] = field(default_factory=dict)
+    steps: dict[int, int] = field(default_factory=dict)  # rank → newest step it finished
+    pids: dict[int, int] = field(default_factory=dict)
+
+    def all_finished(self) -> int:
+        """The newest step every rank finished (its ``start`` when a rank finished none)."""
+        return min(self.steps.get(r, self.start.get(r, 0)) for r in range(4))
+
+
+class Run:
+    """One ``mlaunch`` run of a job, its output parsed as it arrives."""
+
+    def __init__(self, job: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)],
+            cwd=job.parent,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.attempts: list[Attempt] = []
+        self._new: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.rstrip("\n")
+            self.lines.append(line)
+            self._parse(line)
+            self._new.put(line)
+        self._new.put(None)
+
+    def _parse(self, line: str) -> None:
+        if (stop := STOPPED.match(line)) and self.attempts:
+            rank, step = int(stop.group(1)), int(stop.group(2))
+            self.attempts[-1].steps[rank] = max(step, self.attempts[-1].steps.get(rank, -1))
+        m = LINE.match(line)
+        if not m:
+            return
+        rank, what, value = int(m.group(1)), m.group(2), int(m.group(3))
+        if what == "pid" and (not self.attempts or rank in self.attempts[-1].pids):
+            self.attempts.append(Attempt())
+        if not self.attempts:
+            self.attempts.append(Attempt())
+        current = self.attempts[-1]
+        if what == "pid":
+            current.pids[rank] = value
+        elif what == "start":
+            current.start[rank] = value
+        else:
+            current.steps[rank] = max(value, current.steps.get(rank, -1))
+
+    def wait_step(self, step: int, *, attempt: int, timeout: float = 300) -> None:
+        """Until rank 0 of ``attempt`` (0-based) finished ``step`` and every rank printed its pid."""
+
+        def reached() -> bool:
+            if len(self.attempts) <= attempt:
+                return False
+            a = self.attempts[attempt]
+            return a.steps.get(0, -1) >= step and len(a.pids) == 4
+
+        self._wait(reached, f"attempt {attempt} to reach step {step}", timeout)
+
+    def wait_start(self, attempt: int, timeout: float = 300) -> int:
+        """The step ``attempt`` begins from (rank 0's ``start`` line)."""
+        self._wait(lambda: len(self.attempts) > attempt and 0 in self.attempts[attempt].start, "a restart", timeout)
+        return self.attempts[attempt].start[0]
+
+    def _wait(self, done: object, what: str, timeout: float) -> None:
+        assert callable(done)
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}\n{self.tail()}")
+            try:
+                if self._new.get(timeout=0.5) is None and not done():
+                    raise AssertionError(f"mlaunch exited before {what}\n{self.tail()}")
+            except queue.Empty:
+                continue
+
+    def kill_rank(self, rank: int, attempt: int, sig: int = signal.SIGKILL) -> None:
+        os.kill(self.attempts[attempt].pids[rank], sig)
+
+    def terminate(self) -> None:
+        """SIGTERM to mlaunch (a platform's preemption): mlaunch forwards it to every rank."""
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            self.close()
+        time.sleep(0.1)  # the pump read the last lines
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def checksum(self) -> str | None:
+        found = [m.group(1) for line in self.lines if (m := CHECKSUM.search(line))]
+        return found[-1] if found else None
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.lines[-n:])
+
+
+def steps_lost(before: Attempt, resumed_from: int) -> int:
+    return before.all_finished() - resumed_from
