@@ -13,6 +13,9 @@
             ckpt.save(step, state_dict)     # every rank writes its shard; rank 0 commits after all are written
             guard.exit()                    # exit code 143
 
+``elastic.finished()`` after the last step tells mlaunch this rank completed: an abort in the
+interpreter's teardown afterwards is not a failure (no restart, no flash save, exit code 0).
+
 A script that calls neither ``should_stop`` nor ``stage`` reports progress for mlaunch's hang
 detection (``monitor.hang_timeout``) with ``elastic.heartbeat(step)`` once per step.
 ``with elastic.waiting(): loss.backward()`` tells straggler detection (``monitor.straggler_factor``)
@@ -35,10 +38,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launchers.elastic.checkpoint import Checkpointer, CheckpointError
+    from launchers.elastic.completion import finished
     from launchers.elastic.guard import EXIT_CODE, GracefulExit, Guard, install
     from launchers.elastic.progress import heartbeat, waiting
 
-__all__ = ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "heartbeat", "install", "waiting"]
+__all__ = [
+    "EXIT_CODE",
+    "CheckpointError",
+    "Checkpointer",
+    "GracefulExit",
+    "Guard",
+    "finished",
+    "heartbeat",
+    "install",
+    "waiting",
+]
 
 # The launcher itself imports ``launchers.elastic.staging`` (agent-side flash save) on every
 # start; loading the checkpoint and guard machinery only when a training script asks for it
@@ -46,6 +60,7 @@ __all__ = ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guar
 _WHERE = {
     "Checkpointer": "checkpoint",
     "CheckpointError": "checkpoint",
+    "finished": "completion",
     "EXIT_CODE": "guard",
     "GracefulExit": "guard",
     "Guard": "guard",

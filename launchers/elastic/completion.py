@@ -49,3 +49,16 @@ def clear(run_id: str) -> None:
     for path in glob.glob(pattern):
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def finished() -> None:
+    """This rank's training is complete (``elastic.finished()``): call it after the last step and the last save.
+
+    mlaunch then never restarts the job or flash-saves for this rank: if the process dies on its way
+    out (torch's C++ teardown aborting), that is reported as a teardown abort and the job's exit
+    code stays 0 when every rank finished.
+    """
+    from launchers.elastic import env
+
+    rank = env.env_rank(0)
+    mark_finished(rank)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchers.config.job import Job
-from launchers.elastic import progress, staging
+from launchers.elastic import completion, progress, staging
 from launchers.engines.base import Engine
 from launchers.log import say
 from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
@@ -54,6 +54,12 @@ def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
     """What a succeeded run says: service processes (ps, schedulers) stopped after the workers are not "exited 0"."""
     if processes and all(spec.role in FOLLOWER_ROLES for spec in processes):
         return "node 0 reports exit code 0 (this node's ranks ran under node 0's mpirun)"
+    aborted = outcome.finished_aborts
+    if aborted:
+        return (
+            f"every rank finished; {', '.join(aborted)} then aborted in interpreter teardown (exit code 0: the "
+            "training completed)"
+        )
     codes = list(outcome.exit_codes.values())
     stopped = sum(1 for code in codes if code != 0)
     if not codes or not stopped:
@@ -102,6 +108,7 @@ def run_attempt(
     roots = flash.checkpoint_dirs(job)
     staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
     progress.unlink_run(run.run_id)
+    completion.clear(run.run_id)
     return outcome, roots
 
 

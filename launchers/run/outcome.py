@@ -78,6 +78,7 @@ class Outcome:
     grace_expired: bool = False  # workers were still alive when the grace period ended (SIGKILLed)
     stop_started: float | None = None  # time.monotonic() when the stop (SIGTERM to the workers) began
     change: str = ""  # ``reformed``: the membership change that ended the attempt (a node left, node 0 regrouped)
+    finished_aborts: list[str] = field(default_factory=list)  # ranks that died after reporting completion
 
 
 class Ended(Protocol):
@@ -95,6 +96,7 @@ def outcome_of(
     grace_expired: bool,
     stop_started: float | None,
     change: str = "",
+    finished_aborts: list[str] | None = None,
 ) -> Outcome:
     """A membership change wins (the attempt re-forms); else the first failure; else a stop signal; else success."""
     codes = {p.label: p.returncode for p in processes if p.returncode is not None}
@@ -108,4 +110,5 @@ def outcome_of(
         outcome = Outcome("succeeded", 0, exit_codes=codes)
     outcome.grace_expired = grace_expired
     outcome.stop_started = stop_started
+    outcome.finished_aborts = list(finished_aborts or [])
     return outcome

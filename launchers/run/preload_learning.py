@@ -57,6 +57,7 @@ class PreloadLearner:
         self.refused: set[str] = set()  # a learned module that made forking unsafe: never again
         self.stopped = False  # after a refusal: what made it unsafe may come with any later import too
         self._asked: set[str] = set()  # sent to a warm parent once: not again (it imported or skipped it)
+        self._said_skipped: set[str] = set()  # modules the warm parent skipped, said once each
         self._cache: dict[str, tuple[int, int, list[tuple[str, str]]]] = {}
         self._next_read = 0.0
 
@@ -97,24 +98,24 @@ class PreloadLearner:
         return wanted
 
     def imported(self, reply: dict[str, Any]) -> None:
-        """The warm parent's answer to an ``import``: remember and say (once) what it added."""
+        """The warm parent's answer to an ``import``: remember it and say, in one line and once, what changed."""
         added = [str(name) for name in reply.get("imported", [])]
         new = [name for name in added if name not in self.learned]
         self.learned.extend(new)
+        skipped = {str(k): str(v) for k, v in (reply.get("skipped") or {}).items() if k not in self._said_skipped}
+        self._said_skipped.update(skipped)
+        parts = []
         if new:
             count = int(reply.get("count") or 0)
-            self.announce(
-                f"preload: the ranks also import {listing(new)}; the warm parent imported "
-                f"{'it' if len(new) == 1 else 'them'} ({count} modules) for the next standbys "
-                "(list them in preload: to have them from the start; preload_learning: false turns this off)"
+            parts.append(
+                f"the ranks also import {listing(new)}: the warm parent imported "
+                f"{'it' if len(new) == 1 else 'them'} ({count} modules) for the next standbys"
             )
-        skipped = reply.get("skipped") or {}
         if skipped:
             names = sorted(skipped)
-            self.announce(
-                f"preload: not preloading {listing(names)}, which the ranks import: "
-                f"{skipped[names[0]]} in the warm parent"
-            )
+            parts.append(f"not preloading {listing(names)}, which the ranks import: {skipped[names[0]]}")
+        if parts:
+            self.announce("preload: " + "; ".join(parts) + " (preload_learning: false turns learning off)")
 
     def refuse(self, module: str, why: str) -> None:
         """A learned module made the warm parent unsafe to fork: it restarts without it and learns no more.
@@ -129,5 +130,5 @@ class PreloadLearner:
             self.learned.remove(module)
         self.announce(
             f"preload: not preloading {module}, which the ranks import: {why}; the warm parent restarts without it "
-            "and learns no more this run (list what is safe to import in preload:)"
+            "and learns no more this run"
         )

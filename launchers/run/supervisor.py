@@ -45,32 +45,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from launchers.elastic import progress
-from launchers.log import say
-from launchers.plan import FOLLOWER_ROLES, ProcessSpec, process_label
+from launchers.elastic import completion, progress
+from launchers.log import say, signal_name
+from launchers.plan import ProcessSpec, process_label
 from launchers.run.hang import HangMonitor, dump_stacks
+from launchers.run.job_event_response import JobEventResponse
 from launchers.run.outcome import (
     Failure,
     Outcome,
     exit_status,
     launch_failure,
     outcome_of,
-    remote_failure,
-    signal_name,
 )
 from launchers.run.procs import children_of, process_env, start_process
 from launchers.run.signal_router import SignalRouter
-from launchers.run.signals import STOP_SIGNALS
 from launchers.run.standby_pool import StandbyPool
 from launchers.run.streams import OutputStreams, Worker
 from launchers.run.teardown import Teardown
 from launchers.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from launchers.control import JobEnded, JobEvents, Left, Regroup
+    from launchers.control import JobEvents
 
 
-class Supervisor:
+class Supervisor(JobEventResponse):
     """Run one attempt of a group of processes to its end and report how it ended."""
 
     def __init__(
@@ -115,6 +113,7 @@ class Supervisor:
         self.hang = hang
         self._failure: Failure | None = None
         self._change = ""  # an elastic job's membership changed: the attempt ends re-formed, not failed
+        self.finished_aborts: list[str] = []  # ranks that died after reporting completion (teardown aborts)
         self._parent_pid = os.getpid()
         self.standbys = standbys
         if standbys is not None:
@@ -141,6 +140,7 @@ class Supervisor:
             grace_expired=self.teardown.grace_expired,
             stop_started=self.teardown.stop_started,
             change=self._change,
+            finished_aborts=self.finished_aborts,
         )
 
     # -- starting --------------------------------------------------------------------------
@@ -210,17 +210,6 @@ class Supervisor:
             self._refill_standbys(now)
             self._tick(now)
 
-    def _on_signal(self, sig: int) -> None:
-        """A signal to mlaunch (``teardown``); the first stop signal also tells the job this node is leaving.
-
-        An elastic job's other nodes then stop gracefully with it (its ranks write the dying
-        checkpoint with theirs) and re-form without waiting for it; other jobs ignore the word.
-        """
-        first = self.teardown.signal is None and sig in STOP_SIGNALS
-        self.teardown.on_signal(sig)
-        if first and self.job_events is not None:
-            self.job_events.leave(f"its mlaunch was stopped by {signal_name(sig)} (a preemption)")
-
     def _refill_standbys(self, now: float) -> None:
         """Warm standbys for the next attempt, once this one's workers are past their start-up."""
         pool = self.standbys
@@ -248,64 +237,6 @@ class Supervisor:
                 self.tick()
             except Exception as exc:  # noqa: BLE001 - a monitor must never stop supervision
                 self.announce(f"monitor error (ignored): {exc!r}")
-
-    def _job_event(self) -> None:
-        """Another node's first failure stops this node's ranks too (flash save first); a lost node stops them now."""
-        if self.job_events is None:
-            return
-        from launchers.control import JobEnded, Left, Lost, Regroup
-
-        event = self.job_events.poll()
-        if event is None or self.teardown.stopping:
-            return
-        live = self._live()
-        if isinstance(event, JobEnded):
-            self._job_ended(event, live)
-            return
-        if isinstance(event, (Left, Regroup)):
-            self._membership_changed(event, live)
-            return
-        if isinstance(event, Lost):
-            # No flash save: what the remaining ranks staged is not one consistent step of the job.
-            self._failure = Failure(f"node {event.node}", -1, 0, 1, None, [event.describe()], None)
-            self.announce(f"{event.describe()}; stopping the {len(live)} processes here")
-            self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 2.0))
-            return
-        self._failure = remote_failure(event)
-        self.announce(f"job-wide failure: {event.describe()}; stopping the {len(live)} processes here")
-        if event.hung:  # every rank of the job writes its stacks, not only the hung rank's node
-            self.announce(f"{event.cause}; writing every process's stacks to its log")
-            self.dump_stacks()
-        self.teardown.after_failure(self._failure, self.on_failure)
-
-    def _membership_changed(self, event: Left | Regroup, live: list[Worker]) -> None:
-        """An elastic job re-forms: a node left (stop now: no save can include its ranks), or node 0 regroups.
-
-        A node that left takes its ranks' shards with it: the ranks here cannot finish a collective or
-        commit a step, so they get SIGTERM and, a second later, SIGKILL (no flash save: a step staged
-        by only some ranks must never be committed). A regroup (a node waits to join), and a node that
-        left gracefully (its mlaunch was stopped: its ranks agreed with ours to stop and save), is a
-        graceful stop: SIGTERM and the grace period, in which the ranks write their dying checkpoint.
-        """
-        from launchers.control import Left
-
-        self._change = event.describe()
-        if isinstance(event, Left) and not event.graceful:
-            self.announce(f"{event.describe()}; stopping the {len(live)} processes here: the job re-forms without it")
-            self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 1.0))
-            return
-        self.announce(f"{event.describe()}; stopping the {len(live)} processes here gracefully (SIGTERM)")
-        self.teardown.stop_all(signal.SIGTERM)
-
-    def _job_ended(self, event: JobEnded, live: list[Worker]) -> None:
-        """Node 0 ended the job: followers stop with its code; other ranks stop unless it succeeded."""
-        followers = all(w.spec.role in FOLLOWER_ROLES for w in live)
-        if event.exit_code == 0 and not followers:
-            return  # node 0's ranks are done; this node's finish on their own
-        if event.exit_code != 0:
-            self._failure = Failure(f"node {event.node}", -1, 0, event.exit_code, None, [event.describe()], None)
-        self.announce(f"{event.describe()}; stopping the {len(live)} processes here")
-        self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 2.0) if followers else None)
 
     def _check_hang(self) -> None:
         """Ranks without progress for ``monitor.hang_timeout``: their stacks, then a failure like any other."""
@@ -358,7 +289,14 @@ class Supervisor:
         self.streams.drain(worker)
         if self.teardown.stopping:
             return
-        if code != 0:
+        if code != 0 and self._finished_before(worker):
+            self.finished_aborts.append(worker.label)
+            how = f"was killed by {signal_name(sig)}" if sig is not None else f"exited with code {code}"
+            self.announce(
+                f"{worker.label} {how} after it reported that its training finished: an abort in interpreter "
+                "teardown, not a failure of the job (nothing is restarted or flash-saved for it)"
+            )
+        elif code != 0:
             self._failure = Failure(
                 worker.label, worker.spec.rank, worker.pid, code, sig, list(worker.tail), worker.spec.log
             )
@@ -369,11 +307,18 @@ class Supervisor:
                 self.announce(f"{self._failure.describe()}; stopping the other {len(others)} processes")
             self.teardown.after_failure(self._failure, self.on_failure)
             return
-        if all(w.returncode == 0 for w in self.workers if w.spec.required):
+        if all(w.returncode == 0 or w.label in self.finished_aborts for w in self.workers if w.spec.required):
             services = [w for w in self._live() if not w.spec.required]
             if services:
                 self.announce("every required process finished; stopping " + ", ".join(w.label for w in services))
                 self.teardown.stop_all(signal.SIGTERM)
+
+    def _finished_before(self, worker: Worker) -> bool:
+        """The rank reported completion in this attempt (``launchers.elastic.completion``) before it exited."""
+        if not self.run_id or worker.spec.rank < 0:
+            return False
+        attempt = int(worker.spec.env.get("MLAUNCH_RESTART_COUNT", "0") or 0)
+        return worker.spec.rank in completion.finished_ranks(self.run_id, attempt)
 
     # -- the end ---------------------------------------------------------------------------
     def _final_cleanup(self) -> None:
