@@ -90,3 +90,9 @@ class RestartOptions(Section):
         "checkpoint.grace_period): survivors of a peer's crash cannot finish a collective, so they must not hold "
         "the restart for the whole grace period; a stop by signal (preemption) keeps the grace period",
     )
+    stop_on_repeat: bool = Field(
+        True,
+        description="stop restarting when two attempts in a row fail the same way (the same exception at the same "
+        "place, both before their first step or both at the same step): a deterministic error is not retried "
+        "blindly; false restarts anyway",
+    )

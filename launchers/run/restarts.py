@@ -12,8 +12,9 @@ policy* says how:
 
 An attempt ended by a membership change (``Outcome.status == "reformed"``, or a meeting that
 says a node left or node 0 regrouped) is not a failure: it does not count against
-``restart.max_restarts`` and waits no backoff. A failure does; giving up and the backoff (with
-a stop signal while waiting) exist here once, for both policies.
+``restart.max_restarts`` and waits no backoff. A failure does; giving up, the backoff (with
+a stop signal while waiting) and not retrying a failure that repeats itself exactly
+(``retry_policy``) exist here once, for both policies.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from launchers.run import signals as early_signals
 from launchers.run.job_wide import job_exit_code, meet_before_restart
 from launchers.run.outcome import Outcome, signal_name
 from launchers.run.planning import plan_attempt
+from launchers.run.retry_policy import FailureRecord, record_of, repeated
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
@@ -74,6 +76,7 @@ class RestartLoop:
     def __init__(self, job: Job, run: RunContext, policy: MembershipPolicy, attempt: Attempt, ended: Ended) -> None:
         self.job, self.run, self.policy = job, run, policy
         self._attempt, self._ended = attempt, ended
+        self._last_failure: FailureRecord | None = None  # the previous failed attempt (``retry_policy``)
 
     def run_all(self) -> int:
         """The exit code mlaunch exits with."""
@@ -85,9 +88,11 @@ class RestartLoop:
             if code is not None:
                 return code
             code = 1
-            if outcome.status == "failed":
+            if outcome.status != "failed":
+                self._last_failure = None  # "twice in a row": a re-formed attempt between them breaks the streak
+            else:
                 code, over = job_exit_code(self.run.events, generation.attempt, outcome)
-                if over:
+                if over or self._repeats(outcome):
                     return code
             following = generation.attempt + 1
             gathered = self.policy.gather(following, code)
@@ -99,6 +104,18 @@ class RestartLoop:
                     return refused
             generation = self.policy.form(following, gathered, code)
         return generation
+
+    def _repeats(self, outcome: Outcome) -> bool:
+        """The attempt failed exactly as the one before (``retry_policy``): stop, saying why."""
+        if outcome.failure is None:
+            return False
+        attempts = self.run.observer.clock.attempts
+        current = record_of(outcome.failure, attempts[-1].last_step if attempts else None)
+        previous, self._last_failure = self._last_failure, current
+        why = repeated(previous, current) if self.job.restart.stop_on_repeat else None
+        if why is not None:
+            say(f"not restarting: {why} — a restart would fail the same way (restart.stop_on_repeat: false retries)")
+        return why is not None
 
     def _restart_allowed(self, restarts: int, attempt: int, code: int) -> int | None:
         """After a failure: give up when the restarts are spent, else back off (None: restart)."""

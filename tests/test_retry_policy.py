@@ -1,0 +1,91 @@
+"""A failure that repeats itself exactly is not retried blindly (issue 30 item 3).
+
+The decision is pure (``launchers.run.retry_policy``): tested on records. The end-to-end tests run
+real mlaunch over a script that fails the same way every attempt — before its first step, or
+at step 3 — and check that the restarts stop after the second attempt, saying why, and that
+``restart.stop_on_repeat: false`` restarts as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import clean_env, run_mlaunch
+
+from launchers.run.outcome import Failure
+from launchers.run.retry_policy import record_of, repeated
+
+TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/job/train.py", line 40, in <module>',
+    "    main()",
+    '  File "/job/train.py", line 12, in main',
+    "    table = load(args.path)",
+    "[rank1]: KeyError: 'vocab'",
+]
+
+
+def failure(tail: list[str], code: int = 1) -> Failure:
+    return Failure("rank 1", 1, 99, code, None, tail, None)
+
+
+def test_the_same_exception_before_the_first_step_twice_stops() -> None:
+    first, second = record_of(failure(TRACEBACK), None), record_of(failure(TRACEBACK), None)
+    assert first.where == "KeyError: 'vocab' at /job/train.py:12 in main"
+    assert repeated(None, first) is None  # the first time it may be transient
+    assert repeated(first, second) == (
+        "the same failure before the first step in two attempts in a row: KeyError: 'vocab' at /job/train.py:12 in main"
+    )
+
+
+def test_the_same_exception_at_the_same_step_stops_and_elsewhere_does_not() -> None:
+    at_17 = record_of(failure(TRACEBACK), 17)
+    assert repeated(at_17, record_of(failure(TRACEBACK), 17)) is not None
+    assert repeated(at_17, record_of(failure(TRACEBACK), 18)) is None  # it got further: retry
+    assert repeated(at_17, record_of(failure([*TRACEBACK[:-1], "ValueError: other"]), 17)) is None
+    other_line = [*TRACEBACK[:3], '  File "/job/train.py", line 13, in main', *TRACEBACK[4:]]
+    assert repeated(at_17, record_of(failure(other_line), 17)) is None  # another place
+
+
+def test_a_kill_without_a_traceback_is_retried_even_at_the_same_step() -> None:
+    killed = record_of(failure(["step 5 loss 0.1"], code=137), 5)
+    assert not killed.traceback
+    assert repeated(killed, record_of(failure(["step 5 loss 0.1"], code=137), 5)) is None
+    assert repeated(record_of(failure([], 137), None), record_of(failure([], 137), None)) is None  # before a step too
+
+
+SCRIPT = """\
+import os
+from launchers import elastic
+for step in range(10):
+    elastic.heartbeat(step)
+    if step == {at}:
+        raise KeyError("vocab")
+"""
+
+
+def job(tmp: Path, at: int, extra: str = "") -> Path:
+    script = tmp / "train.py"
+    script.write_text(SCRIPT.format(at=at) if at >= 0 else 'raise KeyError("vocab")\n')
+    path = tmp / "job.yaml"
+    path.write_text(
+        f"entry: {script}\nengine: pytorch\nnodes: 1\nprocs_per_node: 2\nlog_dir: {tmp / 'logs'}\n"
+        f"restart: {{max_restarts: 3, backoff: 0s{extra}}}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(("at", "said"), [(-1, "before the first step"), (3, "at step 3")])
+def test_a_deterministic_error_stops_the_restarts_after_the_second_attempt(tmp_path: Path, at: int, said: str) -> None:
+    result = run_mlaunch(["--engine", "pytorch", str(job(tmp_path, at))], env=clean_env())
+    err = result.stderr
+    assert result.returncode == 1, err
+    assert f"not restarting: the same failure {said} in two attempts in a row: KeyError: 'vocab' at " in err, err
+    assert err.count("restarting the group (") == 1, err  # one restart, not three
+
+
+def test_stop_on_repeat_false_restarts_as_before(tmp_path: Path) -> None:
+    result = run_mlaunch(["--engine", "pytorch", str(job(tmp_path, -1, ", stop_on_repeat: false"))], env=clean_env())
+    assert result.returncode == 1 and result.stderr.count("restarting the group (") == 3, result.stderr
+    assert "giving up after 3 restart(s)" in result.stderr
