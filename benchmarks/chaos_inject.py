@@ -2,7 +2,7 @@
 
 Signals with ``os.kill`` to the pids the ranks printed (or, for standbys, found among the host's
 namespace processes by their command line); ``ip link set eth0 down|up`` inside the host's
-namespace; a cgroup-v1 CPU quota (20 % of one CPU) over every process of the host for a slow
+namespace; a cgroup-v1 CPU quota (50 % of one CPU) over every process of the host for a slow
 node; a filler file that takes every free byte of the checkpoint filesystem (a small tmpfs) for a
 full disk. What a fault undoes later (link up, quota off, filler gone) is an ``Undo`` the storm
 loop runs when it is due, or earlier when a comeback or a whole-job restart needs the host whole.
@@ -117,7 +117,7 @@ class Injector:
         if kind == "slow_node":
             group = self.throttle(host, fault.index)
             self.undo.append(Undo(now + fault.duration, host, "unthrottle", lambda: self.unthrottle(group)))
-            return f"host {host} throttled to 20% of a CPU for {fault.duration:.1f}s"
+            return f"host {host} throttled to 50% of a CPU for {fault.duration:.1f}s"
         if kind == "disk_full":
             filler = self.fill()
             self.undo.append(Undo(now + fault.duration, -1, "free the disk", lambda: filler.unlink(missing_ok=True)))
@@ -142,7 +142,7 @@ class Injector:
         group = CPU_CGROUP / f"{self.cluster.hosts[host].ns}-slow{index}"
         group.mkdir(exist_ok=True)
         (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("20000")
+        (group / "cpu.cfs_quota_us").write_text("50000")
         for pid in self.cluster.hosts[host].pids():
             with contextlib.suppress(OSError):
                 (group / "cgroup.procs").write_text(str(pid))

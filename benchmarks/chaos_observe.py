@@ -87,7 +87,7 @@ class Cluster:
         self.shm_dir(index).mkdir(exist_ok=True)
         argv = [sys.executable, "-m", "launchers", "--engine", "pytorch", str(self.job)]
         argv += ["--init_method", f"tcp://{hosts[0].name}:6666", "--rank", str(index), "--world_size", str(len(hosts))]
-        log = open(self.logs / f"host{index}.log", "a")  # noqa: SIM115 - closed by the pump
+        log = open(self.logs / f"host{index}.log", "a", buffering=1)  # noqa: SIM115 - closed by the pump
         proc = hosts[index].popen(
             argv, env=self.env(index), cwd=self.job.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )

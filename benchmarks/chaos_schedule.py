@@ -28,7 +28,7 @@ CLASSES: tuple[str, ...] = (
     "kill_standby",  # kill -9 of one warm standby (or the warm parent)
     "hang",  # one rank stops inside a step; the others block in its collective
     "link_flap",  # a host's link down for less than node_timeout
-    "slow_node",  # a host's processes throttled to 20 % of a CPU (cgroup cpu quota)
+    "slow_node",  # a host's processes throttled to 50 % of a CPU (cgroup cpu quota)
     "disk_full",  # the checkpoint filesystem full for a while
     "kill_mlaunch",  # kill -9 of a member node's mlaunch (not node 0): the job shrinks
     "link_down",  # a member's link down for longer than node_timeout: the job shrinks

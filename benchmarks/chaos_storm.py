@@ -55,6 +55,7 @@ class Storm:
     last_step: float = 0.0
     whole_job: str | None = None  # the fault that ends the job by design, pending
     leaving: set[int] = field(default_factory=set)  # hosts a fault took out (their exit is expected)
+    free: float = 0.0  # when the loop was last free again after blocking (a whole-job restart)
 
     def feed(self, got: tuple[float, int, str]) -> None:
         arrival, host, line = got
@@ -83,15 +84,24 @@ class Storm:
         self.last_step = time.monotonic()
 
     def restart_whole(self, why: str) -> None:
-        """Every host's mlaunch ended (or is ended); undo every condition; start the job again."""
+        """Every host's mlaunch ends (by design within node_timeout + a few s); undo every condition; start again.
+
+        A member still running ``node_timeout`` + 15 s after node 0 ended (one that never joined node 0's
+        plane waits for it, as on a platform whose pods start late) is stopped, as a platform restarting
+        the job would, and noted.
+        """
+        deadline = time.monotonic() + self.node_timeout + 15
         for index in range(len(self.cluster.hosts)):
-            code = self.cluster.wait_exit(index, self.node_timeout + 30)
+            code = self.cluster.wait_exit(index, max(0.1, deadline - time.monotonic()))
             if index != 0:
                 self.note_exit(index, code, expected=True)
+            if code is None and index != 0:
+                self.rec.said.append(f"{time.monotonic():.3f} host {index} still running after node 0 ended: stopped")
         self.injector.run_undo()
         self.rec.restarts.append({"stamp": time.monotonic(), "why": why})
         self.whole_job = None
         self.start_all()
+        self.free = time.monotonic()
 
     def note_exit(self, host: int, code: int | None, expected: bool) -> None:
         if any(e["host"] == host and e["proc"] == id(self.cluster.procs.get(host)) for e in self.rec.exits):
@@ -110,9 +120,9 @@ class Storm:
             self.note_exit(index, code, expected)
             if not expected and index not in self.leaving:
                 self.leaving.add(index)  # an exit nobody caused: the platform restarts the node
-                self.rec.unrecoverable.append(
-                    {"stamp": time.monotonic(), "host": index, "code": code, "why": "a member's mlaunch ended unasked"}
-                )
+                why = f"host {index}'s mlaunch ended unasked with {code}"
+                self.rec.unrecoverable.append({"stamp": time.monotonic(), "host": index, "code": code, "why": why})
+                print(f"  {time.monotonic():.3f} UNRECOVERABLE: {why}; started again", flush=True)
                 self.cluster.wait_exit(index, 5)
                 self.cluster.start(index)
                 self.leaving.discard(index)
@@ -129,6 +139,7 @@ class Storm:
         if self.whole_job is None:
             why = f"node 0's mlaunch ended with {code} (no fault ends the job here)"
             self.rec.unrecoverable.append({"stamp": time.monotonic(), "host": 0, "code": code, "why": why})
+            print(f"  {time.monotonic():.3f} UNRECOVERABLE: {why}", flush=True)
         self.restart_whole(self.whole_job or "unrecoverable")
         return False
 
@@ -142,6 +153,10 @@ class Storm:
         except (OSError, IndexError, ValueError) as exc:
             entry["skipped"] = f"{type(exc).__name__}: {exc}"
         self.rec.faults.append(entry)
+        if time.monotonic() - now > 1.0:  # it blocked (a comeback waits for the old mlaunch to end)
+            self.free = time.monotonic()
+        said = entry.get("done") or f"not injected: {entry.get('skipped')}"
+        print(f"  {now:.3f} fault {fault.index} {fault.kind}: {said} (committed {entry['committed']})", flush=True)
         if fault.kind in WHOLE_JOB:
             self.whole_job = fault.kind
         elif fault.kind in ("kill_mlaunch", "preempt", "link_down"):
@@ -169,6 +184,9 @@ class Storm:
             if not self.cluster.running(0) and self.node0_ended():
                 return self.rec
             self.check_exits()
+            if self.free and index < len(self.faults):  # the loop was blocked: the gap counts from now
+                due = max(due, self.free + self.faults[index].gap)
+                self.free = 0.0
             if index < len(self.faults) and now >= due and self.whole_job is None:
                 fault = self.faults[index]
                 if self.injector.target_ready(fault) or now - due > 60:
