@@ -41,6 +41,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench_env import platform_free_env  # noqa: E402
 from chaos_inject import Injector  # noqa: E402
 from chaos_observe import Cluster  # noqa: E402
+from chaos_png import draw as draw_png  # noqa: E402
 from chaos_report import build, table  # noqa: E402
 from chaos_schedule import CLASSES, SAME_MEMBERSHIP, draw  # noqa: E402
 from chaos_storm import Storm  # noqa: E402
@@ -166,7 +167,9 @@ def main() -> int:
     raw = {"storm": storm, "baseline": baseline}
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out.with_suffix(".raw.json")).write_text(json.dumps(raw, default=lambda o: getattr(o, "__dict__", str(o))) + "\n")
-    print(f"chaos: report {out}", flush=True)
+    done = [f for f in storm["faults"] if "done" in f]
+    draw_png(out.with_suffix(".png"), storm["events"], done, storm["restarts"])
+    print(f"chaos: report {out}, timeline {out.with_suffix('.png')}", flush=True)
     return 0 if not report["unrecoverable"] and report["committed_steps_lost"] == 0 else 1
 
 
