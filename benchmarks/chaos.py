@@ -80,6 +80,9 @@ def leftovers(cluster: Cluster, ckpt: Path) -> dict[str, Any]:
         ]
         shm[index] = sorted(p.name for p in cluster.shm_dir(index).glob("*")) if cluster.shm_dir(index).exists() else []
     partial = [p.name for p in layout.partial_dirs(ckpt)] if ckpt.exists() else []
+    for index in range(len(cluster.hosts)):  # the harness's own per-host directory, once counted
+        if cluster.shm_dir(index).exists() and not shm[index]:
+            cluster.shm_dir(index).rmdir()
     return {
         "processes": sum(len(v) for v in procs.values()),
         "shm": sum(len(v) for v in shm.values()),
