@@ -1,0 +1,108 @@
+"""The pure parts of the chaos storm harness (benchmarks/chaos*.py): the schedule, the parser, the report.
+
+No process, no clock: the schedule is a function of the seed, the report a function of the
+observations. The storm itself runs in tests/test_chaos_storm.py (netns, slow).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chaos_observe import Event, parse  # noqa: E402
+from chaos_report import build, frontier_at, losses, lost_steps, pace  # noqa: E402
+from chaos_schedule import CLASSES, NODE_LOSS, SAME_MEMBERSHIP, WHOLE_JOB, draw  # noqa: E402
+
+
+def test_the_schedule_is_a_function_of_the_seed() -> None:
+    assert draw(7, 40) == draw(7, 40)
+    assert draw(7, 40) != draw(8, 40)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_short_schedule_has_every_class_and_never_takes_the_job_below_min(seed: int) -> None:
+    faults = draw(seed, 20, hosts=3, min_nodes=2)
+    assert {f.kind for f in faults} == set(CLASSES)
+    out: set[int] = set()
+    for fault in faults:
+        if fault.kind in NODE_LOSS:
+            assert fault.host != 0 and fault.host not in out
+            out.add(fault.host)
+            assert 3 - len(out) >= 2
+        elif fault.kind == "comeback":
+            assert fault.host in out
+            out.discard(fault.host)
+        elif fault.kind in WHOLE_JOB:
+            out.clear()
+        elif fault.host >= 0:
+            assert fault.host not in out  # a fault on a host that is out would do nothing
+
+
+def test_the_spacing_and_the_nested_share_are_what_was_asked() -> None:
+    faults = draw(3, 2000, spacing=5.0, nested=0.25)
+    gaps = [f.gap for f in faults[1:]]
+    assert 4.7 < sum(gaps) / len(gaps) < 5.3
+    nested = [f for f in faults if f.nested]
+    assert 0.2 < len(nested) / len(faults) < 0.3
+    assert all(0.2 <= f.gap <= 1.5 for f in nested)
+
+
+def test_a_same_membership_schedule_has_no_node_loss() -> None:
+    faults = draw(5, 50, classes=SAME_MEMBERSHIP)
+    assert {f.kind for f in faults} == set(SAME_MEMBERSHIP)
+    assert not any(f.kind in NODE_LOSS or f.kind == "comeback" for f in faults)
+
+
+def test_lines_are_parsed_with_their_stamps() -> None:
+    assert parse(1, 9.0, "[rank 2] chaos pid 2 4711") == Event("pid", 1, 9.0, (2, 4711))
+    assert parse(0, 9.0, "[rank 0] chaos step 17 123.5") == Event("step", 0, 123.5, (17,))
+    assert parse(0, 9.0, "[rank 0] chaos resumed 15 124.0 4") == Event("resumed", 0, 124.0, (15, 4))
+    assert parse(0, 9.0, "[rank 0] chaos resumed -1 1.0 6") == Event("resumed", 0, 1.0, (-1, 6))
+    assert parse(0, 9.0, "[rank 0] chaos final 99 abc123") == Event("final", 0, 9.0, (99, "abc123"))
+    line = "mlaunch: membership (generation 2): 3 → 2 nodes (6 → 4 ranks); nodes in the job: 0, 1"
+    assert parse(2, 5.0, line) == Event("membership", 2, 5.0, (2, 3, 2))
+    assert parse(0, 1.0, "mlaunch: persisted step 10 in the background") is None
+
+
+def steps(pairs: list[tuple[int, float]], host: int = 0) -> list[Event]:
+    return [Event("step", host, t, (s,)) for s, t in pairs]
+
+
+def fault(index: int, stamp: float, kind: str = "kill_rank", committed: int | None = 10, nested: bool = False) -> dict:
+    return {"index": index, "stamp": stamp, "kind": kind, "committed": committed, "nested": nested, "done": "x"}
+
+
+def test_committed_steps_lost_compare_each_resume_with_the_commit_before_its_fault() -> None:
+    events = [Event("resumed", 0, 1.0, (-1, 6)), Event("resumed", 0, 5.0, (12, 6)), Event("resumed", 0, 9.0, (15, 4))]
+    faults = [fault(0, 4.0, committed=12), fault(1, 8.0, committed=20)]
+    found = lost_steps(events, faults)
+    assert [(r["resumed"], r["committed_before"], r["lost"]) for r in found] == [(12, 12, 0), (15, 20, 5)]
+
+
+def test_wall_time_lost_counts_steps_done_again() -> None:
+    events = steps([(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (2, 6.0), (3, 7.0), (4, 8.0), (5, 9.0)])
+    assert pace(events) == 1.0 and frontier_at(events, 6.5) == 3
+    # a fault at 3.5: window to 9.0 made steps 4 and 5 only (2 and 3 were done again)
+    assert losses(events, [fault(0, 3.5)], 1.0, 9.0) == [5.5 - 2.0]
+
+
+def test_the_report_counts_classes_and_compares_final_parameters() -> None:
+    storm_events = steps([(s, float(s)) for s in range(20)]) + [Event("final", 0, 20.0, (19, "aa"))]
+    storm_events.append(Event("resumed", 0, 6.0, (5, 6)))
+    storm = {
+        "events": storm_events,
+        "faults": [fault(0, 5.0, committed=5), fault(1, 10.0, "hang", committed=9)],
+        "unrecoverable": [],
+        "restarts": [],
+        "exits": [],
+        "leftovers": {"processes": 0, "shm": 0, "partial": 0},
+    }
+    baseline = {"events": steps([(s, s * 0.5) for s in range(20)]) + [Event("final", 0, 10.0, (19, "aa"))]}
+    report = build(storm, baseline, min_nodes=2, spacing=5.0, seed=1)
+    assert report["faults"]["kill_rank"] == 1 and report["faults"]["hang"] == 1
+    assert report["committed_steps_lost"] == 0 and report["step_time_s"] == 0.5
+    assert report["same_membership"] and report["final_equal_to_fault_free"] is True
+    assert 0.0 < report["step_efficiency"] <= 1.0
