@@ -100,7 +100,9 @@ class ElasticMembership:
 NODE0_LOST = (
     "an elastic job cannot go on without node 0: it hosts the control plane (the hub every node meets at) "
     "and the rendezvous master; the job ends on every node, as without a range — start it again "
-    "(or let the platform restart node 0's pod and the job) to resume from the newest committed step"
+    "(or let the platform restart node 0's pod and the job) to resume from the newest committed step. "
+    "(From here a lost node 0 and this node cut off from the others look the same: if only this node's "
+    "link failed, the others go on without it and this node can rejoin by starting its mlaunch again.)"
 )
 
 
