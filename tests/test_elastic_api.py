@@ -42,6 +42,16 @@ def test_the_documented_api_and_submodules_are_reachable() -> None:
     )
     assert seen["install"] is True and seen["ckpt"] == "Checkpointer" and seen["code"] == 143
     assert seen["star"] == sorted(
-        ["EXIT_CODE", "CheckpointError", "Checkpointer", "GracefulExit", "Guard", "heartbeat", "install", "waiting"]
+        [
+            "EXIT_CODE",
+            "CheckpointError",
+            "Checkpointer",
+            "GracefulExit",
+            "Guard",
+            "finished",
+            "heartbeat",
+            "install",
+            "waiting",
+        ]
     )
     assert seen["guard"] is True and seen["missing"] is False

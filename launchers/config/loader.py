@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from launchers.config.limits import MAX_JOB_FILE_BYTES
+from launchers.config.limits import MAX_JOB_FILE_BYTES, MAX_YAML_DEPTH
 from launchers.config.model import Job
 from launchers.config.textfile import read_text
 from launchers.config.yaml_strict import StrictYAMLError, load_strict
@@ -52,6 +52,8 @@ def parse_job(text: str, source: Path) -> Job:
         mark = exc.problem_mark or exc.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = exc.problem or exc.context or "invalid YAML"
+        if "maximum nesting depth" in problem:  # PyYAML ≥ 6.0.4's own parser limit, met before ours
+            raise JobFileError(f"{source}{where}: nested more than {MAX_YAML_DEPTH} levels deep") from None
         raise JobFileError(f"{source}{where}: this is not valid YAML ({problem})") from None
     except yaml.YAMLError as exc:
         raise JobFileError(f"{source}: this is not valid YAML ({exc})") from None
