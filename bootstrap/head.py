@@ -35,7 +35,7 @@ from bootstrap.keys import write_private
 from launchers import log
 from launchers.config.secrets import looks_secret
 from launchers.prctl import die_with_parent
-from launchers.run.signals import STOP_SIGNALS
+from launchers.stop_signals import STOP_SIGNALS
 
 # Kept for mpirun beside the -x names: what a login needs, never a credential.
 BASE_ENV = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TZ", "MLAUNCH_RUN_ID")

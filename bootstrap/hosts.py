@@ -41,7 +41,7 @@ def resolve(host: str) -> str:
 
 def render_hostfile(job: str, hosts: Sequence[str], slots: int) -> str:
     """Open MPI hostfile text: ``host slots=N`` per node, in node order."""
-    from launchers.generate.render import render
+    from launchers.templating import render
 
     return render("hostfile.j2", job=job, hosts=list(hosts), slots=slots)
 

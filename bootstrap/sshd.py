@@ -81,7 +81,7 @@ def listen_addresses(host: str | None) -> list[str]:
 
 
 def render_config(files: NodeFiles, port: int, listen: list[str], user: str) -> str:
-    from launchers.generate.render import render
+    from launchers.templating import render
 
     if not _USER.match(user):
         raise SshdError(f"user name {user!r} cannot be written into an sshd config")

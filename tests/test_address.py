@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from launchers.address import AddressError, address_host, join_host_port, parse_tcp_url, split_host_port
 from launchers.errors import PlatformError
-from launchers.platform.address import AddressError, address_host, join_host_port, parse_tcp_url, split_host_port
 
 
 @pytest.mark.parametrize(

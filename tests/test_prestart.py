@@ -332,7 +332,7 @@ def test_sh_filter_round_trips_hostile_values_and_keeps_shellcheck_quiet(tmp_pat
     bash, and a script holding all of them is shellcheck-clean (no exclusions)."""
     import random
 
-    from launchers.generate.render import sh_join, sh_quote
+    from launchers.templating import sh_join, sh_quote
 
     alphabet = list("$`\\'\"\n\t\r ;|&<>(){}[]*?!#~=%^-_aZ09") + ["ü", "名", "“", "’", "$(", "${", "\\'", "'\\"]
     rng = random.Random(1234)

@@ -155,7 +155,7 @@ def test_installed_wheel_runs_mlaunch_and_imports_elastic(installed: Path, tmp_p
     assert probe.returncode == 0, probe.stderr
     assert str(installed.parent.parent) in probe.stdout  # imported from the venv, not from the checkout
     rendered = subprocess.run(
-        [str(installed), "-c", "from launchers.generate.render import template_names; print(template_names())"],
+        [str(installed), "-c", "from launchers.templating import template_names; print(template_names())"],
         capture_output=True,
         text=True,
         env=env,

@@ -16,10 +16,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from launchers import stop_signals as early_signals
 from launchers.cli import pydantic_plugins
 from launchers.errors import EXIT_USER_ERROR, UserError
 from launchers.log import say
-from launchers.run import signals as early_signals
 
 _HELP = ("--help", "-h", "--version")
 

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from launchers.address import AddressError, split_host_port
 from launchers.config.fields import Section
 from launchers.config.limits import MAX_COUNT, MAX_WORLD_SIZE
-from launchers.platform.address import AddressError, split_host_port
 
 TFT_CONTROLLER_PORT = 30051  # the TFT controller's port when high_availability.controller names a host alone
 

@@ -232,7 +232,7 @@ def _report_imports() -> None:
     global _imports_at
     _imports_at *= 10
     if os.environ.get("MLAUNCH_REPORT_IMPORTS") == "1":
-        from launchers import import_report
+        from launchers.elastic import import_report
 
         import_report.write_for_this_rank()
 

@@ -35,12 +35,12 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from launchers.address import split_host_port
 from launchers.config.high_availability import TFT_CONTROLLER_PORT
 from launchers.config.job import Job
 from launchers.elastic.replicas import ReplicaConfigError, format_groups, replica_count, require_replicas
 from launchers.errors import UserError
 from launchers.plan import LaunchPlan, ProcessSpec
-from launchers.platform.address import split_host_port
 from launchers.platform.cluster import Cluster
 
 TFT_DEFAULT_PORT = TFT_CONTROLLER_PORT

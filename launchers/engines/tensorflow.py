@@ -24,12 +24,12 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from launchers.address import address_host, join_host_port, split_host_port
 from launchers.config.job import Job
 from launchers.config.limits import MAX_WORLD_SIZE
 from launchers.engines.base import Cleanup, base_env, entry_argv, log_file, policy_of, script_args
 from launchers.errors import PlatformError
 from launchers.plan import LaunchPlan, NodePlan, ProcessSpec
-from launchers.platform.address import address_host, join_host_port, split_host_port
 from launchers.platform.cluster import LOOPBACK, Cluster, detect, free_port, split_platform_args
 from launchers.platform.tf_cluster import (
     TF_PLATFORM_ARGS,

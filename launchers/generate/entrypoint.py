@@ -46,7 +46,7 @@ def entrypoint_context(job: Job, engine: str, script: Path, prestart: Path) -> d
 
 def render_entrypoint(job: Job, engine: str, script: Path, prestart: Path) -> str:
     """The text of entrypoint.sh, to be saved at ``script``; ``prestart`` is the pre-start it runs."""
-    from launchers.generate.render import render
+    from launchers.templating import render
 
     return render("entrypoint.sh.j2", **entrypoint_context(job, engine, script, prestart))
 

@@ -153,7 +153,7 @@ def prestart_context(job: Job, script: Path) -> dict[str, Any]:
 
 def render_prestart(job: Job, script: Path) -> str:
     """The text of ma_pre_start.sh for ``job``, to be saved at ``script`` (an absolute path)."""
-    from launchers.generate.render import render
+    from launchers.templating import render
 
     return render("ma_pre_start.sh.j2", **prestart_context(job, script))
 

@@ -83,7 +83,7 @@ def sbatch_context(job: Job, engine: str) -> dict[str, Any]:
 
 
 def render_sbatch(job: Job, engine: str) -> str:
-    from launchers.generate.render import render
+    from launchers.templating import render
 
     return render("sbatch.sh.j2", **sbatch_context(job, engine))
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from launchers.address import parse_tcp_url
 from launchers.config.limits import MAX_NODES
 from launchers.errors import PlatformError
-from launchers.platform.address import parse_tcp_url
 from launchers.platform.numbers import parse_int
 from launchers.platform.sighting import Sighting
 

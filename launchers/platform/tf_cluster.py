@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launchers.address import address_host
 from launchers.config.limits import MAX_WORLD_SIZE
 from launchers.errors import PlatformError
-from launchers.platform.address import address_host
 from launchers.platform.numbers import env_int, parse_int, parse_json
 
 TF_PLATFORM_ARGS = ("ps_hosts", "worker_hosts", "task_index", "job_name", "task_name")

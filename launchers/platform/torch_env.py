@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from launchers.address import parse_tcp_url
 from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE
 from launchers.errors import PlatformError
-from launchers.platform.address import parse_tcp_url
 from launchers.platform.sighting import Sighting, env_int
 from launchers.platform.trainer_env import is_trainer_env
 

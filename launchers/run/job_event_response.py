@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from launchers.plan import FOLLOWER_ROLES
 from launchers.run.outcome import Failure, remote_failure, signal_name
-from launchers.run.signals import STOP_SIGNALS
 from launchers.run.streams import Worker
 from launchers.run.teardown import Teardown
+from launchers.stop_signals import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from launchers.control import JobEnded, JobEvents, Left, Regroup

@@ -28,11 +28,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from launchers import stop_signals as early_signals
 from launchers.control import ExchangeFailed, Meeting
 from launchers.log import say
 from launchers.phases import long_phase
 from launchers.platform.resize import resize
-from launchers.run import signals as early_signals
 from launchers.run.outcome import signal_name
 from launchers.run.planning import plan_attempt
 from launchers.run.restarts import Gathered, Generation

@@ -13,12 +13,12 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from launchers import stop_signals as early_signals
 from launchers.config.job import Job
 from launchers.elastic import progress, staging
 from launchers.log import say
 from launchers.plan import LaunchPlan
 from launchers.platform.cluster import Cluster
-from launchers.run import signals as early_signals
 from launchers.run.attempt import RunContext, attempt_exit_code, run_attempt, ticks
 from launchers.run.attempt import finished_summary as finished_summary
 from launchers.run.attempt import stop_exit_code as stop_exit_code

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from launchers.run import signals as early_signals
+from launchers import stop_signals as early_signals
 from launchers.run.procs import reap_unknown
 
 FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # preemption notices: forwarded, nothing stops

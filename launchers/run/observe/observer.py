@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launchers.log import say
 from launchers.run.observe import goodput
@@ -25,7 +25,31 @@ if TYPE_CHECKING:
     from launchers.plan import LaunchPlan
     from launchers.run.observe.status_relay import StatusRelay
     from launchers.run.observe.straggler import StragglerDetector
-    from launchers.run.outcome import Outcome
+
+
+class EndedFailure(Protocol):
+    """What the observer reads of an attempt's failure (``run.outcome.Failure``; observe/ imports nothing of run/)."""
+
+    label: str
+    rank: int
+    exit_code: int
+    signal: int | None
+    cause: str
+    details: dict[str, Any]
+
+
+class Ended(Protocol):
+    """What the observer reads of an attempt's outcome (``run.outcome.Outcome``)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def failure(self) -> EndedFailure | None: ...
+    @property
+    def change(self) -> str: ...
+    @property
+    def signal(self) -> int | None: ...
+
 
 STATUS_EVERY = 1.0  # seconds between status publications
 SUMMARY_KEYS = ("phase", "attempt", "restarts", "last_committed_step", "stragglers")  # node 0's word to every node
@@ -111,7 +135,7 @@ class JobObserver:
             self._next_status = now + max(STATUS_EVERY, self.events.status_every)  # slower for thousands of nodes
             self._publish()
 
-    def attempt_ended(self, outcome: Outcome) -> None:
+    def attempt_ended(self, outcome: Ended) -> None:
         """After the supervisor returned, before the progress files are removed."""
         self.tick()
         if self.tracker is None:
