@@ -25,7 +25,7 @@ from chaos_schedule import Fault
 
 IP = "/usr/sbin/ip" if os.path.exists("/usr/sbin/ip") else "ip"
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
-STANDBY = (b"launchers.run.standby", b"launchers.run.warm_parent")
+STANDBY = (b"launchers.standby.standby", b"launchers.standby.warm_parent")
 
 
 @dataclass

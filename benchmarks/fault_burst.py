@@ -48,7 +48,7 @@ LISTS = {
 PID = re.compile(r"^(?:\[[^\]]*\] )?pid (\d+) (\d+)$")  # "[node 1 rank 2] pid 2 4711"
 STEP = re.compile(r"^(?:\[[^\]]*\] )?step (\d+) ([\d.]+)$")
 GOODPUT = re.compile(r"goodput: .*")
-STANDBY_CMDS = (b"launchers.run.warm_parent", b"launchers.run.standby")
+STANDBY_CMDS = (b"launchers.standby.warm_parent", b"launchers.standby.standby")
 
 
 # ----------------------------------------------------------------------------------------

@@ -192,7 +192,7 @@ def _rank_pid(mlaunch_pid: int, rank: int) -> int | None:
     for pid in children(mlaunch_pid):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if b"launchers.run.standby" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"launchers.standby.standby" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 continue
         except OSError:
             continue

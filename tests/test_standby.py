@@ -18,8 +18,8 @@ from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
 
 from launchers.plan import ProcessSpec
 from launchers.run.signal_router import SignalRouter
-from launchers.run.standby_pool import StandbyPool
 from launchers.run.supervisor import Supervisor
+from launchers.standby.standby_pool import StandbyPool
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import alive, children, wait_for  # noqa: E402
@@ -170,7 +170,7 @@ def test_sigkill_of_mlaunch_takes_the_standbys_with_it(tmp_path: Path) -> None:
                 break
         kids = [p for p in children(proc.pid)]
         # the warm parent and the 2 standbys it forked (they keep its command line; mlaunch adopted them)
-        standbys = [p for p in kids if b"launchers.run.warm_parent" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        standbys = [p for p in kids if b"launchers.standby.warm_parent" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(standbys) == 3 and len(kids) >= 6  # 2 workers, 2 standbys, the warm parent, the watchdog
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -185,7 +185,7 @@ print(f"started {time.time():.6f}", flush=True)
 
 
 def test_store_to_wait_for_only_for_ranks_other_than_0() -> None:
-    from launchers.run.standby_pool import store_to_wait_for
+    from launchers.standby.standby_pool import store_to_wait_for
 
     env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     assert store_to_wait_for({**env, "RANK": "3"}) == ("10.0.0.1", 29500)

@@ -24,10 +24,10 @@ from test_standby import Capture, warm_up
 
 from launchers.elastic import import_report
 from launchers.plan import ProcessSpec
-from launchers.run.preload_learning import PreloadLearner
 from launchers.run.signal_router import SignalRouter
-from launchers.run.standby_pool import StandbyPool
 from launchers.run.supervisor import Supervisor
+from launchers.standby.preload_learning import PreloadLearner
+from launchers.standby.standby_pool import StandbyPool
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import wait_for  # noqa: E402

@@ -1,6 +1,6 @@
 """A rank's installed imports, reported to its node's mlaunch: what the warm standbys learn to preload.
 
-mlaunch's warm parent (``launchers.run.warm_parent``) forks standbys that already imported
+mlaunch's warm parent (``launchers.standby.warm_parent``) forks standbys that already imported
 ``preload:``; a module the ranks import beyond that list (DDP's optimizer imports
 ``torch._dynamo`` on its first step: ~3 s on a busy node) is paid again after every
 restart. With ``preload_learning`` on, mlaunch sets ``MLAUNCH_REPORT_IMPORTS=1`` in every
@@ -159,7 +159,7 @@ class _ImportWatch:
 
 
 def watch() -> bool:
-    """Report this rank's imports as its script makes them (``launchers.run.standby``, when asked for)."""
+    """Report this rank's imports as its script makes them (``launchers.standby.standby``, when asked for)."""
     if not enabled():
         return False
     path = report_path(os.environ["MLAUNCH_RUN_ID"], os.getpid())

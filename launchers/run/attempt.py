@@ -27,9 +27,9 @@ from launchers.run.observe.observer import JobObserver
 from launchers.run.outcome import Outcome, signal_name
 from launchers.run.rank_env import clear_error_files, error_file_lines
 from launchers.run.signal_router import SignalRouter
-from launchers.run.standby_pool import StandbyPool
 from launchers.run.supervisor import Supervisor
 from launchers.run.watchdog import Watchdog
+from launchers.standby.standby_pool import StandbyPool
 
 if TYPE_CHECKING:
     from launchers.control import JobEvents

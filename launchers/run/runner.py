@@ -19,6 +19,7 @@ from launchers.elastic import progress, staging
 from launchers.log import say
 from launchers.plan import LaunchPlan
 from launchers.platform.cluster import Cluster
+from launchers.procs import become_subreaper
 from launchers.run.attempt import RunContext, attempt_exit_code, run_attempt, ticks
 from launchers.run.attempt import finished_summary as finished_summary
 from launchers.run.attempt import stop_exit_code as stop_exit_code
@@ -27,11 +28,10 @@ from launchers.run.outcome import Outcome, signal_name
 from launchers.run.planning import make_plan as make_plan
 from launchers.run.planning import resolve_engine_name as resolve_engine_name
 from launchers.run.preflight import check_launchable
-from launchers.run.procs import become_subreaper
 from launchers.run.restarts import FixedMembership, MembershipPolicy, RestartLoop, health_check
 from launchers.run.signal_router import SignalRouter
-from launchers.run.standby_pool import StandbyPool
 from launchers.run.watchdog import Watchdog
+from launchers.standby.standby_pool import StandbyPool
 
 if TYPE_CHECKING:
     from launchers.control import JobEvents

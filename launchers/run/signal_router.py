@@ -9,7 +9,7 @@ import threading
 import time
 
 from launchers import stop_signals as early_signals
-from launchers.run.procs import reap_unknown
+from launchers.procs import reap_unknown
 
 FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # preemption notices: forwarded, nothing stops
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from launchers.elastic import completion, progress
 from launchers.log import say, signal_name
 from launchers.plan import ProcessSpec, process_label
+from launchers.procs import children_of, process_env, start_process
 from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.job_event_response import JobEventResponse
 from launchers.run.outcome import (
@@ -57,12 +58,11 @@ from launchers.run.outcome import (
     launch_failure,
     outcome_of,
 )
-from launchers.run.procs import children_of, process_env, start_process
 from launchers.run.signal_router import SignalRouter
-from launchers.run.standby_pool import StandbyPool
 from launchers.run.streams import OutputStreams, Worker
 from launchers.run.teardown import Teardown
 from launchers.run.watchdog import Watchdog
+from launchers.standby.standby_pool import StandbyPool
 
 if TYPE_CHECKING:
     from launchers.control import JobEvents

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable
 
 from launchers.elastic import progress, staging
-from launchers.run.procs import proc_files
+from launchers.procs import proc_files
 from launchers.run.signal_router import FORWARD_SIGNALS
 from launchers.stop_signals import STOP_SIGNALS
 

@@ -1,10 +1,10 @@
 """The warm parent: one process per node that imported ``preload:`` once and forks every standby from it.
 
-An exec'd standby (``launchers.run.standby``) pays interpreter start-up and ``import torch``
+An exec'd standby (``launchers.standby.standby``) pays interpreter start-up and ``import torch``
 (seconds of CPU) each time; after a restart four of them competed with the training they
 were meant to rescue, and a second fault within those seconds started cold. This process
 pays it once per run: it imports the modules, checks that forking it is safe, then waits on
-its control socket for requests from mlaunch (``launchers.run.warm_parent_handle``):
+its control socket for requests from mlaunch (``launchers.standby.warm_parent_handle``):
 
 - ``fork`` with four file descriptors (stdin, stdout, stderr, ready pipe): a new standby,
   ready in milliseconds, sharing the imported pages copy-on-write (``gc.freeze()`` keeps the
@@ -41,7 +41,7 @@ import traceback
 from typing import Any
 
 from launchers.prctl import die_with_parent  # here, not in each standby: ctypes is no import of the rank's
-from launchers.run import standby
+from launchers.standby import standby
 
 DEVICE_FILES = ("/dev/nvidia", "/dev/davinci", "/dev/dri/", "/dev/accel", "/dev/kfd")
 ADOPTION_TIMEOUT = 5.0  # seconds a new standby waits to be adopted by mlaunch before giving up
@@ -304,7 +304,7 @@ def serve(sock: socket.socket) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] != "--control" or not args[1].isdigit():
-        sys.stderr.write("usage: python -m launchers.run.warm_parent --control FD [MODULE ...]\n")
+        sys.stderr.write("usage: python -m launchers.standby.warm_parent --control FD [MODULE ...]\n")
         return 2
     sock = socket.socket(fileno=int(args[1]))
     mlaunch = os.getppid()

@@ -1,4 +1,4 @@
-"""mlaunch's side of a warm parent (``launchers.run.warm_parent``): start it, fork standbys, teach it imports.
+"""mlaunch's side of a warm parent (``launchers.standby.warm_parent``): start it, fork standbys, teach it imports.
 
 The warm parent is started like a standby (own session, parent-death signal, the run's
 ``MLAUNCH_RUN_ID``, watched by the watchdog) with a Unix socket as its only extra file
@@ -19,8 +19,8 @@ import subprocess
 import time
 from typing import Any, Literal
 
-from launchers.run.procs import start_process
-from launchers.run.warm_parent import send_message
+from launchers.procs import start_process
+from launchers.standby.warm_parent import send_message
 
 FORK_TIMEOUT = 10.0  # seconds mlaunch waits for a fork's reply (milliseconds, normally)
 
@@ -84,7 +84,7 @@ class WarmParent:
     @classmethod
     def start(cls, python: str, modules: list[str], env: dict[str, str], cwd: str, parent: int) -> WarmParent:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [python, "-u", "-m", "launchers.run.warm_parent", "--control", str(theirs.fileno()), *modules]
+        argv = [python, "-u", "-m", "launchers.standby.warm_parent", "--control", str(theirs.fileno()), *modules]
         try:
             popen = start_process(argv, env, cwd, parent, pass_fds=(theirs.fileno(),), output=subprocess.DEVNULL)
         except OSError:

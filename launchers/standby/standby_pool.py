@@ -1,11 +1,11 @@
-"""Warm standby workers for fast restarts, mlaunch's side (``launchers.run.standby`` is the other).
+"""Warm standby workers for fast restarts, mlaunch's side (``launchers.standby.standby`` is the other).
 
-Standbys are forked by a warm parent per interpreter (``launchers.run.warm_parent``), which
+Standbys are forked by a warm parent per interpreter (``launchers.standby.warm_parent``), which
 imported ``preload:`` once and is kept across attempts; where forking is unsafe (a preload
 module starts a thread or opens a device at import), or ``preload_fork: false``, each standby
 is its own interpreter that imports the list itself, as before. With ``preload_learning``
 the warm parent also imports what the ranks were seen to import beyond the list
-(``launchers.run.preload_learning``), and idle standbys forked before that are replaced.
+(``launchers.standby.preload_learning``), and idle standbys forked before that are replaced.
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from launchers.elastic import staging
 from launchers.log import say
 from launchers.plan import ProcessSpec
-from launchers.run.procs import become_subreaper, process_env, reap_unknown, start_process
+from launchers.procs import become_subreaper, process_env, reap_unknown, start_process
 
 if TYPE_CHECKING:
-    from launchers.run.preload_learning import PreloadLearner
-    from launchers.run.warm_parent_handle import WarmParent
-    from launchers.run.watchdog import Watchdog
+    from launchers.standby.preload_learning import PreloadLearner
+    from launchers.standby.warm_parent_handle import WarmParent
 
 STORE_WAIT_SECONDS = 1.0  # the most a warm rank waits for rank 0's store (see standby.wait_for_listener)
 
@@ -81,6 +80,13 @@ def job_dirs(specs: list[ProcessSpec]) -> set[str]:
     return dirs
 
 
+class Watched(Protocol):
+    """The node's watchdog (``launchers.run.watchdog``), as far as standbys need it: no process outlives mlaunch."""
+
+    def watch(self, pgid: int) -> None: ...
+    def unwatch(self, pgid: int) -> None: ...
+
+
 @dataclass
 class _Standby:
     popen: subprocess.Popen[bytes]
@@ -114,7 +120,7 @@ class _Standby:
 
 
 class StandbyPool:
-    """Warm standby workers for fast restarts (see ``launchers.run.standby`` for the other side).
+    """Warm standby workers for fast restarts (see ``launchers.standby.standby`` for the other side).
 
     One standby per worker slot, in its own process group with the same parent-death
     signal, ``MLAUNCH_RUN_ID`` and watchdog registration as a worker. Importing torch takes
@@ -132,7 +138,7 @@ class StandbyPool:
         preload: list[str],
         *,
         run_id: str = "",
-        watchdog: Watchdog | None = None,
+        watchdog: Watched | None = None,
         delay: float = 1.0,
         fork: bool = True,
         learn: bool = False,
@@ -152,7 +158,7 @@ class StandbyPool:
         self.parents: dict[str, WarmParent] = {}  # interpreter → its warm parent
         self.learner: PreloadLearner | None = None
         if learn and run_id:
-            from launchers.run.preload_learning import PreloadLearner
+            from launchers.standby.preload_learning import PreloadLearner
 
             self.learner = PreloadLearner(run_id, announce)
         self._dirs: set[str] = set()
@@ -219,7 +225,7 @@ class StandbyPool:
     # -- forked standbys -------------------------------------------------------------------
     def _warm_parent(self, spec: ProcessSpec, wanted: list[ProcessSpec], parent: int) -> WarmParent | None:
         """The warm parent for ``spec``'s interpreter, started if there is none; None when forking is off."""
-        from launchers.run.warm_parent_handle import WarmParent
+        from launchers.standby.warm_parent_handle import WarmParent
 
         python = spec.argv[0]
         warm = self.parents.get(python)
@@ -285,7 +291,7 @@ class StandbyPool:
         env = process_env(spec.env, self.run_id)
         read_fd, write_fd = os.pipe()
         env["MLAUNCH_STANDBY_READY_FD"] = str(write_fd)
-        argv = [spec.argv[0], "-u", "-m", "launchers.run.standby", *self.preload]
+        argv = [spec.argv[0], "-u", "-m", "launchers.standby.standby", *self.preload]
         try:
             popen = start_process(argv, env, spec.cwd, parent, stdin=subprocess.PIPE, pass_fds=(write_fd,))
         except OSError:

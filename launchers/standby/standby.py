@@ -5,13 +5,13 @@ A restart normally pays interpreter start-up and ``import torch`` again in every
 job.yaml): started like a worker — own process group, parent-death signal, the run's
 ``MLAUNCH_RUN_ID`` so the watchdog finds it — it has the listed modules imported, reports
 ready, and blocks on its stdin. Most standbys are forked by the node's warm parent
-(``launchers.run.warm_parent``), which imported the list once; this module's ``main`` is the
+(``launchers.standby.warm_parent``), which imported the list once; this module's ``main`` is the
 fallback that imports the list itself (forking unsafe, or ``preload_fork: false``). When the
 group restarts, the supervisor writes the worker's argv, env and cwd there; the standby
 becomes that worker: same pid, same output pipes, the script run as ``__main__`` exactly as
 ``python -u script.py args...`` would run it.
 
-Protocol (supervisor side in ``launchers.run.standby_pool.StandbyPool``):
+Protocol (supervisor side in ``launchers.standby.standby_pool.StandbyPool``):
 - ``MLAUNCH_STANDBY_READY_FD``: a pipe the standby writes ``R`` to once every module is
   imported (EOF without ``R``: an import failed, the standby is not used);
 - stdin: one JSON object ``{"argv": [...], "env": {...}, "cwd": "...", "rlimits": {...},
@@ -161,7 +161,7 @@ def wait_and_become(ready_fd: int) -> int:
     """Say "ready", wait for the worker this standby is to become and become it (0: it was not needed).
 
     Both kinds of standby end here: one started as its own interpreter (``main``) and one
-    forked by the warm parent (``launchers.run.warm_parent``).
+    forked by the warm parent (``launchers.standby.warm_parent``).
     """
     _ready(ready_fd)
     spec = _read_spec()
