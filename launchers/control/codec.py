@@ -27,15 +27,13 @@ class Record:
     def to_wire(self) -> dict[str, Any]:
         """The JSON-ready dict: each field by its name; a field that is None is left out (decoded as its default)."""
         wire: dict[str, Any] = {}
-        for name in _names(type(self)):
-            value = getattr(self, name)
-            if value is not None:
-                wire[name] = _encode(value)
+        _encoder(type(self))(self, wire)
         return wire
 
     @classmethod
     def from_wire(cls: type[M], wire: Mapping[str, Any]) -> M:
-        return cls(**{name: decode(wire[name]) for name, decode in _decoders(cls) if name in wire})
+        decoded: M = _decoder_of(cls)(wire)
+        return decoded
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -44,18 +42,58 @@ class Record:
 
 def field_names(cls: type) -> tuple[str, ...]:
     """The names ``cls`` puts on the wire."""
-    return _names(cls)
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
-_NAMES: dict[type, tuple[str, ...]] = {}
-_DECODERS: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+def encode_into(record: Record, wire: dict[str, Any]) -> None:
+    """``record``'s fields into ``wire`` (a message's kind is already there)."""
+    _encoder(type(record))(record, wire)
 
 
-def _names(cls: type) -> tuple[str, ...]:
-    names = _NAMES.get(cls)
-    if names is None:
-        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
+# -- per class, compiled once: every agent decodes every broadcast, so a generic loop would cost --------
+_ENCODERS: dict[type, Callable[[Any, dict[str, Any]], None]] = {}
+_DECODERS: dict[type, Callable[[Mapping[str, Any]], Any]] = {}
+_PLAIN = ("int", "float", "bool", "str")  # never None, never nested: copied as they are
+
+
+def _encoder(cls: type) -> Callable[[Any, dict[str, Any]], None]:
+    encoder = _ENCODERS.get(cls)
+    if encoder is None:
+        lines = ["def encode(self, w):"]
+        for f in dataclasses.fields(cls):
+            if str(f.type) in _PLAIN:
+                lines.append(f"    w[{f.name!r}] = self.{f.name}")
+            else:
+                lines += [f"    v = self.{f.name}", "    if v is not None:", f"        w[{f.name!r}] = _encode(v)"]
+        lines += [] if len(lines) > 1 else ["    pass"]
+        encoder = _ENCODERS[cls] = _compile(lines, {"_encode": _encode})["encode"]
+    return encoder
+
+
+def _decoder_of(cls: type) -> Callable[[Mapping[str, Any]], Any]:
+    decoder = _DECODERS.get(cls)
+    if decoder is None:
+        scope: dict[str, Any] = {"cls": cls}
+        args = []
+        for index, f in enumerate(dataclasses.fields(cls)):
+            annotation, get = str(f.type), f"w[{f.name!r}]"
+            if annotation == "Any":
+                value = get
+            elif annotation in _PLAIN:  # the builtin itself, inline
+                value = f"{annotation}({get})"
+            else:
+                value, scope[f"c{index}"] = f"c{index}({get})", _decoder(annotation)
+            if f.default is not dataclasses.MISSING:
+                scope[f"d{index}"] = f.default
+                value = f"({value} if {f.name!r} in w else d{index})"
+            args.append(value)
+        decoder = _DECODERS[cls] = _compile(["def decode(w):", f"    return cls({', '.join(args)})"], scope)["decode"]
+    return decoder
+
+
+def _compile(lines: list[str], scope: dict[str, Any]) -> dict[str, Any]:
+    exec("\n".join(lines), scope)  # noqa: S102 - source built above from the dataclass's own field names
+    return scope
 
 
 def _encode(value: Any) -> Any:
@@ -101,10 +139,3 @@ def _decoder(annotation: str) -> Callable[[Any], Any]:
         return _SCALARS[annotation]
     record = _RECORDS[annotation]
     return lambda value: record.from_wire(_mapping(value))
-
-
-def _decoders(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
-    decoders = _DECODERS.get(cls)
-    if decoders is None:
-        decoders = _DECODERS[cls] = tuple((f.name, _decoder(str(f.type))) for f in dataclasses.fields(cls))
-    return decoders

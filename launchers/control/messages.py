@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from launchers.control import events
-from launchers.control.codec import Record, field_names
+from launchers.control.codec import Record, encode_into, field_names
 
 KIND_FIELD = "t"  # the wire's field naming a message's kind
 AGENT, HUB = "agent", "hub"
@@ -41,7 +41,9 @@ class Message(Record):
     SIZE: ClassVar[str] = "O(1)"
 
     def to_wire(self) -> dict[str, Any]:
-        return {KIND_FIELD: self.KIND, **super().to_wire()}
+        wire: dict[str, Any] = {KIND_FIELD: self.KIND}
+        encode_into(self, wire)
+        return wire
 
 
 # -- the parts of messages ----------------------------------------------------------------------
