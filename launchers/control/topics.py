@@ -29,16 +29,6 @@ def restart(attempt: int) -> str:
     return f"start/{attempt}"
 
 
-def meeting(attempt: int) -> str:
-    """An elastic job's meeting before ``attempt`` (``JobEvents.meet``)."""
-    return str(attempt)
-
-
-def health_meeting(key: str) -> str:
-    """The meeting after a health check of the meeting ``key`` (it admits nobody)."""
-    return f"{key}/health"
-
-
 # -- the flash save -----------------------------------------------------------------------------------
 def flash_candidates(key: str) -> str:
     """The steps every node staged (``intersect``)."""
