@@ -45,6 +45,11 @@ def field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+def decoder(cls: type[M]) -> Callable[[Mapping[str, Any]], M]:
+    """``cls.from_wire`` without the lookups (the hub and every agent decode each message they receive)."""
+    return _decoder_of(cls)
+
+
 def encode_into(record: Record, wire: dict[str, Any]) -> None:
     """``record``'s fields into ``wire`` (a message's kind is already there)."""
     _encoder(type(record))(record, wire)

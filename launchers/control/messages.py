@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from launchers.control import events
-from launchers.control.codec import Record, encode_into, field_names
+from launchers.control.codec import Record, decoder, encode_into, field_names
 
 KIND_FIELD = "t"  # the wire's field naming a message's kind
 AGENT, HUB = "agent", "hub"
@@ -279,6 +279,7 @@ ALL: tuple[type[Message], ...] = (
     Welcome, Got, Lost, LeftOut, Left, Met, View, Closing,
 )  # fmt: skip
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in ALL}
+_DECODE: dict[str, Callable[[Mapping[str, Any]], Message]] = {cls.KIND: decoder(cls) for cls in ALL}
 
 
 def decode(wire: Mapping[str, Any]) -> Message | None:
@@ -286,8 +287,8 @@ def decode(wire: Mapping[str, Any]) -> Message | None:
     kind = wire[KIND_FIELD]
     if not isinstance(kind, str):
         raise TypeError(f"a message's kind is a string, not {type(kind).__name__}")
-    cls = KINDS.get(kind)
-    return cls.from_wire(wire) if cls is not None else None
+    decode_kind = _DECODE.get(kind)
+    return decode_kind(wire) if decode_kind is not None else None
 
 
 def sender(wire: Mapping[str, Any], nnodes: int) -> int | None:
