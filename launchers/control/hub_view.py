@@ -12,7 +12,8 @@ admitted never finds node 0 still calling it a candidate), and otherwise at the 
 pass of the hub's loop when something changed. Only the parts that changed are copied: the
 roster's sets when a node changed status or was first heard, the topics whose contributions
 changed, and the status entries at most every ``STATUS_EVERY`` seconds (they change with
-every ``st``; copying thousands of them per message would be the hub's main cost).
+every ``st``; copying thousands of them per message would be the hub's main cost) or with a
+change of the roster (a node's last entry comes just before its ``bye``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Publisher:
         """A new view if anything changed (``force``: the status entries too, however recent the last copy)."""
         view, changes = self.view, False
         if (roster.version, roster.heard_version) != self._roster_version:
+            force = force or roster.version != self._roster_version[0]  # a node said bye: its last entry too
             self._roster_version = (roster.version, roster.heard_version)
             view, changes = _with_roster(view, roster), True
         if gathers.changed:

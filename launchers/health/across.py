@@ -12,10 +12,10 @@ Steps, each node in step with the others through ``JobEvents.exchange``:
 5. **result**: every node's measurements to node 0, which judges them; **verdict**: each node
    hears its own verdict and the bad nodes' (O(1) bytes per node, whatever the job's size).
 
-The exchanges (``launchers.control.topics.health``) are reductions at node 0's hub
-(``launchers.control.reductions``): the hello
-gives node 0 every host name and each node its turn on its machine; the link rounds' later
-partners are paired there from every node's first-round time (each node gets its partner).
+The exchanges (named by ``launchers.control.topics.health``) are reductions at node 0's hub
+(``launchers.control.reductions``): the hello gives node 0 every host name and each node its
+turn on its machine; the link rounds' later partners are paired there from every node's
+first-round time (each node gets its partner: ``network.REDUCERS``, handed to the hub).
 A node that never arrives does not stop the others: they measure anyway, and node 0 judges
 what arrived (the missing node is faulty); the others cannot know the verdict and say so.
 """
