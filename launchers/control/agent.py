@@ -5,7 +5,9 @@ mean); a ``driver.Driver`` thread owns the socket (its own, or one shared by man
 the benchmark); this module gives them the supervisor's interface (``JobEvents``). Other
 threads hand in what to send through the state and kick the driver, so a report leaves at
 once; the state wakes the supervisor's loop (a byte on ``wake_fd``) when something arrived.
-Node 0 hosts the hub in the same process and reads the whole status view from it directly.
+Node 0 hosts the hub in the same process and reads it through the snapshot the hub thread
+publishes (``Hub.snapshot``: who waits, what an exchange gathered, whether every node left,
+every node's status entry), never through the hub's live state.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from launchers.control.gathers import Done, Gathers
 from launchers.control.hub_view import HubView, Publisher
 from launchers.control.membership import Membership
 from launchers.control.reductions import BUILTIN, Reducers
-from launchers.control.roster import NodeStatus, Roster
+from launchers.control.roster import IllegalTransition, NodeStatus, Roster
 from launchers.control.wire import seal, unseal
 from launchers.log import say
 
@@ -194,7 +194,10 @@ class Hub(threading.Thread):
         self.roster.heard(node, self._now)
         handler = _HANDLERS.get(message.KIND)
         if handler is not None:
-            handler(self, message)
+            try:
+                handler(self, message)
+            except IllegalTransition as exc:  # a bug, said loudly; the hub goes on serving the job
+                say(f"control plane: node {node}'s {message.KIND!r} asked for an impossible change: {exc}")
 
     def _reject(self) -> None:
         self.rejected += 1
