@@ -138,6 +138,7 @@ def test_the_control_plane_stands_below_run_and_health() -> None:
 SOCKET_FREE_CONTROL = (
     *("messages", "codec", "topics", "reductions"),  # the protocol
     *("effects", "roster", "membership", "life", "gathers"),  # the lives and the decisions
+    *("hub_view", "status_mirror"),  # what is read of them
 )
 SOCKET_OWNERS = ("hub", "agent_core", "driver", "agent")
 

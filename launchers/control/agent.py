@@ -156,7 +156,7 @@ class NetworkEvents(JobEvents):
         return self.state.seen_view(time.monotonic())
 
     def view_stamp(self) -> float:
-        return self.state.view_at
+        return self.state.status.view_at
 
     def request_view(self) -> None:
         if self.hub is not None:
@@ -171,7 +171,7 @@ class NetworkEvents(JobEvents):
 
     def summary(self) -> dict[str, Any]:
         with self.state.cond:
-            return dict(self.state.summary)
+            return dict(self.state.status.summary)
 
     def close(self, exit_code: int) -> None:
         self.state.flush_status()

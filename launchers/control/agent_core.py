@@ -4,7 +4,8 @@ A ``driver.Driver`` thread gives it a DEALER socket and runs ``receive`` / ``flu
 agent for a node's mlaunch (``NetworkEvents``), thousands from one poller per process for
 the control-plane benchmark. Both run this code, so the benchmark measures what a node does.
 The messages themselves are ``messages`` (the protocol's one definition); this agent answers
-the hub's through ``messages.handlers`` (``on_<kind>`` below), and its life is ``life``.
+the hub's through ``messages.handlers`` (``on_<kind>`` below); its life is ``life``, its part of
+the job's status view ``status_mirror``.
 
 Reliability: the DEALER socket queues nothing for a hub it is not connected to (ZMQ
 ``IMMEDIATE``), so a hub that starts late receives no backlog of stale heartbeats; ``hello``
@@ -34,10 +35,10 @@ from launchers.control.cadence import Cadence, cadence
 from launchers.control.events import ExchangeFailed, JobEnded, JobEvent, Left, LocalFailure, Lost, Meeting, Regroup
 from launchers.control.life import AgentPhase, Life
 from launchers.control.reductions import How, wire
+from launchers.control.status_mirror import StatusMirror
 from launchers.control.topics import feature
 from launchers.control.wire import seal, unseal
 
-VIEW_FRESH = 1.5  # seconds a whole view asked of node 0 stays in this node's status view (then it is stale)
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
 
 
@@ -69,19 +70,14 @@ class AgentState:
         self.results: OrderedDict[str, tuple[Any, str | None]] = OrderedDict()
         self.meetings: OrderedDict[str, Meeting] = OrderedDict()
         self.admitted: Meeting | None = None  # the meeting that made this candidate a member
-        self.summary: dict[str, Any] = {}
-        self.view: dict[int, dict[str, Any]] = {}
-        self.view_at = 0.0
+        self.status = StatusMirror(node)  # this node's entry going up, node 0's summary and view coming down
         self._outbox: deque[m.Message] = deque()
         self._pending: dict[str, m.Message] = {}  # topic or meeting → a contribution not answered yet
         self._unconfirmed: dict[int, m.Fail] = {}  # generation → failure report not yet echoed
-        self._entry: dict[str, Any] | None = None  # the newest status entry not sent yet
         now = time.monotonic()
         self.started = self.heard = now
         self._last_sent = -1e9
         self._next_hello = now
-        self._entry_sent = -1e9
-        self._asked = -1e9
 
     # -- what the supervisor reads ------------------------------------------------------------------
     @property
@@ -127,13 +123,11 @@ class AgentState:
 
     def publish(self, entry: dict[str, Any]) -> None:
         with self.cond:
-            self._entry = entry
-            self.view[self.node] = entry
+            self.status.publish(entry)
 
     def ask_view(self, now: float) -> None:
         with self.cond:
-            if now - self._asked >= 1.0:  # a watching `mlaunch status` asks every second at most
-                self._asked = now
+            if self.status.ask(now):
                 self._outbox.append(m.Ask(self.node))
 
     def result(self, topic: str, deadline: float) -> Any:
@@ -160,7 +154,7 @@ class AgentState:
     def flush_status(self) -> None:
         """Send the newest status entry now (leaving: node 0 keeps the last word of every node)."""
         with self.cond:
-            self._entry_sent = -1e9
+            self.status.flush()
 
     # -- what the driver does (the socket's thread) ---------------------------------------------
     def due(self, now: float) -> list[m.Message]:
@@ -173,10 +167,9 @@ class AgentState:
             if not welcomed and now >= self._next_hello:
                 self._next_hello = now + self.cadence.hello_retry
                 out.append(m.Hello(self.node, self.host, self.incarnation, self.generation))
-            if welcomed and self._entry is not None and now - self._entry_sent >= self.cadence.status:
-                self._entry_sent = now
-                out.append(m.Status(self.node, self._entry))
-                self._entry = None
+            entry = self.status.due(now, self.cadence.status) if welcomed else None
+            if entry is not None:
+                out.append(m.Status(self.node, entry))
             if welcomed and not out and now - self._last_sent >= self.cadence.heartbeat:
                 out.append(m.Heartbeat(self.node))
             if out:
@@ -287,14 +280,11 @@ class AgentState:
 
     def on_view(self, view: m.View) -> None:
         with self.cond:
-            for node, entry in view.nodes.items():
-                if str(node).isascii() and str(node).isdigit() and int(node) != self.node:
-                    self.view[int(node)] = entry
-            self.view_at = time.monotonic()
+            self.status.answered(view.nodes, time.monotonic())
 
     def _summary(self, summary: dict[str, Any]) -> None:
         with self.cond:
-            self.summary = summary
+            self.status.summary = summary
 
     def _push(self, event: JobEvent) -> None:
         """An event the supervisor acts on (``poll``); whoever waits is woken."""
@@ -315,9 +305,7 @@ class AgentState:
     def seen_view(self, now: float) -> dict[int, dict[str, Any]]:
         """This node's entry, and every node's while an asked-for view is fresh."""
         with self.cond:
-            if now - self.view_at > VIEW_FRESH:
-                return {n: e for n, e in self.view.items() if n == self.node}
-            return dict(self.view)
+            return self.status.seen(now)
 
 
 _HANDLERS = m.handlers(AgentState, m.HUB)
