@@ -27,6 +27,7 @@ SAMPLES: list[m.Message] = [
     m.Hello(3, "h3", "abcd", 2),
     m.Heartbeat(3),
     m.Heartbeat(),
+    m.Summary(summary={"phase": "running"}),
     m.Status(3, {"index": 3, "ranks": [{"rank": 7, "step": 9}]}),
     m.Fail(3, 7, "rank 7", 137, 9, "hung: no progress", 2, "h3"),
     m.Fail(3, 7, "rank 7", 1),

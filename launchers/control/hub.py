@@ -254,7 +254,7 @@ class Hub(threading.Thread):
 
     def on_summary(self, summary: m.Summary) -> None:
         if summary.node == 0 and summary.summary is not None:
-            self._summary, self.summary = summary, summary.summary
+            self._summary, self.summary = m.Summary(summary=summary.summary), summary.summary
 
     def on_end(self, end: m.End) -> None:
         if end.node == 0:

@@ -84,7 +84,7 @@ class Hello(Message):
 class Heartbeat(Message):
     KIND, SENDERS = "hb", (AGENT, HUB)
     WHEN = "only after a heartbeat interval in which the sender said nothing else (the hub: broadcast nothing else)"
-    node: int = 0
+    node: int | None = None  # the agent's; the hub's heartbeat names none (bytes to every node, every interval)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ class Ask(Message):
 class Summary(Message):
     KIND, SENDERS, RELIABLE = "sum", (AGENT, HUB), True
     WHEN = "node 0's summary of the job (phase, stragglers, committed step) when it changed; the hub relays it"
-    node: int = 0
+    node: int | None = None  # node 0's, to the hub; the hub's relay names none
     summary: dict[str, Any] | None = None
 
 
