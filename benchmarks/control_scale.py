@@ -173,6 +173,7 @@ def publish_for(agents: list[Any], seconds: float) -> None:
 # -- node 0's process -------------------------------------------------------------------------------
 def node0_main(conn: Connection, nnodes: int, port: int) -> None:
     from launchers.control.agent import NetworkEvents
+    from launchers.control.messages import Fail
 
     raise_fd_limit()
     started = time.monotonic()
@@ -189,8 +190,9 @@ def node0_main(conn: Connection, nnodes: int, port: int) -> None:
         if command == "stop":
             break
         if command == "heard":
-            wait_all(lambda e: 0 in heard and "fail" in hub.traffic.broadcasts, [events], 20.0)  # node 0 may hear first
-            conn.send({**heard, "broadcast": hub.traffic.broadcasts.get("fail", (float("nan"), float("nan")))})
+            fail = Fail.KIND
+            wait_all(lambda e, f=fail: 0 in heard and f in hub.traffic.broadcasts, [events], 20.0)  # node 0 may hear
+            conn.send({**heard, "broadcast": hub.traffic.broadcasts.get(fail, (float("nan"), float("nan")))})
         elif command == "meet":
             conn.send(meet([events], arg))
         elif command == "steady":
@@ -313,9 +315,10 @@ def measure(nnodes: int, links: list[Any], hub_link: Any, started: float, second
 
 def old_protocol(nnodes: int) -> tuple[float, float]:
     """(hub CPU seconds per second, bytes per second) of relaying the whole view to every node twice a second."""
+    from launchers.control.messages import View
     from launchers.control.wire import seal
 
-    view = {"t": "view", "nodes": {str(n): node_entry(n, 100) for n in range(nnodes)}}
+    view = View({str(n): node_entry(n, 100) for n in range(nnodes)}).to_wire()
     times = []
     for _ in range(3):
         began = time.perf_counter()

@@ -108,10 +108,15 @@ def nodes_main(conn: Connection, nodes: list[int], nnodes: int, port: int) -> No
 
 def node0_main(conn: Connection, nnodes: int, port: int) -> None:
     from launchers.control.agent import NetworkEvents
+    from launchers.control.reductions import BUILTIN
+    from launchers.health.network import REDUCERS
 
     raise_fd_limit()
     stub_probes()
-    events = NetworkEvents(node=0, nnodes=nnodes, master_addr="127.0.0.1", port=port, secret=KEY, node_timeout=30)
+    events = NetworkEvents(
+        node=0, nnodes=nnodes, master_addr="127.0.0.1", port=port, secret=KEY, node_timeout=30,
+        reducers={**BUILTIN, **REDUCERS},
+    )  # fmt: skip
     results: dict[int, Any] = {}
     go = threading.Event()
     thread = threading.Thread(target=check, args=(events, nnodes, port, results, go), name="n0")

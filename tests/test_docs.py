@@ -112,6 +112,19 @@ def test_the_generated_references_name_every_key_and_every_command() -> None:
                 assert f"`{param.opts[0]}`" in cli, (name, param.opts)
 
 
+def test_the_control_planes_message_table_is_generated_from_the_protocol() -> None:
+    """docs/control-plane.md keeps the marker; the table names every kind and every field of it."""
+    from launchers.control import messages
+
+    ref = reference()
+    assert ref.MESSAGES_MARKER in (DOCS / ref.MESSAGES_PAGE).read_text(encoding="utf-8")
+    table = ref.messages_markdown()
+    for cls in messages.ALL:
+        assert f"| `{cls.KIND}` |" in table, cls.KIND
+        for name in messages.field_names(cls):
+            assert f"`{name}`" in table, (cls.KIND, name)
+
+
 # -- the site ---------------------------------------------------------------------------------------------
 def mkdocs_or_skip() -> str:
     exe = shutil.which("mkdocs", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")

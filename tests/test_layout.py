@@ -160,6 +160,40 @@ def test_the_control_plane_stands_below_run_and_health() -> None:
     )
 
 
+SOCKET_FREE_CONTROL = (
+    *("messages", "codec", "topics", "reductions"),  # the protocol
+    *("effects", "roster", "membership", "life", "gathers"),  # the lives and the decisions
+    *("hub_view", "status_mirror"),  # what is read of them
+)
+SOCKET_OWNERS = ("hub", "agent_core", "driver", "agent")
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The first part of every module ``path`` imports (``zmq`` for ``import zmq.asyncio``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").split(".")[0])
+    return found
+
+
+def test_the_control_planes_protocol_and_decisions_need_no_socket() -> None:
+    """The protocol's definition, the node lives and the hub's membership decisions are values and pure
+    decisions (state in, effects out), tested without a socket: they import neither pyzmq nor the modules
+    that own sockets (the hub, an agent, the driver)."""
+    graph = import_graph()
+    owners = {f"launchers.control.{name}" for name in SOCKET_OWNERS}
+    offenders = []
+    for name in SOCKET_FREE_CONTROL:
+        module = f"launchers.control.{name}"
+        if "zmq" in top_level_imports(ROOT / "launchers" / "control" / f"{name}.py"):
+            offenders.append(f"{module} → zmq")
+        offenders += [f"{module} → {target}" for target in sorted(graph[module] & owners)]
+    assert not offenders, offenders
+
+
 def test_health_does_not_reach_into_run() -> None:
     """run/ calls the health check before it starts ranks (run → health → control): never the other way."""
     assert not layer_offenders("launchers.health", ("launchers.run", "launchers.cli"))

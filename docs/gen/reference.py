@@ -1,4 +1,5 @@
-"""The documentation's generated pages: the job.yaml reference (from the JSON Schema) and the CLI reference.
+"""The documentation's generated pages and tables: the job.yaml reference (from the JSON Schema), the CLI
+reference, and the control plane's message table (from ``launchers/control/messages.py``).
 
 Used as an MkDocs hook (``mkdocs.yml``: ``hooks: [docs/gen/reference.py]``): ``on_files`` adds
 ``reference/job-yaml.md`` and ``reference/cli.md`` to the site at build time, generated from
@@ -7,6 +8,10 @@ application itself. Generated at build time rather than committed, so they canno
 a new key or option is in the next build, and ``mkdocs build --strict`` (a test, and CI) fails
 if a page links to something the generation no longer makes. ``tests/test_docs.py`` also
 checks that every key of the model and every command appears.
+
+The message table sits inside a hand-written page: ``docs/control-plane.md`` holds the marker
+``MESSAGES_MARKER`` where ``on_page_markdown`` puts the table, so the protocol's one definition
+is also its documentation (every kind, its fields, who says it, when, what it costs).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Any
 
 JOB_YAML_PAGE = "reference/job-yaml.md"
 CLI_PAGE = "reference/cli.md"
+MESSAGES_PAGE = "control-plane.md"
+MESSAGES_MARKER = "<!-- the message table: generated from launchers/control/messages.py -->"
 
 
 # -- job.yaml ------------------------------------------------------------------------------------
@@ -165,6 +172,25 @@ def mlaunch_group() -> Any:
     return typer.main.get_command(app)
 
 
+# -- the control plane's messages ------------------------------------------------------------------------
+def messages_markdown() -> str:
+    """One row per message kind and sender, in the protocol's order: the agents' words, then the hub's."""
+    from launchers.control import messages
+
+    lines = [
+        "| from → to | message | fields | when | size | kept until sent |",
+        "|---|---|---|---|---|---|",
+    ]
+    for sender, to in ((messages.AGENT, "agent → hub"), (messages.HUB, "hub → agents")):
+        for cls in messages.ALL:
+            if sender not in cls.SENDERS:
+                continue
+            fields = ", ".join(f"`{name}`" for name in messages.field_names(cls))
+            reliable = "yes" if cls.RELIABLE and sender == messages.AGENT else ""
+            lines.append(f"| {to} | `{cls.KIND}` | {fields} | {_cell(cls.WHEN)} | {cls.SIZE} | {reliable} |")
+    return "\n".join(lines)
+
+
 # -- the MkDocs hook ---------------------------------------------------------------------------------
 def on_files(files: Any, config: Any) -> Any:
     """Add the generated pages to the site (MkDocs ≥ 1.6: ``File.generated``)."""
@@ -175,3 +201,12 @@ def on_files(files: Any, config: Any) -> Any:
     files.append(File.generated(config, JOB_YAML_PAGE, content=job_yaml_markdown(job_json_schema())))
     files.append(File.generated(config, CLI_PAGE, content=cli_markdown(mlaunch_group())))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """The control plane's page: its message table from the protocol's definition."""
+    if page.file.src_uri == MESSAGES_PAGE:
+        if MESSAGES_MARKER not in markdown:
+            raise ValueError(f"{MESSAGES_PAGE} lost its marker {MESSAGES_MARKER!r}")
+        markdown = markdown.replace(MESSAGES_MARKER, messages_markdown())
+    return markdown

@@ -8,19 +8,11 @@ lost (the others stop and exit non-zero naming it), and node 0's exit code ends 
 follow it. Every message is JSON signed with a per-job HMAC-SHA256 key (``wire``); one that
 does not verify is dropped and counted.
 
-Messages (one frame each; ``hub``, ``agent_core`` and ``reductions`` say what each does):
-
-- agent → hub: ``hello`` (join or rejoin, repeated until answered), ``hb`` (only after a
-  heartbeat interval with nothing else sent), ``st`` (the node's status entry, the newest
-  at most once per status interval), ``fail`` (this node's first failure of a generation),
-  ``put`` (a contribution to an exchange and how to reduce it), ``ask`` (the whole status
-  view, for ``mlaunch status`` there), ``sum`` (node 0: the job's summary), ``end`` (node
-  0: the job's exit code), ``bye``;
-- hub → agents, each broadcast encoded and signed once for all: ``fail`` (a generation's
-  first failure), ``lost``, ``end``, ``sum`` (when node 0's summary changed), ``hb`` (only
-  after a heartbeat interval with no other broadcast), ``closing``; to one node: ``welcome``
-  (the cadence, the current first failure, the summary, the job's end), ``got`` (its part of
-  an exchange's result), ``view`` (every node's status entry, once per ``ask``).
+The protocol (every message kind, its fields, who says it, which must arrive) is defined once,
+in ``messages``; ``hub`` (node 0's thread, the one owner of the hub's state, publishing a
+``HubView`` for node 0's other threads), ``membership`` (its decisions, returned as ``effects``),
+``agent_core`` (an agent's side, its life in ``life``) and ``reductions`` say what each does.
+Exchanges are named by ``topics`` and reduced by a ``reductions.Reduction``.
 
 Costs, N nodes: per second the hub receives at most ~``cadence.AGENT_MESSAGES_PER_S``
 messages in all (each agent's heartbeat and status intervals grow with N) and sends one
@@ -29,7 +21,7 @@ the whole view; other nodes get node 0's summary. An exchange is O(N) at the hub
 per agent where an aggregate will do (``count``, ``intersect``, ``max``, ``and``), and
 node 0 alone gets the values it needs (``gather0``); ``all`` (every value to every node,
 O(N²) in total) is kept for small jobs. The membership an exchange waits for is the
-hub's state (``Hub.members``), not a number fixed in each exchange.
+hub's state (``roster``), not a number fixed in each exchange.
 
 Layering: this package imports neither ``launchers.run`` nor ``launchers.health``; both use it
 (tests/test_layout.py). A local simulation (one mlaunch for every node) uses ``LocalEvents``:
@@ -51,6 +43,8 @@ from launchers.control.events import (
     Regroup,
     RemoteFailure,
 )
+from launchers.control.reductions import BUILTIN, How, Reducers, Reduction
+from launchers.control.topics import Exchange
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
@@ -72,10 +66,14 @@ def node_timeout(job: Job) -> float:
     return job.monitor.node_timeout
 
 
-def open_job_events(job: Job, cluster: Cluster) -> JobEvents:
-    """The control plane for this node: in process for one node or a simulation, else pyzmq to node 0's hub."""
+def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None) -> JobEvents:
+    """The control plane for this node: in process for one node or a simulation, else pyzmq to node 0's hub.
+
+    ``reducers``: reductions beyond ``reductions.BUILTIN`` that exchanges use (the health check's).
+    """
+    table = {**BUILTIN, **(reducers or {})}
     if cluster.simulated or cluster.nnodes <= 1:
-        return LocalEvents()
+        return LocalEvents(table)
     from launchers.config.elastic import node_range
     from launchers.control.agent import NetworkEvents
     from launchers.control.wire import job_secret
@@ -91,11 +89,14 @@ def open_job_events(job: Job, cluster: Cluster) -> JobEvents:
         node_timeout=node_timeout(job),
         join_timeout=job.monitor.join_timeout,  # never shorter than node_timeout (the agent sees to it)
         elastic=node_range(job),  # the membership may change within it (``membership``)
+        reducers=table,
     )
 
 
 __all__ = [
+    "Exchange",
     "ExchangeFailed",
+    "How",
     "JobEnded",
     "JobEvents",
     "Left",
@@ -103,6 +104,8 @@ __all__ = [
     "Lost",
     "Meeting",
     "Regroup",
+    "Reducers",
+    "Reduction",
     "RemoteFailure",
     "control_port",
     "node_timeout",

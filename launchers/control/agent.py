@@ -5,7 +5,9 @@ mean); a ``driver.Driver`` thread owns the socket (its own, or one shared by man
 the benchmark); this module gives them the supervisor's interface (``JobEvents``). Other
 threads hand in what to send through the state and kick the driver, so a report leaves at
 once; the state wakes the supervisor's loop (a byte on ``wake_fd``) when something arrived.
-Node 0 hosts the hub in the same process and reads the whole status view from it directly.
+Node 0 hosts the hub in the same process and reads it through the snapshot the hub thread
+publishes (``Hub.snapshot``: who waits, what an exchange gathered, whether every node left,
+every node's status entry), never through the hub's live state.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import zmq
 
+from launchers.control import messages as m
 from launchers.control.agent_core import AgentState
 from launchers.control.driver import Driver
 from launchers.control.events import (
@@ -31,9 +34,11 @@ from launchers.control.events import (
     RemoteFailure,
 )
 from launchers.control.hub import Hub
+from launchers.control.reductions import BUILTIN, How, Reducers
 from launchers.log import say
 
 CLOSE_WAIT = 10.0  # node 0 keeps the hub this long at most for the other nodes to leave
+BYE_WAIT = 2.0  # seconds this node's driver may take to hand its bye to the socket
 
 
 class NetworkEvents(JobEvents):
@@ -50,12 +55,14 @@ class NetworkEvents(JobEvents):
         driver: Driver | None = None,
         host: str = "",
         elastic: tuple[int, int] | None = None,
+        reducers: Reducers = BUILTIN,
     ) -> None:
         """``driver``: a shared one (the benchmark's many agents in one process), else this node's own.
 
         ``elastic``: the job's node range (MIN, MAX): the hub leaves a lost node out and admits
-        nodes that join instead of ending the job (``membership``)."""
-        super().__init__()
+        nodes that join instead of ending the job (``membership``). ``reducers``: what node 0's
+        hub reduces exchanges with (``reductions.BUILTIN`` and the callers' own)."""
+        super().__init__(reducers)
         self.node = node
         self.nnodes = nnodes
         self.secret = secret
@@ -65,7 +72,7 @@ class NetworkEvents(JobEvents):
             driver = Driver(zmq.Context(), secret)
         self.driver = driver
         if node == 0:
-            self.hub = Hub(driver.context, port, secret, nnodes, node_timeout, elastic)
+            self.hub = Hub(driver.context, port, secret, nnodes, node_timeout, elastic, reducers)
             self.hub.start()
         self._wake_r, self._wake_w = _pipe() if self._own else (-1, -1)  # the supervisor's loop: something arrived
         self.wake_fd: int | None = self._wake_r if self._own else None
@@ -99,11 +106,12 @@ class NetworkEvents(JobEvents):
 
     def start_generation(self, generation: int) -> None:
         super().start_generation(generation)
-        self.state.generation = generation
+        with self.state.cond:
+            self.state.generation = generation
 
     def report_failure(self, failure: LocalFailure) -> None:
         # The hub decides which failure was the job's first; it tells every node, this one too.
-        self.state.report_failure(_failure_fields(failure))
+        self.state.report_failure(failure)
         self._kick()
 
     def poll(self) -> JobEvent | None:
@@ -127,9 +135,10 @@ class NetworkEvents(JobEvents):
         with state.cond:
             while generation not in state.first and state.lost is None and time.monotonic() < end:
                 state.cond.wait(max(0.0, end - time.monotonic()))
-            return state.first.get(generation)
+            first = state.first.get(generation)
+        return first.event() if first is not None else None
 
-    def reduce(self, topic: str, value: Any, deadline: float, how: Any) -> Any:
+    def reduce(self, topic: str, value: Any, deadline: float, how: How) -> Any:
         self.state.contribute(topic, value, how)
         self._kick()
         return self.state.result(topic, deadline)
@@ -147,7 +156,7 @@ class NetworkEvents(JobEvents):
         return self.state.seen_view(time.monotonic())
 
     def view_stamp(self) -> float:
-        return self.state.view_at
+        return self.state.status.view_at
 
     def request_view(self) -> None:
         if self.hub is not None:
@@ -157,28 +166,26 @@ class NetworkEvents(JobEvents):
 
     def publish_summary(self, summary: dict[str, Any]) -> None:
         if self.node == 0:
-            self.state.send({"t": "sum", "summary": summary})
+            self.state.send(m.Summary(0, summary))
             self._kick()
 
     def summary(self) -> dict[str, Any]:
         with self.state.cond:
-            return dict(self.state.summary)
+            return dict(self.state.status.summary)
 
     def close(self, exit_code: int) -> None:
         self.state.flush_status()
         if self.node == 0:  # the job's last word: peers that follow node 0 exit with it
-            self.state.send({"t": "end", "code": exit_code})
-        self.state.send({"t": "bye", "code": exit_code})
+            self.state.send(m.End(0, exit_code))
+        self.state.send(m.Bye(self.node, exit_code))
         self._kick()
         if self.hub is not None:
-            end = time.monotonic() + CLOSE_WAIT
-            while not self.hub.everyone_left() and time.monotonic() < end:
-                time.sleep(0.05)
+            self.hub.wait_everyone_left(CLOSE_WAIT)
             self.hub.stop()
-        self.driver.remove(self.state)  # sends what is due (the bye) and closes the socket
+        said = self.driver.remove(self.state)  # sends what is due (the bye) and closes the socket
         if not self._own:
             return
-        time.sleep(0.05)  # let the bye leave
+        said.wait(BYE_WAIT)  # handed to the socket: ``term`` below waits for it to leave (the socket's linger)
         self.driver.stop()
         self.wake_fd = None
         for fd in (self._wake_r, self._wake_w):
@@ -200,11 +207,11 @@ class NetworkEvents(JobEvents):
 
     def meet(self, key: str, generation: int, restarts: int, deadline: float, *, admit: bool = True) -> Meeting:
         state = self.state
-        state.meet(key, {"gen": generation, "restarts": restarts, "admit": admit})
+        state.meet(key, generation, restarts, admit)
         self._kick()
         with state.cond:
             while key not in state.meetings:
-                final = state.lost or state.ended
+                final = state.final
                 if final is not None:
                     raise ExchangeFailed(final.describe())
                 if time.monotonic() >= deadline:
@@ -216,21 +223,21 @@ class NetworkEvents(JobEvents):
         state = self.state
         end = time.monotonic() + wait
         with state.cond:
-            while state.admitted is None and state.lost is None and state.ended is None and time.monotonic() < end:
+            while state.admitted is None and state.final is None and time.monotonic() < end:
                 state.cond.wait(max(0.0, end - time.monotonic()))
             return state.admitted
 
     def waiting(self) -> list[int]:
-        return self.hub.membership.waiting() if self.hub is not None else []
+        return list(self.hub.snapshot().waiting) if self.hub is not None else []
 
     def leave(self, why: str) -> None:
         if self.node != 0:  # node 0's stop ends the job (its ``end``): it hosts the plane
-            self.state.send({"t": "leaving", "why": why})
+            self.state.send(m.Leaving(self.node, why))
             self._kick()
 
     def regroup(self, why: str) -> None:
         if self.node == 0:
-            self.state.send({"t": "regroup", "why": why})
+            self.state.send(m.Regroup(0, why))
             self._kick()
 
     def _kick(self) -> None:
@@ -247,13 +254,3 @@ def _pipe() -> tuple[int, int]:
     os.set_blocking(read_fd, False)
     os.set_blocking(write_fd, False)
     return read_fd, write_fd
-
-
-def _failure_fields(failure: LocalFailure) -> dict[str, Any]:
-    return {
-        "rank": failure.rank,
-        "label": failure.label,
-        "code": failure.exit_code,
-        "signal": failure.signal,
-        "cause": failure.cause,
-    }

@@ -22,6 +22,10 @@ the membership changes, the cadence follows it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launchers.control.messages import Welcome
 
 AGENT_MESSAGES_PER_S = 1000.0  # the hub's budget of agent messages per second, heartbeats or status
 FASTEST_HEARTBEAT = 0.5  # seconds: the rate at small N
@@ -36,17 +40,17 @@ class Cadence:
     status: float
     hello_retry: float
 
-    def as_message(self) -> dict[str, float]:
-        return {"hb": self.heartbeat, "st": self.status, "hello": self.hello_retry}
-
     @classmethod
-    def from_message(cls, message: dict[str, object], fallback: Cadence) -> Cadence:
-        def seconds(key: str, default: float) -> float:
-            value = message.get(key)
-            return float(value) if isinstance(value, (int, float)) and 0.05 <= value <= 3600 else default
+    def of(cls, welcome: Welcome, fallback: Cadence) -> Cadence:
+        """The intervals the hub said (one out of range keeps ``fallback``'s)."""
+
+        def seconds(value: float, default: float) -> float:
+            return float(value) if 0.05 <= value <= 3600 else default
 
         return cls(
-            seconds("hb", fallback.heartbeat), seconds("st", fallback.status), seconds("hello", fallback.hello_retry)
+            seconds(welcome.heartbeat, fallback.heartbeat),
+            seconds(welcome.status_every, fallback.status),
+            seconds(welcome.hello_retry, fallback.hello_retry),
         )
 
 

@@ -32,7 +32,7 @@ class Driver(threading.Thread):
         self._kick_r, self._kick_w = os.pipe()
         for fd in (self._kick_r, self._kick_w):
             os.set_blocking(fd, False)
-        self._changes: deque[tuple[AgentState, str | None]] = deque()  # (state, address) adds, (state, None) removes
+        self._changes: deque[tuple[AgentState, str | threading.Event]] = deque()  # (state, address) adds; removes
         self._dirty: deque[AgentState] = deque()  # agents with something to send now
         self._halt = threading.Event()
 
@@ -40,10 +40,13 @@ class Driver(threading.Thread):
         self._changes.append((state, address))
         self.kick()
 
-    def remove(self, state: AgentState) -> None:
-        """Stop driving ``state`` and close its socket (what it still had to send is sent first)."""
-        self._changes.append((state, None))
+    def remove(self, state: AgentState) -> threading.Event:
+        """Stop driving ``state`` and close its socket; the event is set once what it still had to say (its
+        ``bye``) was handed to the socket and the socket closed (``Context.term`` then waits for it to leave)."""
+        done = threading.Event()
+        self._changes.append((state, done))
         self.kick()
+        return done
 
     def kick(self, state: AgentState | None = None) -> None:
         """Wake the thread: ``state`` has something to send now (None: look at every agent)."""
@@ -86,6 +89,7 @@ class Driver(threading.Thread):
                         flush(sock, state, self.secret, now)
                         state.check(now)
         finally:
+            self._apply_changes(poller, agents, sockets, time.monotonic())  # a remove handed in as it stopped
             for sock in agents:
                 sock.close()
 
@@ -102,9 +106,9 @@ class Driver(threading.Thread):
         now: float,
     ) -> None:
         while self._changes:
-            state, address = self._changes.popleft()
-            if address is not None:
-                sock = sockets[id(state)] = dealer(self.context, address, state)
+            state, change = self._changes.popleft()
+            if isinstance(change, str):
+                sock = sockets[id(state)] = dealer(self.context, change, state)
                 agents[sock] = state
                 poller.register(sock, zmq.POLLIN)
                 flush(sock, state, self.secret, now)  # hello at once
@@ -115,3 +119,4 @@ class Driver(threading.Thread):
                 poller.unregister(gone)
                 del agents[gone]
                 gone.close()
+            change.set()

@@ -12,9 +12,12 @@ restart (``exchange``), and the flash save agrees on its step through ``exchange
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launchers.log import signal_name
+
+if TYPE_CHECKING:
+    from launchers.control.reductions import How, Reducers
 
 
 class LocalFailure(Protocol):
@@ -123,27 +126,6 @@ class Meeting:
     restarts: int = 0  # the job's restarts after failures so far (the most any member said)
     regroup: str = ""  # node 0 re-formed the job since the meeting before (why)
 
-    @classmethod
-    def of(cls, message: dict[str, Any]) -> Meeting:
-        return cls(
-            str(message["key"]),
-            int(message["gen"]),
-            tuple(int(n) for n in message["members"]),
-            tuple((int(j["node"]), str(j.get("host", ""))) for j in message.get("joined", [])),
-            tuple(
-                Left(
-                    int(x["node"]),
-                    str(x.get("host", "")),
-                    str(x.get("why", "")),
-                    float(x.get("seconds", 0.0)),
-                    bool(x.get("graceful", False)),
-                )
-                for x in message.get("left", [])
-            ),
-            int(message.get("restarts", 0)),
-            str(message.get("regroup") or ""),
-        )
-
 
 @dataclass(frozen=True)
 class JobEnded:
@@ -177,7 +159,9 @@ class JobEvents:
     nnodes = 1
     wake_fd: int | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, reducers: Reducers | None = None) -> None:
+        """``reducers``: the reductions exchanges may use (``reductions.BUILTIN`` and the callers' own)."""
+        self.reducers = reducers
         self.generation = 0
         self._first: dict[int, RemoteFailure] = {}
         self._view: dict[int, dict[str, Any]] = {}
@@ -211,17 +195,17 @@ class JobEvents:
         """The job's first failure in ``generation`` (waiting up to ``wait`` seconds to hear it)."""
         return self._first.get(generation)
 
-    def reduce(self, topic: str, value: Any, deadline: float, how: Any) -> Any:
+    def reduce(self, topic: str, value: Any, deadline: float, how: How) -> Any:
         """This node's part of a reduction over every member's ``value`` (``reductions``: ``how``); else ExchangeFailed.
 
         The hub waits for every member, reduces once and sends each node only what it needs:
         an aggregate (``count``, ``intersect``, ``max``, ``and``), node 0 the values (``gather0``),
-        or each node its own share.
+        or each node its own share. ``topic`` is one of ``topics``' names. An ``Exchange``.
         """
-        from launchers.control.reductions import ReductionError, reduce_values, result_for
+        from launchers.control.reductions import ReductionError, local
 
         try:
-            return result_for(self.node, *reduce_values(how, {self.node: value}))
+            return local(how, self.node, value, self.reducers)
         except ReductionError as exc:
             raise ExchangeFailed(str(exc)) from None
 
@@ -230,7 +214,9 @@ class JobEvents:
 
         O(N) bytes to every node: where an aggregate or node 0 alone will do, ``reduce`` is O(1) per node.
         """
-        everyone = self.reduce(topic, value, deadline, "all")
+        from launchers.control.reductions import Reduction
+
+        everyone = self.reduce(topic, value, deadline, Reduction.ALL)
         return {int(node): v for node, v in everyone.items()}
 
     def gathered(self, topic: str) -> dict[int, Any]:

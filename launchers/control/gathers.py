@@ -4,6 +4,9 @@ A topic finishes when every member contributed (the membership is the hub's stat
 change between generations, so no count is fixed here). Its result is kept for the last
 ``KEEP_DONE`` topics, so a node that says its contribution again (a rejoin) is answered
 alone; the values themselves are dropped once reduced.
+
+Owned by the hub thread. ``changed`` names the topics whose contributions changed since the
+hub last published its view (``HubView.partial``): it copies only those.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchers.control.reductions import ReductionError, reduce_values
+from launchers.control.messages import Got
+from launchers.control.reductions import Reducers, ReductionError, reduce_values
 
 KEEP_DONE = 256  # finished topics whose results the hub keeps for a repeated contribution
 KEEP_OPEN = 1024  # unfinished topics at most (one a contributor abandoned stays until evicted)
@@ -25,10 +29,10 @@ class Done:
     shares: dict[int, Any]
     error: str | None = None
 
-    def message(self, topic: str, node: int) -> dict[str, Any]:
+    def message(self, topic: str, node: int) -> Got:
         if self.error is not None:
-            return {"t": "got", "topic": topic, "error": self.error}
-        return {"t": "got", "topic": topic, "value": self.shares.get(node, self.shared)}
+            return Got(topic, error=self.error)
+        return Got(topic, self.shares.get(node, self.shared))
 
 
 @dataclass
@@ -39,9 +43,11 @@ class _Open:
 
 
 class Gathers:
-    def __init__(self) -> None:
+    def __init__(self, reducers: Reducers) -> None:
+        self.reducers = reducers
         self.open: OrderedDict[str, _Open] = OrderedDict()
         self.done: OrderedDict[str, Done] = OrderedDict()
+        self.changed: set[str] = set()
 
     def put(self, topic: str, node: int, how: Any, value: Any, members: Set[int]) -> Done | None:
         """Take ``node``'s contribution; the result once every member gave one (else None)."""
@@ -49,10 +55,11 @@ class Gathers:
         if gather is None:
             gather = self.open[topic] = _Open(how)
             while len(self.open) > KEEP_OPEN:
-                self.open.popitem(last=False)
+                self.changed.add(self.open.popitem(last=False)[0])
         if how != gather.how:
             gather.error = f"the nodes disagree on how to reduce it ({gather.how!r}, node {node}: {how!r})"
         gather.values[node] = value
+        self.changed.add(topic)
         return self.check(topic, members)
 
     def check(self, topic: str, members: Set[int]) -> Done | None:
@@ -63,16 +70,29 @@ class Gathers:
         if gather.error is not None:
             done = Done(None, {}, gather.error)
         else:
+            values = {n: v for n, v in gather.values.items() if n in members}
             try:
-                done = Done(*reduce_values(gather.how, {n: v for n, v in gather.values.items() if n in members}))
+                done = Done(*reduce_values(gather.how, values, self.reducers))
             except ReductionError as exc:
                 done = Done(None, {}, str(exc))
+        self._finish(topic, done)
+        return done
+
+    def void(self, error: str) -> list[tuple[str, list[int]]]:
+        """End every exchange in flight with ``error``: (topic, its contributors so far) of each."""
+        opened = [(topic, list(gather.values)) for topic, gather in self.open.items()]
+        self.open.clear()
+        for topic, _ in opened:
+            self._finish(topic, Done(None, {}, error))
+        return opened
+
+    def partial(self, topic: str) -> dict[int, Any] | None:
+        """The contributions so far of an unfinished topic (None: not open)."""
+        gather = self.open.get(topic)
+        return dict(gather.values) if gather is not None else None
+
+    def _finish(self, topic: str, done: Done) -> None:
+        self.changed.add(topic)
         self.done[topic] = done
         while len(self.done) > KEEP_DONE:
             self.done.popitem(last=False)
-        return done
-
-    def partial(self, topic: str) -> dict[int, Any]:
-        """The contributions so far of an unfinished topic (node 0's health check judges what arrived)."""
-        gather = self.open.get(topic)
-        return dict(gather.values) if gather is not None else {}

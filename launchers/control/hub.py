@@ -1,22 +1,18 @@
 """The hub node 0's mlaunch runs (a thread with a pyzmq ROUTER socket): it watches, relays, reduces and keeps the view.
 
-What it does with each agent message (any message is also a sign of life: its time is what
-``node_timeout`` is measured from):
+What each message means and who says it is ``messages`` (the protocol's one definition); this
+thread answers the agents' messages through ``messages.handlers`` (``on_<kind>`` below). Any
+message is also a sign of life: its time is what ``node_timeout`` is measured from.
 
-- ``hello``: answers ``welcome`` (the cadence, the current generation's first failure, the
-  job's end if said); a node already declared lost is told so instead;
-- ``fail``: the first failure of a generation is broadcast, later ones are not;
-- ``put``: a contribution to an exchange; when every member gave one, the result goes to
-  each node (``gathers``, ``reductions``);
-- ``st``: the node's status entry, kept here (node 0's whole view); ``sum`` (node 0): the
-  job's summary, broadcast at the status cadence when it changed; ``ask``: the whole view,
-  to that node alone (encoded at most once a second);
-- ``end`` (node 0): the job's exit code, broadcast and told to later joiners; ``bye``: left.
+Ownership: this thread alone touches the socket and the hub's state (the ``roster`` of node
+statuses, the exchanges, the status entries); the membership's decisions (``membership``)
+return effects (``effects``) that ``_apply`` carries out, in one place. Other threads read
+only the ``HubView`` the thread publishes (``hub_view``): ``snapshot()``.
 
 Costs: a broadcast is encoded and signed once and the same frames go to every peer; the
 per-second load is the agents' messages (``cadence``: bounded in total whatever N) plus a
-heartbeat or summary broadcast per interval. The membership (``members``) is the hub's
-state: exchanges finish when every current member contributed.
+heartbeat or summary broadcast per interval. Exchanges finish when every current member
+contributed (``gathers``), reduced by the table the hub was given (``reductions``).
 """
 
 from __future__ import annotations
@@ -24,20 +20,26 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import zmq
 
+from launchers.control import messages as m
 from launchers.control.cadence import Cadence, cadence
+from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.gathers import Done, Gathers
+from launchers.control.hub_view import HubView, Publisher
 from launchers.control.membership import Membership
+from launchers.control.reductions import BUILTIN, Reducers
+from launchers.control.roster import IllegalTransition, NodeStatus, Roster
 from launchers.control.wire import seal, unseal
 from launchers.log import say
 
 VIEW_CACHE = 0.5  # seconds an encoded whole view is reused for other nodes asking (a burst of askers)
 _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)  # plain ints: the per-peer loop is the cost
 BATCH = 2000  # messages taken in before the timers are looked at again
+GONE_AGAIN = "it was left out of the job earlier"
 
 
 @dataclass
@@ -61,56 +63,62 @@ class Hub(threading.Thread):
         nnodes: int,
         node_timeout: float,
         elastic: tuple[int, int] | None = None,
+        reducers: Reducers = BUILTIN,
     ) -> None:
+        """``elastic``: the node range (members leave and join: ``membership``); ``reducers``: for exchanges."""
         super().__init__(name="mlaunch-control-hub", daemon=True)
         self.secret = secret
         self.nnodes = nnodes  # node indexes are 0 … nnodes-1
-        self.members: set[int] = set(range(nnodes))  # who an exchange waits for (a lost node stays until replaced)
         self.node_timeout = node_timeout
-        self.cadence: Cadence = cadence(len(self.members), node_timeout)
+        self.roster = Roster(nnodes)
+        self.hosts = self.roster.hosts
+        self.membership = Membership(self.roster, elastic, node_timeout)
+        self.cadence: Cadence = cadence(len(self.roster.members), node_timeout)
         self.sock = context.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node that reconnects takes its identity back
         self.sock.setsockopt(zmq.BACKLOG, max(100, min(nnodes, 65536)))  # every node connecting at once
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.bind(f"tcp://*:{port}")
-        self.membership = Membership(self, elastic)  # an elastic range: members leave and join (``membership``)
-        self.membership.watch(self.sock)
-        self.peers: dict[int, bytes] = {}
-        self.hosts: dict[int, str] = {}
-        self.seen: dict[int, float] = {}
-        self.left: set[int] = set()
-        self.lost: set[int] = set()
-        self.first: dict[int, dict[str, Any]] = {}
-        self.gathers = Gathers()
-        self.ended: dict[str, Any] | None = None
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if elastic is not None else None
+        self.peers: dict[int, bytes] = {}  # node → its socket's identity
+        self.gone: dict[bytes, int] = {}  # the sockets of incarnations left out → their node: told so when they speak
+        self.first: dict[int, m.Fail] = {}  # generation → its first failure
+        self.gathers = Gathers(reducers)
+        self.ended: m.End | None = None
         self.rejected = 0
         self.traffic = Traffic()
         self.status: dict[int, Any] = {}
-        self._summary: dict[str, Any] | None = None  # a new one, to broadcast
+        self._summary: m.Summary | None = None  # a new one, to broadcast
         self.summary: dict[str, Any] | None = None  # the newest, for a node that joins later
         self._view_frames: tuple[float, list[bytes]] | None = None
-        self._lock = threading.Lock()
+        self._publisher = Publisher()
         self._halt = threading.Event()
         self._last_broadcast = 0.0
+        self._now = time.monotonic()
 
-    # -- what node 0's mlaunch reads in process ---------------------------------------------------
+    # -- what node 0's mlaunch reads in process (any thread) ----------------------------------------
+    def snapshot(self) -> HubView:
+        """The hub's newest published view: whole, and never changed."""
+        return self._publisher.view
+
     def view(self) -> dict[int, Any]:
-        with self._lock:
-            return dict(self.status)
+        return dict(self.snapshot().status)
 
     def partial(self, topic: str) -> dict[int, Any]:
         """An unfinished exchange's values so far, and None for each node declared lost (none will come)."""
-        with self._lock:
-            return {**{node: None for node in self.lost}, **self.gathers.partial(topic)}
+        return self.snapshot().gathered(topic)
+
+    def everyone_left(self) -> bool:
+        """Every other node that joined has left or is lost (an engine whose other nodes run no mlaunch: at once)."""
+        return self.snapshot().everyone_left
+
+    def wait_everyone_left(self, timeout: float) -> bool:
+        return self._publisher.wait_everyone_left(timeout)
 
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=2)
-
-    def everyone_left(self) -> bool:
-        """Every other node that joined has left or is lost (an engine whose other nodes run no mlaunch: at once)."""
-        return all(node in self.left or node in self.lost for node in self.seen if node != 0)
 
     # -- the thread -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -119,24 +127,31 @@ class Hub(threading.Thread):
             while not self._halt.is_set():
                 if self.sock.poll(50):
                     self._receive()
-                now = time.monotonic()
+                self._now = now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + min(0.5, self.cadence.heartbeat / 2)
                     self._tick(now)
-            self._broadcast({"t": "closing"})
+                self._publish(force=False)
+            self._broadcast(m.Closing())
         finally:
-            self.membership.close(self.sock)
+            self._publish(force=True)
+            if self.monitor is not None:
+                self.sock.disable_monitor()
+                self.monitor.close(linger=0)
             self.sock.close(linger=200)
 
+    def _publish(self, force: bool) -> None:
+        self._publisher.publish(self.roster, self.gathers, self.status, self._now, force)
+
     def _tick(self, now: float) -> None:
-        self.membership.closed_connections()
+        self._closed_connections(now)
         self._check_lost(now)
         summary = self._summary
         if summary is not None and now - self._last_broadcast >= self.cadence.status / 2:
             self._summary = None
-            self._broadcast({"t": "sum", "summary": summary})
+            self._broadcast(summary)
         if now - self._last_broadcast >= self.cadence.heartbeat:
-            self._broadcast({"t": "hb"})
+            self._broadcast(m.Heartbeat())
 
     def _receive(self) -> None:
         for _ in range(BATCH):
@@ -146,23 +161,43 @@ class Hub(threading.Thread):
                 return
             self.traffic.messages_in += 1
             self.traffic.bytes_in += sum(len(f) for f in frames)
-            message = unseal(self.secret, frames)
-            node = message.get("node") if message else None
-            if message is None or not isinstance(node, int) or not 0 <= node < self.nnodes:
-                self._reject()
-                continue
-            if node in self.lost:
-                if message["t"] == "hello":  # it came back too late: tell it, so it stops at once
-                    self._to(ident, self._lost_message(node, time.monotonic()))
-                continue
-            if not self.membership.speaker(node, ident, message, time.monotonic()):
-                continue
-            self.peers[node] = ident
-            self.seen[node] = time.monotonic()
+            self._now = time.monotonic()
+            message = self._decode(frames)
+            if message is not None:
+                self._heard(ident, message)
+
+    def _decode(self, frames: list[bytes]) -> m.Message | None:
+        """The agent's message; None (counted when it does not verify or is malformed) when there is none to act on."""
+        wire = unseal(self.secret, frames)
+        if wire is None or m.sender(wire, self.nnodes) is None:
+            self._reject()
+            return None
+        try:
+            message = m.decode(wire)
+        except (KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
+            self._reject()
+            return None
+        return message if message is not None and message.KIND in _HANDLERS else None  # the hub's own kinds: no
+
+    def _heard(self, ident: bytes, message: Any) -> None:
+        node: int = message.node
+        if ident in self.gone:
+            self._to(ident, m.LeftOut(node, self.hosts.get(node, ""), Membership.out_reason(GONE_AGAIN)))
+            return
+        if self.roster.of(node) is NodeStatus.LOST:
+            if isinstance(message, m.Hello):  # it came back too late: tell it, so it stops at once
+                self._to(ident, self._lost_message(node, self._now))
+            return
+        if isinstance(message, m.Hello):
+            self._apply(self.membership.restarted(message, self._now))
+        self.peers[node] = ident
+        self.roster.heard(node, self._now)
+        handler = _HANDLERS.get(message.KIND)
+        if handler is not None:
             try:
-                self._handle(node, message)
-            except (KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
-                self._reject()
+                handler(self, message)
+            except IllegalTransition as exc:  # a bug, said loudly; the hub goes on serving the job
+                say(f"control plane: node {node}'s {message.KIND!r} asked for an impossible change: {exc}")
 
     def _reject(self) -> None:
         self.rejected += 1
@@ -172,67 +207,99 @@ class Hub(threading.Thread):
                 "with another job secret: MLAUNCH_JOB_SECRET, the MPI job's ssh secret)"
             )
 
-    def _handle(self, node: int, message: dict[str, Any]) -> None:
-        kind = message["t"]
-        if kind == "hello":
-            self._hello(node, message)
-        elif kind == "st":
-            with self._lock:
-                self.status[node] = message.get("entry")
-        elif kind == "put":
-            if self.membership.current(message):
-                self._put(node, str(message["topic"]), message.get("how"), message.get("value"))
-            else:  # made under a membership that changed since: void (a partial step must never commit)
-                error = "the job's membership changed since this exchange began: it is void"
-                self._send(node, {"t": "got", "topic": str(message["topic"]), "error": error})
-        elif kind == "meet":
-            self.membership.meet(node, message)
-        elif kind == "fail":
-            generation = int(message["gen"])
-            if generation not in self.first:
-                self.first[generation] = {**message, "host": self.hosts.get(node, "")}
-                self._broadcast(self.first[generation])
-        elif kind == "sum" and node == 0 and isinstance(message.get("summary"), dict):
-            self._summary = self.summary = message["summary"]
-        elif kind == "ask":
-            self._send_view(node)
-        elif kind == "end" and node == 0 and self.ended is None:
-            self.ended = {"t": "end", "node": 0, "code": int(message["code"]), "host": self.hosts.get(0, "")}
-            self._broadcast(self.ended)
-        elif kind == "regroup" and node == 0:
-            self.membership.regroup(str(message.get("why", "")))
-        elif kind == "leaving":
-            end = self.membership.on_leaving(node, str(message.get("why", "")), time.monotonic())
-            if end is not None and self.ended is None:
-                self.ended = end
-                self._broadcast(end)
-        elif kind == "bye" and not self.membership.on_bye(node, int(message.get("code", 0)), time.monotonic()):
-            self.left.add(node)
+    # -- the agents' messages (``messages.handlers``) ----------------------------------------------
+    def on_hello(self, hello: m.Hello) -> None:
+        self.hosts[hello.node] = hello.host
+        base = self.cadence
+        first = self.first[max(self.first)] if self.first else None
+        welcome = m.Welcome(
+            len(self.roster.members), base.heartbeat, base.status, base.hello_retry,
+            first=first, ended=self.ended, summary=self.summary,
+        )  # fmt: skip
+        self._apply(self.membership.on_hello(hello, welcome))
 
-    def _put(self, node: int, topic: str, how: Any, value: Any) -> None:
-        with self._lock:
-            done = self.gathers.done.get(topic)
-            if done is not None:
-                self._send(node, done.message(topic, node))  # said again (a rejoin): answered alone
-                return
-            done = self.gathers.put(topic, node, how, value, self.members)
+    def on_heartbeat(self, beat: m.Heartbeat) -> None:
+        """Nothing but the sign of life every message is."""
+
+    def on_status(self, status: m.Status) -> None:
+        self.status[status.node] = status.entry
+        self._publisher.status_changed()
+
+    def on_fail(self, fail: m.Fail) -> None:
+        if fail.generation not in self.first:
+            self.first[fail.generation] = first = replace(fail, host=self.hosts.get(fail.node, ""))
+            self._broadcast(first)
+
+    def on_put(self, put: m.Put) -> None:
+        if not self.membership.current(put):  # made under a membership that changed since: void
+            error = "the job's membership changed since this exchange began: it is void"
+            self._send(put.node, m.Got(put.topic, error=error))  # a partial step must never commit
+            return
+        done = self.gathers.done.get(put.topic)
         if done is not None:
-            self._answer(topic, done, sorted(self.members))
+            self._send(put.node, done.message(put.topic, put.node))  # said again (a rejoin): answered alone
+            return
+        members = self.roster.members
+        done = self.gathers.put(put.topic, put.node, put.how, put.value, members)
+        if done is not None:
+            self._answer(put.topic, done, sorted(members))
 
-    def _hello(self, node: int, message: dict[str, Any]) -> None:
-        known = self.hosts.get(node)
-        self.hosts[node] = str(message.get("host", ""))
-        if known is not None and node in self.left:
-            self.left.discard(node)
-        welcome: dict[str, Any] = {"t": "welcome", "members": len(self.members), **self.cadence.as_message()}
-        welcome.update(self.membership.welcome(node, time.monotonic()))
-        if self.first:
-            welcome["first"] = self.first[max(self.first)]
-        if self.ended is not None:
-            welcome["ended"] = self.ended
-        if self.summary is not None:
-            welcome["summary"] = self.summary
-        self._send(node, welcome)
+    def on_ask(self, ask: m.Ask) -> None:
+        now = self._now
+        cached = self._view_frames
+        if cached is None or now - cached[0] > VIEW_CACHE:
+            nodes = {str(n): e for n, e in self.status.items()}
+            cached = self._view_frames = (now, seal(self.secret, m.View(nodes).to_wire()))
+        self._send_frames(ask.node, cached[1])
+
+    def on_summary(self, summary: m.Summary) -> None:
+        if summary.node == 0 and summary.summary is not None:
+            self._summary, self.summary = m.Summary(summary=summary.summary), summary.summary
+
+    def on_end(self, end: m.End) -> None:
+        if end.node == 0:
+            self._apply([EndJob(m.End(0, end.exit_code, self.hosts.get(0, "")))])
+
+    def on_meet(self, meet: m.Meet) -> None:
+        self._apply(self.membership.on_meet(meet))
+
+    def on_regroup(self, regroup: m.Regroup) -> None:
+        if regroup.node == 0:
+            self._apply(self.membership.regroup(regroup.why))
+
+    def on_leaving(self, leaving: m.Leaving) -> None:
+        self._apply(self.membership.on_leaving(leaving.node, leaving.why, self._now))
+
+    def on_bye(self, bye: m.Bye) -> None:
+        self._apply(self.membership.on_bye(bye.node, bye.exit_code, self._now))
+
+    # -- effects: the one place a decision reaches the socket and the exchanges ---------------------
+    def _apply(self, effects: Iterable[Effect]) -> None:
+        for effect in effects:
+            if self._publisher.behind(self.roster):  # before anything is said: none learns what node 0 cannot see
+                self._publish(force=False)
+            if isinstance(effect, Broadcast):
+                self._broadcast(effect.message)
+            elif isinstance(effect, Send):
+                self._send(effect.node, effect.message)
+            elif isinstance(effect, Multicast):
+                self._multicast(effect.nodes, effect.message)
+            elif isinstance(effect, VoidExchanges):
+                for topic, contributors in self.gathers.void(effect.reason):
+                    self._multicast(contributors, m.Got(topic, error=effect.reason))
+            elif isinstance(effect, Drop):
+                self._drop(effect.node, effect.tell)
+            elif isinstance(effect, EndJob) and self.ended is None:
+                self.ended = effect.message
+                self._broadcast(effect.message)
+
+    def _drop(self, node: int, tell: m.Message | None) -> None:
+        ident = self.peers.pop(node, None)
+        self.status.pop(node, None)
+        self._publisher.status_changed()
+        if ident is not None and tell is not None:  # a link that came back: that mlaunch learns it is out and stops
+            self.gone[ident] = node
+            self._to(ident, tell)
 
     def _answer(self, topic: str, done: Done, nodes: Iterable[int]) -> None:
         """Each node its result: one encoding for every node that gets the shared part, one per share."""
@@ -242,50 +309,48 @@ class Hub(threading.Thread):
                 self._send(node, done.message(topic, node))
                 continue
             if shared is None:
-                shared = seal(self.secret, done.message(topic, node))
+                shared = seal(self.secret, done.message(topic, node).to_wire())
             self._send_frames(node, shared)
 
-    def _send_view(self, node: int) -> None:
-        now = time.monotonic()
-        cached = self._view_frames
-        if cached is None or now - cached[0] > VIEW_CACHE:
-            with self._lock:
-                nodes = {str(n): e for n, e in self.status.items()}
-            cached = self._view_frames = (now, seal(self.secret, {"t": "view", "nodes": nodes}))
-        self._send_frames(node, cached[1])
+    # -- liveness ---------------------------------------------------------------------------------
+    def _closed_connections(self, now: float) -> None:
+        """A peer's TCP connection closed (its process likely ended): silent members are judged sooner."""
+        if self.monitor is None:
+            return
+        while True:
+            try:
+                self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.membership.closed_at = now
 
     def _check_lost(self, now: float) -> None:
-        limit = self.membership.silence_limit(now)  # shorter just after a peer's connection closed (elastic)
-        for node, seen in list(self.seen.items()):
-            if node in self.left or node in self.lost or now - seen <= limit:
-                continue
-            why = self.membership.on_silent(node, now - seen, now)  # None: left out of an elastic job
-            if why is None:
-                continue
-            self.lost.add(node)
-            self._broadcast(self._lost_message(node, now, why))
+        limit = self.membership.silence_limit(now, self.cadence.heartbeat)
+        roster = self.roster
+        for node, seen in list(roster.seen.items()):
+            if now - seen > limit and roster.of(node) in (NodeStatus.MEMBER, NodeStatus.CANDIDATE):
+                self._apply(self.membership.on_silent(node, now - seen, now))
 
-    def _lost_message(self, node: int, now: float, why: str = "") -> dict[str, Any]:
-        seconds = now - self.seen.get(node, now)
-        return {"t": "lost", "lost": node, "host": self.hosts.get(node, ""), "seconds": seconds, "why": why}
+    def _lost_message(self, node: int, now: float) -> m.Lost:
+        return m.Lost(node, self.hosts.get(node, ""), now - self.roster.seen.get(node, now))
 
     # -- sending ----------------------------------------------------------------------------------
-    def _send(self, node: int, message: dict[str, Any]) -> None:
-        self._send_frames(node, seal(self.secret, message))
+    def _send(self, node: int, message: m.Message) -> None:
+        self._send_frames(node, seal(self.secret, message.to_wire()))
 
-    def _multicast(self, nodes: Iterable[int], message: dict[str, Any]) -> None:
+    def _multicast(self, nodes: Iterable[int], message: m.Message) -> None:
         """One encoding, the same bytes to ``nodes`` (a meeting's members, an exchange's contributors)."""
-        frames = seal(self.secret, message)
+        frames = seal(self.secret, message.to_wire())
         for node in nodes:
             self._send_frames(node, frames)
 
     def _send_frames(self, node: int, frames: list[bytes]) -> None:
         ident = self.peers.get(node)
-        if ident is not None and node not in self.lost:
+        if ident is not None and self.roster.of(node) is not NodeStatus.LOST:
             self._to(ident, frames)
 
-    def _to(self, ident: bytes, frames: list[bytes] | dict[str, Any]) -> None:
-        payload = seal(self.secret, frames) if isinstance(frames, dict) else frames
+    def _to(self, ident: bytes, frames: list[bytes] | m.Message) -> None:
+        payload = seal(self.secret, frames.to_wire()) if isinstance(frames, m.Message) else frames
         try:  # unroutable or full (a peer whose link is down, or that does not read): heartbeats tell
             self.sock.send_multipart([ident, *payload], zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -293,12 +358,12 @@ class Hub(threading.Thread):
         self.traffic.messages_out += 1
         self.traffic.bytes_out += sum(len(f) for f in payload)
 
-    def _broadcast(self, message: dict[str, Any]) -> None:
+    def _broadcast(self, message: m.Message) -> None:
         """One encoding, the same bytes to every node still in the job (the loop is the per-peer cost: keep it bare)."""
         began = self._last_broadcast = time.monotonic()
-        (body,) = seal(self.secret, message)
+        (body,) = seal(self.secret, message.to_wire())
         send, sent = self.sock.send, 0
-        skip = self.left | self.lost
+        skip = self.roster.quiet
         for node, ident in list(self.peers.items()):
             if node not in skip:
                 try:
@@ -311,4 +376,7 @@ class Hub(threading.Thread):
         self.traffic.messages_out += sent
         self.traffic.bytes_out += sent * len(body)
         self.traffic.slowest_broadcast = max(self.traffic.slowest_broadcast, took)
-        self.traffic.broadcasts[message["t"]] = (began, took)
+        self.traffic.broadcasts[message.KIND] = (began, took)
+
+
+_HANDLERS = m.handlers(Hub, m.AGENT)

@@ -20,54 +20,94 @@ each node receives a dict of the fields' results). The built-in names:
 - ``group_rank``: the value is a group key; node n gets its position among its group's
   nodes, the group's size and the largest group's size.
 
-``register`` adds a named reduction (the health check's link pairing): node 0's mlaunch,
-which hosts the hub, runs the same code as every node, so the name resolves there.
+- ``health.partners``: the health check's link pairing; its code is the health check's
+  (``launchers.health.network.REDUCERS``), handed to the hub with the built-in ones.
+
+The names are ``Reduction``'s. The hub reduces with the table it was given when it was built
+(``BUILTIN``, plus what the caller adds: ``open_job_events(..., reducers=)``), so a name
+resolves at node 0 because node 0's mlaunch said so, not because some module happened to be
+imported there first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 Result = tuple[Any, dict[int, Any]]
 Reducer = Callable[[dict[int, Any]], Result]
+Reducers = Mapping[str, Reducer]
 
-_REDUCERS: dict[str, Reducer] = {}
+
+class Reduction(str, Enum):
+    """How an exchange is reduced (its name on the wire is the value)."""
+
+    ALL = "all"
+    COUNT = "count"
+    INTERSECT = "intersect"
+    MAX = "max"
+    MIN = "min"
+    AND = "and"
+    GATHER0 = "gather0"
+    SCATTER0 = "scatter0"
+    GROUP_RANK = "group_rank"
+    HEALTH_PARTNERS = "health.partners"  # launchers.health.network.REDUCERS
+
+    def __str__(self) -> str:
+        return self.value
+
+
+How = Reduction | Mapping[str, Reduction]  # one reduction, or one per field of a dict value (a record)
 
 
 class ReductionError(ValueError):
     """An unknown reduction, or values it cannot reduce; every contributor is told."""
 
 
-def register(name: str, reducer: Reducer) -> None:
-    _REDUCERS[name] = reducer
-
-
-def known(how: Any) -> bool:
+def known(how: Any, reducers: Reducers) -> bool:
     if isinstance(how, str):
-        return how in _REDUCERS
-    return isinstance(how, dict) and bool(how) and all(isinstance(h, str) and h in _REDUCERS for h in how.values())
+        return how in reducers
+    return isinstance(how, dict) and bool(how) and all(isinstance(h, str) and h in reducers for h in how.values())
 
 
-def reduce_values(how: Any, values: dict[int, Any]) -> Result:
-    """``(shared, shares)`` of ``values``; ReductionError when ``how`` or a value does not fit."""
-    if not known(how):
-        raise ReductionError(f"unknown reduction {how!r}")
+def reduce_values(how: Any, values: dict[int, Any], reducers: Reducers | None = None) -> Result:
+    """``(shared, shares)`` of ``values`` (``how``: a ``How`` or its wire form); ReductionError if it does not fit."""
+    reducers = BUILTIN if reducers is None else reducers
+    if not known(how, reducers):
+        raise ReductionError(f"unknown reduction {_plain(how)!r}")
     try:
         if isinstance(how, str):
-            return _REDUCERS[how](values)
-        return _record(how, values)
+            return reducers[how](values)
+        return _record(how, values, reducers)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise ReductionError(f"cannot reduce by {how!r}: {type(exc).__name__}: {exc}") from None
+        raise ReductionError(f"cannot reduce by {_plain(how)!r}: {type(exc).__name__}: {exc}") from None
+
+
+def local(how: Any, node: int, value: Any, reducers: Reducers | None = None) -> Any:
+    """``node``'s part of a reduction whose only contributor is ``node`` (one node, or a simulation)."""
+    return result_for(node, *reduce_values(how, {node: value}, reducers))
+
+
+def wire(how: How) -> Any:
+    """``how`` as it travels (and as the hub compares it): the plain names."""
+    return str(how) if isinstance(how, str) else {field: str(name) for field, name in how.items()}
+
+
+def _plain(how: Any) -> Any:
+    if isinstance(how, str):
+        return str(how)
+    return {field: str(name) for field, name in how.items()} if isinstance(how, Mapping) else how
 
 
 def result_for(node: int, shared: Any, shares: Mapping[int, Any]) -> Any:
     return shares.get(node, shared)
 
 
-def _record(how: dict[str, str], values: dict[int, Any]) -> Result:
+def _record(how: dict[str, str], values: dict[int, Any], reducers: Reducers) -> Result:
     """Each field by its own reduction; node n gets {field: its result of the field}."""
-    parts = {field: _REDUCERS[name]({n: v[field] for n, v in values.items()}) for field, name in how.items()}
+    parts = {field: reducers[name]({n: v[field] for n, v in values.items()}) for field, name in how.items()}
     shared = {field: part[0] for field, part in parts.items()}
     nodes = {n for _, shares in parts.values() for n in shares}
     shares = {n: {field: result_for(n, *parts[field]) for field in how} for n in nodes}
@@ -103,12 +143,16 @@ def _group_rank(values: dict[int, Any]) -> Result:
     return {"index": 0, "size": 1, "most": most}, shares
 
 
-register("all", _all)
-register("count", lambda values: (len(values), {}))
-register("intersect", _intersect)
-register("max", lambda values: (max(values.values()), {}))
-register("min", lambda values: (min(values.values()), {}))
-register("and", lambda values: (all(bool(v) for v in values.values()), {}))
-register("gather0", _gather0)
-register("scatter0", _scatter0)
-register("group_rank", _group_rank)
+BUILTIN: Reducers = MappingProxyType(
+    {
+        Reduction.ALL.value: _all,
+        Reduction.COUNT.value: lambda values: (len(values), {}),
+        Reduction.INTERSECT.value: _intersect,
+        Reduction.MAX.value: lambda values: (max(values.values()), {}),
+        Reduction.MIN.value: lambda values: (min(values.values()), {}),
+        Reduction.AND.value: lambda values: (all(bool(v) for v in values.values()), {}),
+        Reduction.GATHER0.value: _gather0,
+        Reduction.SCATTER0.value: _scatter0,
+        Reduction.GROUP_RANK.value: _group_rank,
+    }
+)  # health.partners is the health check's (``launchers.health.network.REDUCERS``)

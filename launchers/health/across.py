@@ -12,9 +12,10 @@ Steps, each node in step with the others through ``JobEvents.exchange``:
 5. **result**: every node's measurements to node 0, which judges them; **verdict**: each node
    hears its own verdict and the bad nodes' (O(1) bytes per node, whatever the job's size).
 
-The exchanges are reductions at node 0's hub (``launchers.control.reductions``): the hello
-gives node 0 every host name and each node its turn on its machine; the link rounds' later
-partners are paired there from every node's first-round time (each node gets its partner).
+The exchanges (named by ``launchers.control.topics.health``) are reductions at node 0's hub
+(``launchers.control.reductions``): the hello gives node 0 every host name and each node its
+turn on its machine; the link rounds' later partners are paired there from every node's
+first-round time (each node gets its partner: ``network.REDUCERS``, handed to the hub).
 A node that never arrives does not stop the others: they measure anyway, and node 0 judges
 what arrived (the missing node is faulty); the others cannot know the verdict and say so.
 """
@@ -27,6 +28,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launchers.control.reductions import Reduction
+from launchers.control.topics import health as health_topic
 from launchers.health import network, probes
 from launchers.health.outcome import HealthOutcome, rules_of, torch_ready
 from launchers.health.verdict import Verdict, judge
@@ -52,7 +55,7 @@ def boot_id() -> str:
         return ""
 
 
-HELLO = {"host": "gather0", "boot": "group_rank"}  # node 0 learns every host; each node its turn on its machine
+HELLO = {"host": Reduction.GATHER0, "boot": Reduction.GROUP_RANK}  # node 0: every host; each node: its turn
 MAX_BAD = 256  # bad nodes every node is told of (each node also learns its own verdict)
 
 
@@ -75,7 +78,7 @@ def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> H
     from launchers.control import control_port
 
     deadline = start + job.health_check.timeout
-    topic = f"health/{events.generation}"
+    generation = events.generation
     node, host = cluster.node_rank, socket.gethostname()
     port = control_port(job, cluster.master_port, cluster.control_port) + STORE_PORT_OFFSET
     use_links = torch_ready()
@@ -84,14 +87,15 @@ def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> H
         store = network.open_store(
             cluster.master_addr, port, host=True, nnodes=cluster.nnodes, timeout=network.ROUND_BUDGET
         )
-    hello = _meet(events, f"{topic}/hello", {"host": host, "boot": boot_id()}, deadline, HELLO)
+    hello = _meet(events, health_topic(generation, "hello"), {"host": host, "boot": boot_id()}, deadline, HELLO)
     hosts = {i: cluster.host_of(i) for i in range(cluster.nnodes)} if node == 0 else {node: host}  # node 0 judges
     hosts.update({int(n): str(h) for n, h in ((hello or {}).get("host") or {}).items()})
     met = time.monotonic()
     result: dict[str, Any] = {"host": host, "memory": probes.memory()}
     result["storage"] = probes.storage(job.resolve(job.checkpoint.dir))
     if hello is not None:  # after a missing node, a second wait for it would only cost time
-        _meet(events, f"{topic}/ready", True, max(deadline, time.monotonic() + READY_LIMIT), "count")
+        ready = max(deadline, time.monotonic() + READY_LIMIT)
+        _meet(events, health_topic(generation, "ready"), True, ready, Reduction.COUNT)
     base = time.monotonic()
     turn = (hello or {}).get("boot") or {"index": 0, "most": 1}
     _sleep_until(base + int(turn["index"]) * SLOT)
@@ -99,13 +103,13 @@ def run_across(job: Job, cluster: Cluster, events: JobEvents, start: float) -> H
     _sleep_until(base + int(turn["most"]) * SLOT)  # every node starts the link rounds at the same moment
     probed = time.monotonic()
     if use_links:
-        result["links"] = _links(cluster, store, port, probed, events, topic)
+        result["links"] = _links(cluster, store, port, probed, events, health_topic(generation, "partners"))
     # Where the time went: importing torch and waiting for every node, the probes (turns included), the links.
     result["phases"] = {"arrive": met - start, "probes": probed - met, "links": time.monotonic() - probed}
     limit = probed + network.links_budget(cluster.nnodes) + SHARE_MARGIN
-    gathered, incomplete = _gather(events, f"{topic}/result", result, limit, cluster.nnodes)
+    gathered, incomplete = _gather(events, health_topic(generation, "result"), result, limit, cluster.nnodes)
     verdicts, incomplete, unlisted = _verdicts(
-        events, f"{topic}/verdict", gathered, incomplete, (cluster, job, hosts), limit
+        events, health_topic(generation, "verdict"), gathered, incomplete, (cluster, job, hosts), limit
     )
     del store  # node 0: every node has reported, so no pair uses it any more
     return HealthOutcome(verdicts, time.monotonic() - start, incomplete, hosts, cluster.nnodes, unlisted)
@@ -132,14 +136,13 @@ def _verdicts(
             bad = [_brief(v) for v in verdicts if v.bad]
             told = {"bad": bad[:MAX_BAD], "unlisted": max(0, len(bad) - MAX_BAD)}
             with contextlib.suppress(ExchangeFailed):
-                events.reduce(
-                    topic, {"all": told, "each": {str(v.index): _brief(v) for v in verdicts}}, deadline, "scatter0"
-                )
+                decided = {"all": told, "each": {str(v.index): _brief(v) for v in verdicts}}
+                events.reduce(topic, decided, deadline, Reduction.SCATTER0)
         return verdicts, incomplete, 0
     if incomplete is not None:
         return [], incomplete, 0
     try:
-        told = events.reduce(topic, None, deadline, "scatter0")
+        told = events.reduce(topic, None, deadline, Reduction.SCATTER0)
     except ExchangeFailed as exc:
         return [], str(exc), 0
     mine = Verdict(**told["mine"], result=None)
@@ -156,7 +159,7 @@ def _links(
 ) -> dict[str, float | None]:
     def partners(mine: float | None, deadline: float) -> dict[str, Any]:
         """The later rounds' partners, paired by node 0's hub from every node's first-round time."""
-        return dict(events.reduce(f"{topic}/partners", mine, deadline, network.PARTNERS))
+        return dict(events.reduce(topic, mine, deadline, network.PARTNERS))
 
     try:
         if store is None:
@@ -182,7 +185,7 @@ def _gather(
     from launchers.control import ExchangeFailed
 
     try:
-        gathered = events.reduce(topic, value, deadline, "gather0") or {}
+        gathered = events.reduce(topic, value, deadline, Reduction.GATHER0) or {}
         return {int(n): v for n, v in gathered.items()}, None
     except ExchangeFailed as exc:
         if events.node != 0:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from launchers.control.reductions import register
+from launchers.control.reductions import Reducer, Reduction
 
 ALL_PAIRS_MAX = 8
 PAYLOAD_BYTES = 512 << 10  # 0.2 s through a 20 Mbit/s link, about a millisecond through a healthy one
@@ -31,7 +31,7 @@ ROUND_BUDGET = 5.0  # seconds a round may take: a pair through a 20 Mbit/s link 
 
 Pair = tuple[int, int]
 Partners = Callable[[float | None, float], dict[str, Any]]  # (my round-0 time, deadline) → {"r1": peer, "r2": peer}
-PARTNERS = "health.partners"  # the reduction's name at the hub (registered below)
+PARTNERS = Reduction.HEALTH_PARTNERS  # the reduction at the hub: ``REDUCERS``, handed to it by the caller
 
 
 def links_budget(nnodes: int) -> float:
@@ -213,7 +213,7 @@ def _wait_keys(store: Any, keys: list[str], deadline: float, clock: Callable[[],
         time.sleep(0.02)
 
 
-register(PARTNERS, later_partners)
+REDUCERS: dict[str, Reducer] = {PARTNERS.value: later_partners}  # for ``open_job_events(..., reducers=)``
 
 
 def main(argv: list[str]) -> None:

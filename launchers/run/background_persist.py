@@ -39,19 +39,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launchers.control import Reduction, topics
 from launchers.elastic import layout
 from launchers.log import say
 from launchers.run.slot_copy import Header, LiveSegment, Torn, open_ranks, write_image
 
 if TYPE_CHECKING:
+    from launchers.control import Exchange, How
     from launchers.plan import LaunchPlan
-    from launchers.run.flash_save import Exchange
 
 POLL = 0.01  # seconds between two looks at the slots while a target is due
 IDLE_POLL = 0.25  # before every rank staged once
 EXCHANGE_WAIT = 120.0  # a round's meeting of the nodes (they stage in lockstep; this covers the writes)
 # A round's meeting, reduced by node 0's hub: did every node write, the shard sizes (node 0 commits), the next target.
-ROUND_REDUCTION = {"ok": "and", "sizes": "gather0", "next": "max"}
+ROUND_REDUCTION = {"ok": Reduction.AND, "sizes": Reduction.GATHER0, "next": Reduction.MAX}
 
 
 @dataclass
@@ -163,16 +164,16 @@ class BackgroundPersist:
             heads = self._heads(segments)
             if heads is not None:
                 newest = max(max(h.complete(self.attempt)) for h in heads.values())
-                return int(self._meet("start", self._next_after(newest), "max"))
+                return int(self._meet("start", self._next_after(newest), Reduction.MAX))
         return None
 
-    def _meet(self, topic: str, value: Any, how: Any) -> Any:
+    def _meet(self, step: str, value: Any, how: How) -> Any:
         """This node's part of reducing every node's ``value`` by ``how`` (``launchers.control.reductions``)."""
         if not self.others_write or self.exchange is None:
-            from launchers.control.reductions import reduce_values, result_for
+            from launchers.control.reductions import local
 
-            return result_for(self.nodes[0], *reduce_values(how, {self.nodes[0]: value}))
-        return self.exchange(f"bg/{self.key}/{topic}", value, time.monotonic() + EXCHANGE_WAIT, how)
+            return local(how, self.nodes[0], value)
+        return self.exchange(topics.background(self.key, step), value, time.monotonic() + EXCHANGE_WAIT, how)
 
     def _capture(self, target: int, segments: dict[int, LiveSegment]) -> tuple[_Captured | None, int | None]:
         """Wait for ``target`` on every local rank and copy it out: (copies or None if missed, newest staged)."""

@@ -19,7 +19,8 @@ from launchers.plan import LaunchPlan
 from launchers.run.outcome import Failure, Outcome
 
 if TYPE_CHECKING:
-    from launchers.run.flash_save import Exchange, FlashResult
+    from launchers.control import Exchange
+    from launchers.run.flash_save import FlashResult
 
 
 class FlashHook:

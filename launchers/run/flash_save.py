@@ -43,13 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from launchers.control import Exchange, Reduction, topics
 from launchers.elastic import layout, shardfile, staging
 
 _STALE = 600.0  # candidate files older than this (seconds) belong to an earlier run
 AGREE_WAIT = 5.0  # how long a node waits for the others to report (their workers fail at about the same time)
 
 T = TypeVar("T")
-Exchange = Callable[[str, Any, float, Any], Any]  # (topic, value, deadline, how) → this node's part of the reduction
 
 
 class TornSlot(RuntimeError):
@@ -135,7 +135,7 @@ def persist(
         if isinstance(staged, FlashResult):
             if share.others_write and share.exchange is not None:  # the other nodes need not wait for us
                 with contextlib.suppress(RuntimeError):
-                    share.exchange(f"cand/{share.key}", [], 0.0, "intersect")
+                    share.exchange(topics.flash_candidates(share.key), [], 0.0, Reduction.INTERSECT)
             return staged
         step = _decide(staged, share)
         if isinstance(step, FlashResult):
@@ -184,7 +184,8 @@ def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
     """The step to persist: the newest every rank (every node) staged, if newer than the committed one."""
     common = set.intersection(*(set(s) for s in staged.slots.values()))
     if share.others_write and share.exchange is not None:
-        both = set(share.exchange(f"cand/{share.key}", sorted(common), share.deadline, "intersect"))
+        topic = topics.flash_candidates(share.key)
+        both = set(share.exchange(topic, sorted(common), share.deadline, Reduction.INTERSECT))
         decision = max(both) if both else None
         if decision is None:
             return FlashResult("nothing", "the nodes have no staged step in common")
@@ -217,7 +218,8 @@ def _write(
         all_sizes = sizes
         if share.others_write and share.exchange is not None:
             mine = {str(r): n for r, n in sizes.items()}
-            gathered = share.exchange(f"done/{share.key}", mine, share.deadline, "gather0") or {}  # node 0's alone
+            topic = topics.flash_done(share.key)
+            gathered = share.exchange(topic, mine, share.deadline, Reduction.GATHER0) or {}  # node 0's alone
             all_sizes = {int(r): int(n) for done in gathered.values() for r, n in done.items()}
             if 0 not in share.nodes:
                 kept = True

@@ -2,7 +2,7 @@
 
 Every node runs the same attempts: a failure anywhere ends the attempt on every node (the
 supervisor's ``job_events``), each node asks the hub which failure was the job's first (its
-exit code is the job's), and before attempt g+1 every node meets the others (``start/g+1``),
+exit code is the job's), and before attempt g+1 every node meets the others (``topics.restart``),
 so restarts are counted job-wide and a node that is gone ends the job instead of a restart.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from launchers.control import ExchangeFailed, JobEvents
+from launchers.control import ExchangeFailed, JobEvents, Reduction, topics
 from launchers.log import say
 from launchers.run.outcome import Outcome
 
@@ -41,7 +41,7 @@ def meet_before_restart(events: JobEvents, attempt: int, timeout: float) -> bool
     if not events.networked:
         return True
     try:
-        events.reduce(f"start/{attempt}", None, time.monotonic() + timeout, "count")
+        events.reduce(topics.restart(attempt), None, time.monotonic() + timeout, Reduction.COUNT)
     except ExchangeFailed as exc:
         say(f"job failed: cannot restart together: {exc}")
         return False

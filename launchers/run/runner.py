@@ -63,8 +63,9 @@ def run_job(
         return 128 + stop
     run_id = secrets.token_hex(16)
     from launchers.control import open_job_events
+    from launchers.health.network import REDUCERS
 
-    events = open_job_events(job, cluster)
+    events = open_job_events(job, cluster, REDUCERS)  # node 0's hub pairs the health check's links
     observer = JobObserver(job, plan, run_id, events)
     become_subreaper()
     watchdog = Watchdog(run_id).start()

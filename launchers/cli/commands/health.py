@@ -33,7 +33,9 @@ def health(
 
     job = load_job(job_file)
     cluster = get_engine(resolve_engine_name(job, engine)).detect(job, _environ(), list(ctx.args), simulate=simulate)
-    events = open_job_events(job, cluster)
+    from launchers.health.network import REDUCERS
+
+    events = open_job_events(job, cluster, REDUCERS)  # node 0's hub pairs the links
     code = 1
     try:
         outcome = run_health(job, cluster, events)

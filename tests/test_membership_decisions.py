@@ -1,0 +1,176 @@
+"""The hub's membership decisions without a socket: state in, effects out (``launchers/control/membership.py``).
+
+Each decision changes the hub's record of the nodes (``Roster``: one ``NodeStatus`` per node)
+through named transitions and returns what the hub must do, in order. These tests drive the
+decisions directly; ``tests/test_membership_plane.py`` runs the same cases over real sockets.
+The node lives themselves (``roster`` at the hub, ``life`` at an agent) refuse a move their
+diagrams do not have.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launchers.control import messages as m
+from launchers.control.effects import Broadcast, Drop, EndJob, Multicast, Send, VoidExchanges
+from launchers.control.life import AgentPhase, IllegalPhase, Life
+from launchers.control.membership import Membership
+from launchers.control.roster import IllegalTransition, NodeStatus, Roster
+
+BASE = m.Welcome(3, 0.5, 1.0, 1.0)
+
+
+def membership(span: tuple[int, int] | None, nnodes: int = 3) -> Membership:
+    roster = Roster(nnodes)
+    for node in range(nnodes):
+        roster.hosts[node] = f"h{node}"
+        roster.heard(node, 0.0)
+    return Membership(roster, span, node_timeout=10.0)
+
+
+def meet(plane: Membership, key: str, nodes: list[int], generation: int = 1, admit: bool = True) -> list:
+    effects = []
+    for node in nodes:
+        effects += plane.on_meet(m.Meet(node, key, generation, 0, admit))
+    return effects
+
+
+def met(effects: list) -> m.Met:
+    (result,) = [e.message for e in effects if isinstance(e, Multicast)]
+    assert isinstance(result, m.Met)
+    return result
+
+
+def test_shrink_a_silent_member_is_left_out_exchanges_are_void_and_the_meeting_goes_on_without_it() -> None:
+    plane = membership((2, 3))
+    effects = plane.on_silent(2, 11.0, now=100.0)
+    assert [type(e) for e in effects] == [Drop, Broadcast, VoidExchanges]
+    drop, told, void = effects
+    assert drop == Drop(2, m.LeftOut(2, "h2", Membership.out_reason("its mlaunch sent nothing for 11.0s")))
+    assert told.message == m.Left(m.Departure(2, "h2", "its mlaunch sent nothing for 11.0s", 11.0), 2)
+    assert "node 2 left the job" in void.reason
+    assert plane.roster.of(2) is NodeStatus.LEFT_OUT and plane.roster.members == {0, 1}
+    assert not plane.current(m.Put(1, "bg/a/ok", "and", True, epoch=0))  # made under the old membership
+    result = met(meet(plane, "1", [0, 1]))
+    assert result.members == (0, 1) and [d.node for d in result.left] == [2] and result.joined == ()
+    assert plane.current(m.Put(1, "start/2", "count", None, epoch=result.epoch))
+
+
+def test_grow_a_node_that_says_hello_waits_and_the_next_meeting_admits_it_up_to_max() -> None:
+    plane = membership((2, 3))
+    plane.on_silent(2, 11.0, now=100.0)
+    meet(plane, "1", [0, 1])
+    (send,) = plane.on_hello(m.Hello(2, "h2", "new"), BASE)
+    assert isinstance(send, Send) and send.node == 2
+    assert send.message == m.Welcome(3, 0.5, 1.0, 1.0, candidate=True, in_job=2, max_nodes=3)
+    assert plane.roster.nodes(NodeStatus.CANDIDATE) == [2] and plane.roster.members == {0, 1}
+    assert meet(plane, "h", [0, 1], admit=False)[0].message.joined == ()  # the health check's meeting admits nobody
+    result = met(meet(plane, "2", [0, 1], generation=2))
+    assert result.members == (0, 1, 2) and result.joined == (m.Joined(2, "h2"),) and result.generation == 2
+    assert plane.roster.of(2) is NodeStatus.MEMBER
+
+
+def test_regroup_is_asked_once_while_a_candidate_waits_and_the_meeting_says_why() -> None:
+    plane = membership((2, 3))
+    assert plane.regroup("nobody waits") == []
+    plane.on_silent(2, 11.0, now=100.0)
+    meet(plane, "1", [0, 1])
+    plane.on_hello(m.Hello(2, "h2", "new"), BASE)
+    assert plane.regroup("node 2 waits to join") == [Broadcast(m.Regroup(0, "node 2 waits to join"))]
+    assert plane.regroup("again") == []
+    result = met(meet(plane, "2", [0, 1]))
+    assert result.regroup == "node 2 waits to join" and result.members == (0, 1, 2)
+
+
+def test_a_rejoin_during_a_shrink_the_meeting_in_flight_ends_without_it_and_the_next_admits_it() -> None:
+    plane = membership((2, 3))
+    plane.restarted(m.Hello(2, "h2", "first"), now=0.0)
+    assert meet(plane, "1", [0, 1]) == []  # node 2 has not come yet
+    effects = plane.restarted(m.Hello(2, "h2", "second"), now=5.0)  # its mlaunch started again
+    assert plane.roster.of(2) is NodeStatus.LEFT_OUT
+    assert "started again" in effects[1].message.departure.why
+    result = met(effects)  # the departure completed the meeting the others were waiting in
+    assert result.members == (0, 1) and [d.node for d in result.left] == [2]
+    plane.on_hello(m.Hello(2, "h2", "second"), BASE)
+    assert plane.roster.of(2) is NodeStatus.CANDIDATE
+    assert met(meet(plane, "2", [0, 1])).joined == (m.Joined(2, "h2"),)
+
+
+def test_a_graceful_leave_a_waiting_candidate_fills_the_minimum() -> None:
+    plane = membership((2, 3))
+    plane.on_silent(1, 11.0, now=100.0)
+    meet(plane, "1", [0, 2])
+    plane.on_hello(m.Hello(1, "h1", "back"), BASE)
+    effects = plane.on_leaving(2, "SIGTERM (a preemption)", now=120.0)
+    assert [type(e) for e in effects] == [Drop, Broadcast, VoidExchanges]
+    assert effects[0] == Drop(2)  # not told it is out: it said so itself
+    assert effects[1].message.departure == m.Departure(2, "h2", "SIGTERM (a preemption)", 0.0, graceful=True)
+    result = met(meet(plane, "2", [0]))  # node 0 alone: the leaving node is not waited for
+    assert result.members == (0, 1) and result.joined == (m.Joined(1, "h1"),) and result.left[-1].graceful
+
+
+def test_a_graceful_leave_below_the_minimum_ends_the_job_on_every_node() -> None:
+    plane = membership((3, 3))
+    (effect,) = plane.on_leaving(2, "SIGTERM (a preemption)", now=1.0)
+    assert isinstance(effect, EndJob) and effect.message.node == 2 and effect.message.exit_code == 143
+    assert "node 2 is leaving" in effect.message.why and "below the elastic minimum 3" in effect.message.why
+    assert plane.roster.of(2) is NodeStatus.MEMBER  # still one of the job's nodes: its end follows
+
+
+def test_node_0_lost_ends_the_job_and_so_does_any_loss_without_a_range() -> None:
+    plane = membership((2, 3))
+    (effect,) = plane.on_silent(0, 11.0, now=100.0)
+    assert isinstance(effect, Broadcast) and isinstance(effect.message, m.Lost) and effect.message.node == 0
+    assert "node 0 hosts the control plane" in effect.message.why
+    assert plane.roster.of(0) is NodeStatus.LOST and 0 in plane.roster.members
+    fixed = membership(None)
+    assert fixed.on_silent(2, 11.0, now=100.0) == [Broadcast(m.Lost(2, "h2", 11.0, ""))]
+    assert fixed.roster.of(2) is NodeStatus.LOST
+
+
+def test_bye_said_by_a_member_a_candidate_and_a_member_that_failed() -> None:
+    plane = membership((2, 3))
+    assert plane.on_bye(1, 0, now=1.0) == [] and plane.roster.of(1) is NodeStatus.SAID_BYE
+    plane.on_hello(m.Hello(1, "h1"), BASE)
+    assert plane.roster.of(1) is NodeStatus.MEMBER  # its mlaunch came back
+    plane.on_silent(2, 11.0, now=2.0)
+    plane.on_hello(m.Hello(2, "h2", "new"), BASE)
+    assert plane.on_bye(2, 0, now=3.0) == [Drop(2)] and plane.roster.of(2) is None  # never admitted
+    wide = membership((2, 3))
+    assert [type(e) for e in wide.on_bye(2, 1, now=1.0)] == [Drop, Broadcast, VoidExchanges]
+    assert wide.roster.of(2) is NodeStatus.LEFT_OUT
+    assert not wide.roster.everyone_left()  # node 1 still listens
+    wide.on_bye(1, 0, now=2.0)
+    assert wide.roster.everyone_left()
+
+
+def test_a_silent_candidate_is_dropped_and_a_node_cannot_be_in_two_states() -> None:
+    plane = membership((2, 3))
+    plane.on_silent(2, 11.0, now=100.0)
+    plane.on_hello(m.Hello(2, "h2", "new"), BASE)
+    assert plane.on_silent(2, 11.0, now=120.0) == [Drop(2)] and plane.roster.of(2) is None
+    roster = plane.roster
+    with pytest.raises(IllegalTransition, match="node 1 is member, not candidate"):
+        roster.admit(1)
+    with pytest.raises(IllegalTransition):
+        roster.rejoin(1)
+    roster.lose(1)
+    with pytest.raises(IllegalTransition):
+        roster.leave_out(1)
+    assert roster.quiet == {1} and roster.members == {0, 1}
+
+
+def test_an_agents_life_moves_only_along_its_diagram() -> None:
+    life = Life()
+    assert life.phase is AgentPhase.JOINING and not life.admit()
+    life.welcome(candidate=True)
+    assert life.phase is AgentPhase.CANDIDATE and life.welcomed
+    life.welcome(candidate=False)  # a rejoin's welcome does not admit it: a meeting does
+    assert life.phase is AgentPhase.CANDIDATE and life.admit() and life.phase is AgentPhase.MEMBER
+    life.closing()
+    assert life.phase is AgentPhase.CLOSING and life.end(AgentPhase.ENDED)
+    assert not life.end(AgentPhase.LOST) and life.phase is AgentPhase.ENDED  # the first end stands
+    life.welcome(candidate=False)
+    assert life.phase is AgentPhase.ENDED
+    with pytest.raises(IllegalPhase, match="member is not an end"):
+        Life().end(AgentPhase.MEMBER)
