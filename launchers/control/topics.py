@@ -29,6 +29,16 @@ def restart(attempt: int) -> str:
     return f"start/{attempt}"
 
 
+def meeting(generation: int) -> str:
+    """An elastic job's members meeting before ``generation`` (``meet``/``met``)."""
+    return str(generation)
+
+
+def meeting_after_health(key: str) -> str:
+    """The meeting again after the health check before it left nodes out (no one is admitted there)."""
+    return f"{key}/health"
+
+
 # -- the flash save -----------------------------------------------------------------------------------
 def flash_candidates(key: str) -> str:
     """The steps every node staged (``intersect``)."""

@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from launchers import stop_signals as early_signals
-from launchers.control import ExchangeFailed, Meeting
+from launchers.control import ExchangeFailed, Meeting, topics
 from launchers.log import say
 from launchers.phases import long_phase
 from launchers.platform.resize import resize
@@ -86,7 +86,7 @@ class ElasticMembership:
         _say_if_node0_lost(self.events)
 
     def gather(self, attempt: int, code: int) -> Gathered | int:
-        meeting = _meet(self, str(attempt), attempt, _meeting_wait(self.job))
+        meeting = _meet(self, topics.meeting(attempt), attempt, _meeting_wait(self.job))
         if meeting is None:
             return code
         return Gathered(reformed=bool(meeting.left or meeting.regroup), restarts=meeting.restarts, detail=meeting)
@@ -134,7 +134,7 @@ def _join(elastic: ElasticMembership) -> Meeting | int:
             say(f"job failed: {events.lost.describe() if events.lost else 'node 0 never answered'}; exit code 1")
             return 1
     if not events.candidate:
-        meeting = _meet(elastic, "0", 0, deadline - time.monotonic())
+        meeting = _meet(elastic, topics.meeting(0), 0, deadline - time.monotonic())
         return meeting if meeting is not None else 1
     when = "the job's next restart" if job.elastic.grow == "at_restart" else "the next committed checkpoint"
     say(
@@ -239,7 +239,7 @@ def _health(elastic: ElasticMembership, meeting: Meeting) -> Meeting | int:
         return refused
     if not bad:
         return meeting
-    again = _meet(elastic, f"{meeting.key}/health", meeting.generation, _meeting_wait(job), False)
+    again = _meet(elastic, topics.meeting_after_health(meeting.key), meeting.generation, _meeting_wait(job), False)
     if again is None:
         return 1
     return again
