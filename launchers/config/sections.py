@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from launchers.config.fields import Count, Duration, EnvValue, PathText, PositiveCount, Section, check_env_names
@@ -68,6 +70,13 @@ class CheckpointOptions(Section):
         None,
         description="mlaunch writes every N-th step the ranks stage (Checkpointer.stage) to dir in the background "
         "and commits it, so periodic checkpoints cost the training loop only the memory copy; default: off",
+    )
+    replicate: Literal["auto", "peer", "off"] = Field(
+        "auto",
+        description="an elastic job's answer to a lost machine: the survivors commit the newest step staged "
+        "(Checkpointer.stage) instead of falling back to the last commit. auto: replicated state (DDP) needs no "
+        "copy, a node whose staged state is sharded (DTensor slices: FSDP2, TP) streams its newest slot to the "
+        "next node's memory; peer: always stream; off: neither (a node loss resumes from the last commit)",
     )
 
 

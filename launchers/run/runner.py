@@ -38,6 +38,7 @@ from launchers.run.planning import resolve_engine_name as resolve_engine_name
 from launchers.run.preflight import check_launchable
 from launchers.run.procs import become_subreaper
 from launchers.run.rank_env import clear_error_files, error_file_lines
+from launchers.run.replication import Replication, for_run
 from launchers.run.signal_router import SignalRouter
 from launchers.run.standby_pool import StandbyPool
 from launchers.run.supervisor import Supervisor
@@ -101,10 +102,12 @@ def run_job(
             learn=job.preload_learning,
         )
     code = 1
+    run: _Run | None = None
     try:
         with SignalRouter() as signals:
             run = _Run(engine, run_id, signals, watchdog, events, observer, standbys)
             run.span = _elastic_span(job, events)
+            run.replicas = for_run(job.checkpoint.replicate, run_id, events, observer.log.write, run.span is not None)
             refused = None if run.span else _health_check(job, cluster, events, observer)  # elastic: per generation
             if refused is not None:
                 code = refused
@@ -116,6 +119,8 @@ def run_job(
         events.close(code)
         if standbys is not None:
             standbys.close()
+        if run is not None and run.replicas is not None:
+            run.replicas.close()
         staging.unlink_run(run_id)
         progress.unlink_run(run_id)
         watchdog.close()
@@ -133,6 +138,7 @@ class _Run:
     observer: JobObserver
     standbys: StandbyPool | None = None
     span: tuple[int, int] | None = None  # an elastic node range mlaunch runs (run/membership.py)
+    replicas: Replication | None = None  # machine-loss replication (checkpoint.replicate, run/replication.py)
 
 
 def _elastic_span(job: Job, events: JobEvents) -> tuple[int, int] | None:
@@ -200,6 +206,9 @@ def _attempt(
     clear_error_files(plan)
     run.events.start_generation(attempt)
     exchange = run.events.reduce if run.events.networked else None
+    if run.replicas is not None and exchange is not None:  # after a node loss: the survivors commit first
+        run.replicas.on_commit = run.observer.mlaunch_committed
+        run.replicas.begin(plan, attempt, exchange)
     background = _background_persist(job, plan, attempt, run.run_id, exchange)
     quiesce = background.stop if background else None
     flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)
@@ -215,7 +224,7 @@ def _attempt(
             log_mode="wb" if attempt == 0 else "ab",
             standbys=run.standbys,
             on_failure=flash,
-            tick=_ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer)),
+            tick=_ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer), *_replica_ticks(run)),
             reserve=flash.reserve,
             job_events=run.events,
             hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
@@ -228,6 +237,8 @@ def _attempt(
             cleanup()
     if outcome.status == "signalled":
         flash.after_stop(outcome)
+    if run.replicas is not None:
+        run.replicas.end(outcome)  # before the segments go: a node that left leaves the survivors' slots to commit
     run.observer.attempt_ended(outcome)
     roots = flash.checkpoint_dirs(job)
     staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
@@ -251,6 +262,10 @@ def _background_ticks(background: BackgroundPersist | None, observer: JobObserve
     if background is None:
         return []
     return [background.tick, lambda: observer.background_committed(background.committed)]
+
+
+def _replica_ticks(run: _Run) -> list[Callable[[], None]]:
+    return [run.replicas.tick] if run.replicas is not None else []
 
 
 def _health_check(job: Job, cluster: Cluster, events: JobEvents, observer: JobObserver) -> int | None:
