@@ -36,7 +36,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mode", choices=("ddp", "fsdp2"), default="ddp")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--state-mib", type=float, default=1.0, help="model + AdamW moments per rank (MiB)")
+    parser.add_argument(
+        "--state-mib", type=float, default=1.0, help="the whole model + AdamW moments (MiB): FSDP2 splits it over the ranks"
+    )
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--save-every", type=int, default=0)
     parser.add_argument("--digest", type=int, default=1, help="print the state digest every step (0: never)")
@@ -47,10 +49,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def make_model(args: argparse.Namespace, world: int) -> nn.Module:
-    """Square layers sized so that the state (parameters + 2 AdamW moments) is about --state-mib per rank."""
-    per_rank = args.state_mib * (1 << 20) / 12  # float32 parameters per rank (x3 with the moments)
-    params = per_rank * (world if args.mode == "fsdp2" else 1)
+def make_model(args: argparse.Namespace) -> nn.Module:
+    """Square layers sized so that the state (parameters + 2 AdamW moments) is about --state-mib, at any world size."""
+    params = args.state_mib * (1 << 20) / 12  # float32 parameters (x3 with the moments)
     width = 256
     layers = max(1, int(params // (width * width + width)))
     return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(layers)])
@@ -102,7 +103,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
-    model = make_model(args, world)
+    model = make_model(args)
     if args.mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
