@@ -98,7 +98,10 @@ def test_ddp_link_cut_costs_at_most_the_step_in_flight(tmp_path: Path, hosts3: l
         run.kill()
     text = run.text()
     assert max(before) - step <= 1 and shown == before[step], text  # at most the step in flight; the same state
-    assert re.search(rf"node loss: committed step {step} from the survivors \(replicated state", run.text(0)), text
+    assert re.search(
+        rf"node loss \(rank\(s\) 2\): committed step {step} from the survivors' own ranks: replicated state",
+        run.text(0),
+    ), text
     assert "saved by 2 ranks, now 2" in text, text  # the survivors' own shards, numbered as the 2-host job
     assert "replication: " not in text, text  # nothing streamed: the state is replicated
     events = node_loss_events(tmp_path / "logs")
@@ -114,7 +117,9 @@ def test_fsdp2_lost_hosts_shards_come_from_the_buddy_even_after_the_buddy_went_f
         cut_link(hosts3[2])  # host 3: host 2's buddy (the ring 1 → 2 → 3 → 1)
         step, shown, before = resumed_after_loss(run, 2)
         assert max(before) - step <= 1 and shown == before[step], run.text()
-        assert re.search(rf"node loss: committed step {step} from buddy copies", run.text(0)), run.text()
+        assert re.search(rf"node loss \(rank\(s\) 2\): committed step {step} from buddy copies", run.text(0)), (
+            run.text()
+        )
         run.wait_for(rf"staged step {step + 8}:", host=0)  # the ring re-formed: 1 → 2 → 1
         run.procs[1].send_signal(signal.SIGKILL)  # host 2's mlaunch: now its buddy is host 1
         step2, shown2, before2 = resumed_after_loss(run, 1)
@@ -140,6 +145,10 @@ def test_fsdp2_owner_and_buddy_lost_together_fall_back_to_the_last_commit(tmp_pa
     text = run.text()
     saves = [int(s) for s in re.findall(r"saved step (\d+)", run.text(0))]
     assert step == max(saves) and shown == before[step], text
-    assert re.search(r"node loss: resuming from the last commit: rank\(s\) 1: their node and its buddy", text), text
+    assert re.search(
+        rf"node loss \(rank\(s\) 1, 2\): resuming from the last commit, step {step}: "
+        r"rank\(s\) 1: their node and its buddy",
+        text,
+    ), text
     events = node_loss_events(tmp_path / "logs")
-    assert events and events[0]["how"] == "fallback" and events[0]["step"] is None, events
+    assert events and events[0]["how"] == "fallback" and events[0].get("fallback_step") == step, events

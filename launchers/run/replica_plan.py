@@ -26,7 +26,7 @@ generation's membership.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 How = Literal["replicated", "buddy", "own", "fallback", "nothing"]
@@ -108,6 +108,8 @@ class Verdict:
     newest: int = -1  # the newest step any survivor staged
     writes: Mapping[int, Sequence[Write]] = field(default_factory=dict)  # node → its shards
     reason: str = ""
+    lost: tuple[int, ...] = ()  # the old ranks no survivor runs (empty: no node was lost)
+    committed: int | None = None  # the newest step committed before (what a fallback resumes from)
 
     @property
     def lost_steps(self) -> int | None:
@@ -121,9 +123,13 @@ def decide(holdings: Mapping[int, Holding]) -> Verdict:
     if not staged:
         return Verdict("nothing", None, reason="no survivor had staged a step in the attempt that ended")
     newest = max(h.newest for h in staged.values())
+    world = max(h.world for h in staged.values())
+    lost = tuple(sorted(set(range(world)) - {r for h in staged.values() for r in h.own}))
     if not any(h.sharded for h in staged.values()):
-        return _replicated(staged, newest)
-    return _sharded(holdings, staged, newest)
+        verdict = _replicated(staged, newest)
+    else:
+        verdict = _sharded(holdings, staged, newest)
+    return replace(verdict, lost=lost)
 
 
 def _replicated(staged: Mapping[int, Holding], newest: int) -> Verdict:
@@ -178,7 +184,15 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def verdict_to_wire(v: Verdict) -> dict[str, Any]:
     """Node 0's verdict as the ``scatter0`` exchange carries it: the shared part and each node's writes."""
-    shared = {"how": v.how, "step": v.step, "world": v.world, "newest": v.newest, "reason": v.reason}
+    shared = {
+        "how": v.how,
+        "step": v.step,
+        "world": v.world,
+        "newest": v.newest,
+        "reason": v.reason,
+        "lost": list(v.lost),
+        "committed": v.committed,
+    }
     each = {str(n): [[w.rank, w.index, w.source] for w in ws] for n, ws in v.writes.items()}
     return {"all": shared, "each": each}
 
@@ -194,4 +208,6 @@ def verdict_of(shared: Mapping[str, Any], mine: Sequence[Sequence[Any]] | None, 
         newest=int(shared.get("newest", -1)),
         writes={node: writes} if writes else {},
         reason=str(shared.get("reason", "")),
+        lost=tuple(int(r) for r in shared.get("lost") or ()),
+        committed=None if shared.get("committed") is None else int(shared["committed"]),
     )

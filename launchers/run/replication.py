@@ -6,7 +6,11 @@ to its ring buddy (``peer_copy``) and holds its predecessor's (``replica_store``
 generation was ended by a node leaving, ``end`` copies this node's staged slots out of shared
 memory (the runner unlinks the segments right after, and the next generation's ranks reuse
 their names), and the next ``begin`` has the survivors commit the newest step the state is
-whole for (``survivor_save``) before their ranks start and resume from it.
+whole for (``survivor_save``) before their ranks start and resume from it. That is done after
+any failed generation, not only one a ``left`` ended: a rank often sees its peer's connection
+reset before the control plane declares the node gone, and the generation then ends as a
+failure whose flash save was void. Without a node lost it commits nothing the flash save did
+not (node 0 finds the step already committed) and says nothing.
 
 What it costs, said in the log and in ``events.jsonl`` (``replication``): the bytes a node
 holds (its buddy's two slots per rank, the two copies it sent of its own) and the bytes on
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchers.log import say
-from launchers.run.outcome import MEMBERSHIP, Outcome
+from launchers.run.outcome import Outcome
 from launchers.run.peer_copy import PeerCopy, is_sharded
 from launchers.run.replica_store import ReplicaStore
 from launchers.run.slot_copy import Torn, open_ranks
@@ -99,8 +103,7 @@ class Replication:
             sender.stop()
             self._figures(sender)
         self.tick()
-        failure = outcome.failure
-        if failure is not None and failure.cause.startswith(MEMBERSHIP) and "left the job" in failure.cause:
+        if outcome.failure is not None:  # a node left — or a rank saw it go first (a reset connection)
             self.captured = self._capture(sender)
 
     def tick(self) -> None:
@@ -185,26 +188,34 @@ class Replication:
     def _report(self, saved: SaveOutcome, captured: Captured | None) -> None:
         """Say which step the loss cost and why, on every node; events.jsonl and status learn the commit."""
         v = saved.verdict
+        if saved.committed and v.step is not None and self.on_commit is not None:
+            self.on_commit(v.step, "replica")
+        if not v.lost:  # a restart without a node lost: the flash save's work, said only if this did it
+            if saved.committed:
+                say(f"committed step {v.step} from the ranks' staged state before the restart")
+            return
+        ranks = ", ".join(map(str, v.lost[:8])) + ("…" if len(v.lost) > 8 else "")
+        before = f"step {v.committed}" if v.committed is not None else "no checkpoint (a fresh start)"
         if v.step is not None and saved.committed:
-            lost = v.lost_steps or 0
+            source = "buddy copies of the lost rank(s)" if v.how == "buddy" else "the survivors' own ranks"
             said = (
-                f"node loss: committed step {v.step} from {'the survivors' if v.how != 'buddy' else 'buddy copies'} "
-                f"({v.reason}); the newest step staged was {v.newest}: {lost} step(s) lost beyond it "
+                f"node loss (rank(s) {ranks}): committed step {v.step} from {source}: {v.reason}; the newest "
+                f"step staged was {v.newest}: {v.lost_steps} step(s) lost beyond it "
                 f"({saved.nbytes / 1e6:.1f} MB written here in {saved.seconds:.2f}s)"
             )
-            if self.on_commit is not None:
-                self.on_commit(v.step, "replica")
         elif v.step is not None:
-            said = f"node loss: step {v.step} could not be committed ({v.reason}); resuming from the last commit"
+            said = f"node loss (rank(s) {ranks}): step {v.step} could not be committed; resuming from {before}"
         else:
-            said = f"node loss: resuming from the last commit: {v.reason}"
+            said = f"node loss (rank(s) {ranks}): resuming from the last commit, {before}: {v.reason}"
         say(said)
         self.record(
             "node_loss",
             how=v.how if saved.committed or v.step is None else "failed",
             step=v.step if saved.committed else None,
+            lost_ranks=list(v.lost),
             newest_staged=v.newest,
             steps_lost=v.lost_steps if saved.committed else None,
+            fallback_step=None if saved.committed else v.committed,
             reason=v.reason,
             seconds=round(saved.seconds, 3),
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,20 +115,16 @@ def _decide(gathered: Mapping[str, Any], captured: Captured | None) -> dict[str,
     holdings = {n: Holding.of(n, p["have"]) for n, p in parts.items() if p.get("have") is not None}
     if not holdings:
         return {"all": None, "each": each}
-    verdict = decide(holdings)
-    wire = verdict_to_wire(verdict)
     root = captured.root if captured is not None else None
-    if root is not None and verdict.step is not None:
-        newest = layout.newest_step(root)
-        if newest is not None and newest >= verdict.step:
-            why = f"step {verdict.step} is not newer than committed step {newest}"
-            wire = {"all": {**wire["all"], "how": "nothing", "step": None, "reason": why}, "each": {}}
+    committed = layout.newest_step(root) if root is not None else None
+    verdict = replace(decide(holdings), committed=committed)
+    if verdict.step is not None and committed is not None and committed >= verdict.step:
+        why = f"step {verdict.step} is not newer than committed step {committed}"
+        verdict = replace(verdict, how="nothing", step=None, writes={}, reason=why)
+    wire = verdict_to_wire(verdict)
     for n, writes in wire["each"].items():
         each.setdefault(n, {})["writes"] = writes
-    shared = {**wire["all"], "root": str(root) if root is not None else ""}
-    if root is not None:
-        shared["committed"] = layout.newest_step(root)
-    return {"all": shared, "each": each}
+    return {"all": {**wire["all"], "root": str(root) if root is not None else ""}, "each": each}
 
 
 def _write(
