@@ -152,3 +152,30 @@ def test_fsdp2_owner_and_buddy_lost_together_fall_back_to_the_last_commit(tmp_pa
     ), text
     events = node_loss_events(tmp_path / "logs")
     assert events and events[0]["how"] == "fallback" and events[0].get("fallback_step") == step, events
+
+
+def test_fsdp2_ring_re_forms_when_the_lost_host_comes_back(tmp_path: Path, hosts3: list[Host]) -> None:
+    """Shrink (host 3's link cut), grow (host 3 back, admitted after the next commit), then host 2 lost: its
+    shards come from host 3 — its buddy again only because the ring re-formed with 3 hosts."""
+    job = write_job(tmp_path, "fsdp2", "2:3", save_every=10)
+    job.write_text(job.read_text() + "elastic: {grow: at_checkpoint}\n")
+    run = start(tmp_path, hosts3, job)
+    try:
+        run.wait_for(r"staged step 12:", host=0)
+        cut_link(hosts3[2])
+        step, shown, before = resumed_after_loss(run, 2)
+        assert max(before) - step <= 1 and shown == before[step], run.text()
+        run.procs[2].wait(timeout=30)  # host 3's mlaunch, cut off, gave up on node 0
+        subprocess.run([IP, "-n", hosts3[2].ns, "link", "set", "eth0", "up"], check=True, timeout=10)
+        run.start(2)  # the platform restarted host 3's pod
+        run.wait_for(RESUMED, host=0, timeout=90)  # the 3-host job, from the graceful stop's save
+        grown = run.wait_for(r"staged step (\d+):", host=0)
+        run.wait_for(rf"staged step {int(grown[1]) + 6}:", host=0)
+        run.procs[1].send_signal(signal.SIGKILL)  # host 2: its buddy is host 3 again
+        step2, shown2, before2 = resumed_after_loss(run, 2)
+    finally:
+        run.kill()
+    text = run.text()
+    assert max(before2) - step2 <= 1 and shown2 == before2[step2], text
+    assert re.search(rf"node loss \(rank\(s\) 1\): committed step {step2} from buddy copies", run.text(0)), text
+    assert [e["how"] for e in node_loss_events(tmp_path / "logs")] == ["buddy", "buddy"], text

@@ -37,7 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mode", choices=("ddp", "fsdp2"), default="ddp")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument(
-        "--state-mib", type=float, default=1.0, help="the whole model + AdamW moments (MiB): FSDP2 splits it over the ranks"
+        "--state-mib", type=float, default=1.0, help="the whole model + AdamW moments (MiB); FSDP2 splits it"
     )
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--save-every", type=int, default=0)
