@@ -102,25 +102,21 @@ def run_job(
             learn=job.preload_learning,
         )
     code = 1
-    run: _Run | None = None
     try:
         with SignalRouter() as signals:
             run = _Run(engine, run_id, signals, watchdog, events, observer, standbys)
             run.span = _elastic_span(job, events)
-            run.replicas = for_run(job.checkpoint.replicate, run_id, events, observer.log.write, run.span is not None)
             refused = None if run.span else _health_check(job, cluster, events, observer)  # elastic: per generation
             if refused is not None:
                 code = refused
                 return code
-            code = _attempts(job, cluster, plan, run)
+            code = _replicated_attempts(job, cluster, plan, run)
             return code
     finally:
         observer.finished(code)
         events.close(code)
         if standbys is not None:
             standbys.close()
-        if run is not None and run.replicas is not None:
-            run.replicas.close()
         staging.unlink_run(run_id)
         progress.unlink_run(run_id)
         watchdog.close()
@@ -146,6 +142,17 @@ def _elastic_span(job: Job, events: JobEvents) -> tuple[int, int] | None:
     from launchers.config.elastic import node_range
 
     return node_range(job) if events.networked else None
+
+
+def _replicated_attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
+    """The attempts, with machine-loss replication around them where it applies (``run/replication.py``)."""
+    elastic = run.span is not None
+    run.replicas = for_run(job.checkpoint.replicate, run.run_id, run.events, run.observer.log.write, elastic)
+    try:
+        return _attempts(job, cluster, plan, run)
+    finally:
+        if run.replicas is not None:
+            run.replicas.close()
 
 
 def _attempts(job: Job, cluster: Cluster, plan: LaunchPlan, run: _Run) -> int:
