@@ -18,15 +18,17 @@ job had at the step it resumed from, and that step is the newest staged one or t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, needs_torch
+from conftest import ROOT, clean_env, needs_torch, run_mlaunch
 from netns import IP, Host, hosts_fixture
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -82,6 +84,20 @@ def cut_link(host: Host) -> None:
     subprocess.run([IP, "-n", host.ns, "link", "set", "eth0", "down"], check=True, timeout=10)
 
 
+def streamed_steps(log_dir: Path, nodes: int) -> list[object]:
+    """Each node's newest step its buddy holds, from node 0's status.json, once every node reported one."""
+    deadline = time.monotonic() + 20
+    steps: list[object] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            view = json.loads((log_dir / "status.json").read_text())
+            steps = [n.get("replicated_step") for n in view.get("nodes", [])]
+            if len(steps) == nodes and all(isinstance(s, int) for s in steps):
+                return steps
+        time.sleep(0.2)
+    return steps
+
+
 def node_loss_events(log_dir: Path) -> list[dict[str, object]]:
     lines = (log_dir / "events.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["event"] == "node_loss" and e.get("node") == 0]
@@ -111,9 +127,12 @@ def test_ddp_link_cut_costs_at_most_the_step_in_flight(tmp_path: Path, hosts3: l
 def test_fsdp2_lost_hosts_shards_come_from_the_buddy_even_after_the_buddy_went_first(
     tmp_path: Path, hosts3: list[Host]
 ) -> None:
-    run = start(tmp_path, hosts3, write_job(tmp_path, "fsdp2", "1:3"))
+    job = write_job(tmp_path, "fsdp2", "1:3")
+    run = start(tmp_path, hosts3, job)
     try:
         run.wait_for(r"staged step 12:", host=0)
+        replicated = streamed_steps(tmp_path / "logs", 3)  # mlaunch status: every node's newest copy at its buddy
+        status = run_mlaunch(["status", str(job)], env=clean_env(COLUMNS="400")).stdout
         cut_link(hosts3[2])  # host 3: host 2's buddy (the ring 1 → 2 → 3 → 1)
         step, shown, before = resumed_after_loss(run, 2)
         assert max(before) - step <= 1 and shown == before[step], run.text()
@@ -128,6 +147,10 @@ def test_fsdp2_lost_hosts_shards_come_from_the_buddy_even_after_the_buddy_went_f
     finally:
         run.kill()
     text = run.text()
+    assert all(isinstance(step, int) and step >= 0 for step in replicated), replicated
+    assert re.search(
+        r"machine-loss replication, newest step a buddy holds: node 0: step \d+, node 1: step \d+", status
+    ), status
     assert text.count("saved by 3 ranks, now 2") == 1 and "saved by 2 ranks, now 1" in text, text
     assert [e["how"] for e in node_loss_events(tmp_path / "logs")] == ["buddy", "buddy"], text
 

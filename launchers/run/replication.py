@@ -122,8 +122,10 @@ class Replication:
         """This node's entry in ``mlaunch status``: the newest step streamed and the newest step held."""
         sender = self.sender
         held = self.store.newest()
+        replicated = sender is not None and sender.sharded is False and self.mode == "auto"
         return {
-            "replicated_step": sender.stats.last_sent if sender is not None else None,
+            "replica": "replicated state" if replicated else "buddy" if sender is not None else "none",
+            "replicated_step": sender.stats.last_sent if sender is not None and sender.stats.last_sent >= 0 else None,
             "holds_step": max(held.values()) if held else None,
             "replica_bytes": self.store.bytes_held(),
         }

@@ -272,7 +272,11 @@ def _background_ticks(background: BackgroundPersist | None, observer: JobObserve
 
 
 def _replica_ticks(run: _Run) -> list[Callable[[], None]]:
-    return [run.replicas.tick] if run.replicas is not None else []
+    """Replication's messages, and its figures in this node's status entry (``mlaunch status``)."""
+    replicas = run.replicas
+    if replicas is None:
+        return []
+    return [replicas.tick, lambda: run.observer.node_extra.update(replicas.status())]
 
 
 def _health_check(job: Job, cluster: Cluster, events: JobEvents, observer: JobObserver) -> int | None:
