@@ -40,6 +40,7 @@ def parse_args() -> argparse.Namespace:
         "--state-mib", type=float, default=1.0, help="the whole model + AdamW moments (MiB); FSDP2 splits it"
     )
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--width", type=int, default=256, help="the square layers' width")
     parser.add_argument("--save-every", type=int, default=0)
     parser.add_argument("--digest", type=int, default=1, help="print the state digest every step (0: never)")
     parser.add_argument("--init_method", default=None)
@@ -52,7 +53,7 @@ def parse_args() -> argparse.Namespace:
 def make_model(args: argparse.Namespace) -> nn.Module:
     """Square layers sized so that the state (parameters + 2 AdamW moments) is about --state-mib, at any world size."""
     params = args.state_mib * (1 << 20) / 12  # float32 parameters (x3 with the moments)
-    width = 256
+    width = args.width
     layers = max(1, int(params // (width * width + width)))
     return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(layers)])
 
@@ -134,7 +135,7 @@ def main() -> None:
             print(
                 f"resumed from step {loaded} (saved by {saved_by} ranks, now {world}): state-digest {shown}", flush=True
             )
-    width = 256
+    width = args.width
     for step in range(start, args.steps):
         began = time.perf_counter()
         gen = torch.Generator().manual_seed(step * 1000 + rank)
@@ -146,10 +147,12 @@ def main() -> None:
         if args.step_sleep:
             time.sleep(args.step_sleep)
         snapshot = state()
-        # the digest before the stage: every step rank 0 staged has been named
+        computed = time.perf_counter()
+        # the digest before the stage: every step rank 0 staged has been named (its time is not the step's)
         shown = digest(snapshot, rank) if args.digest and step % args.digest == 0 else "-"
+        digested = time.perf_counter()
         ckpt.stage(step, snapshot)
-        took = time.perf_counter() - began
+        took = time.perf_counter() - digested + computed - began
         if rank == 0:
             print(f"staged step {step}: state-digest {shown} step-time {took:.4f}", flush=True)
         if guard.should_stop(step):
