@@ -176,6 +176,12 @@ class Replication:
         stats = sender.stats
         if not stats.sent_steps:
             return
+        held = self.store.bytes_held() + sum(len(i) for s in sender.retained.values() for i in s.values())
+        say(
+            f"replication: {stats.sent_steps} step(s) streamed to {sender.buddy[0]} ({stats.slot_bytes / 1e6:.1f} MB "
+            f"on the wire per step), {stats.skipped_steps} skipped while the link was busy; "
+            f"{held / 1e6:.1f} MB of slots held in this mlaunch"
+        )
         self.record(
             "replication",
             attempt=sender.attempt,
@@ -184,7 +190,7 @@ class Replication:
             bytes_per_step=stats.slot_bytes,
             bytes_sent=stats.sent_bytes,
             busy_s=round(stats.busy_seconds, 3),
-            bytes_held=self.store.bytes_held() + sum(len(i) for s in sender.retained.values() for i in s.values()),
+            bytes_held=held,
         )
 
     def _report(self, saved: SaveOutcome, captured: Captured | None) -> None:
