@@ -89,10 +89,41 @@ class Lines:
         raise TimeoutError("no progress")
 
 
-def shape(hosts: list[Host], rate: str) -> None:
+def shape(hosts: list[Host], rate: str, qos: bool) -> None:
+    """Every host's egress at ``rate`` (``htb``); with ``qos`` the packets marked DSCP CS1 (mlaunch's
+    replication stream) go to a class that only borrows what the training's own traffic leaves idle.
+    (This kernel has no ``prio`` qdisc; ``htb`` with a ``u32`` match on the TOS byte does the same.)"""
     for host in hosts:
-        command = ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "4mb"]
-        subprocess.run([IP, "netns", "exec", host.ns, *command, "latency", "100ms"], check=True, timeout=10)
+        tc = [IP, "netns", "exec", host.ns, "tc"]
+        burst = ["burst", "4mb"]
+        steps = [
+            ["qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"],
+            [
+                "class",
+                "add",
+                "dev",
+                "eth0",
+                "parent",
+                "1:",
+                "classid",
+                "1:1",
+                "htb",
+                "rate",
+                rate,
+                "ceil",
+                rate,
+                *burst,
+            ],
+            ["class", "add", "dev", "eth0", "parent", "1:1", "classid", "1:10", "htb", "rate", rate, "ceil", rate]
+            + ["prio", "0", *burst],
+        ]
+        if qos:
+            steps.append(["class", "add", "dev", "eth0", "parent", "1:1", "classid", "1:20", "htb", "rate", "1mbit"])
+            steps[-1] += ["ceil", rate, "prio", "1", *burst]
+            steps.append(["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32"])
+            steps[-1] += ["match", "ip", "tos", "0x20", "0xfc", "flowid", "1:20"]
+        for step in steps:
+            subprocess.run([*tc, *step], check=True, timeout=10, capture_output=True)
 
 
 def link(host: Host, state: str) -> None:
@@ -169,7 +200,8 @@ def median(values: list[float]) -> float | None:
 
 
 def report(runs: list[Run], args: argparse.Namespace) -> None:
-    print(f"\n3 netns hosts × 1 rank, links {args.rate}, {args.state_mib:g} MiB of state per rank, host 3's link cut")
+    qos = "one class" if args.no_qos else "replication in a low-priority class"
+    print(f"\n3 netns hosts × 1 rank, links {args.rate} ({qos}), {args.state_mib:g} MiB of state per rank, host 3 cut")
     for run in runs:
         print(
             f"  {run.mode:5} replicate={run.replicate:4} cut at {run.cut_at:3}: newest staged {run.newest}, "
@@ -198,6 +230,7 @@ def main() -> int:
     parser.add_argument("--rate", default="1gbit", help="tc tbf rate of every host's eth0")
     parser.add_argument("--state-mib", type=float, default=64.0, help="parameters + AdamW moments per rank")
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--no-qos", action="store_true", help="one class per link: replication competes with training")
     parser.add_argument("--cut", default="8:16", help="the link is cut at a random step in MIN:MAX")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -210,7 +243,7 @@ def main() -> int:
     low, high = (int(x) for x in args.cut.split(":"))
     runs: list[Run] = []
     with NetnsHosts(3) as net:
-        shape(net.hosts, args.rate)
+        shape(net.hosts, args.rate, not args.no_qos)
         for trial in range(args.trials):
             for mode in args.modes:
                 cut_at = rng.randint(low, high)

@@ -10,7 +10,8 @@ never waits, it never takes a lock) and sends it to the next node of the ring
 It never blocks training and never queues: while a copy is on the wire the ranks go on
 staging, and the next copy takes the newest step then (``replica_plan.next_send``); the steps
 in between are skipped and counted. A buddy that is slow or unreachable costs this thread
-time, not the ranks.
+time, not the ranks. On the wire the stream is marked low priority (``low_priority``), so a
+link that carries the training's collectives too gives them precedence.
 
 It also keeps the two newest slots it sent (``retained``): if its buddy is the node that is
 lost, the survivors' commit needs this node's own shards of the step the lost node's copies
@@ -46,6 +47,19 @@ def is_sharded(image: bytearray | bytes) -> bool:
     hlen, _ = shardfile.read_prefix(image)
     start = shardfile.PREFIX.size
     return b'"dtensor"' in bytes(image[start : start + hlen])
+
+
+def low_priority(sock: socket.socket) -> None:
+    """Mark the stream as less than best effort: DSCP CS1 and the kernel's filler priority.
+
+    The copy must yield to the training's own collectives on a shared link: a network that
+    honours it (switch QoS or a ``tc`` filter on DSCP; ``pfifo_fast``/``prio`` put priority 1 in
+    their lowest band) carries it in the link's idle time. IP_TOS first: setting it resets the
+    socket's priority.
+    """
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x20)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, 1)
 
 
 @dataclass
@@ -163,6 +177,7 @@ class PeerCopy:
             if self._sock is None:
                 sock = socket.create_connection(self.buddy, timeout=SEND_TIMEOUT)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                low_priority(sock)
                 self._sock = sock
             return self._sock
 
