@@ -32,9 +32,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from launchers.elastic import shardfile
+from launchers.elastic.staging import Slot
 from launchers.run import replica_store
 from launchers.run.replica_plan import next_send
-from launchers.run.slot_copy import LiveSegment, Torn, open_ranks
+from launchers.run.slot_copy import Header, LiveSegment, Torn, open_ranks
 
 POLL = 0.01  # seconds between looks at the slots
 RETRY = 0.5  # after a failed connection
@@ -146,7 +147,7 @@ class PeerCopy:
             for seg in segments.values():
                 seg.close()
 
-    def _newest(self, segments: dict[int, LiveSegment]) -> tuple[int | None, dict[int, tuple[object, object]]]:
+    def _newest(self, segments: dict[int, LiveSegment]) -> tuple[int | None, dict[int, tuple[Header, Slot]]]:
         """The newest step every local rank staged in this attempt, and each rank's (header, slot) of it."""
         open_ranks(self.run_id, self.ranks, segments)
         heads = {}
@@ -163,11 +164,13 @@ class PeerCopy:
         self.world = next(iter(heads.values())).world
         return step, {rank: (h, h.complete(self.attempt)[step]) for rank, h in heads.items()}
 
-    def _copy(self, segments: dict[int, LiveSegment], slots: dict[int, tuple[object, object]]) -> dict | None:
+    def _copy(
+        self, segments: dict[int, LiveSegment], slots: dict[int, tuple[Header, Slot]]
+    ) -> dict[int, bytearray] | None:
         images: dict[int, bytearray] = {}
         for rank, (head, slot) in slots.items():
             try:
-                images[rank] = segments[rank].copy(head, slot)  # type: ignore[arg-type]
+                images[rank] = segments[rank].copy(head, slot)
             except Torn:
                 return None  # the rank is already writing the next-but-one step: take the newest next time
         return images
