@@ -59,6 +59,7 @@ class Run:
     recovery_s: float | None = None
     step_times: list[float] = field(default_factory=list)
     said: str = ""
+    streamed: str = ""  # node 0's "replication: N step(s) streamed ..." line: bytes per step, steps skipped
 
     @property
     def lost(self) -> int:
@@ -176,6 +177,8 @@ def follow(lines: Lines, hosts: list[Host], run: Run, deadline: float) -> None:
         at, index, line = lines.next(deadline)
         if "node loss" in line and index == 0:
             run.said = line.split("mlaunch: ", 1)[-1][:160]
+        if "step(s) streamed to" in line and index == 0 and not run.streamed:
+            run.streamed = line.split("replication: ", 1)[-1]
         staged, again = STAGED.search(line), RESUMED.search(line)
         if index != 0 or not (staged or again):
             continue
@@ -209,6 +212,8 @@ def report(runs: list[Run], args: argparse.Namespace) -> None:
             f"first step after {run.recovery_s if run.recovery_s is None else round(run.recovery_s, 2)} s, "
             f"step {median(run.step_times) or 0:.3f} s — {run.said}"
         )
+        if run.streamed:
+            print(f"      streamed: {run.streamed}")
     for mode in args.modes:
         on = [r for r in runs if r.mode == mode and r.replicate == "auto"]
         off = [r for r in runs if r.mode == mode and r.replicate == "off"]
