@@ -60,6 +60,7 @@ class Run:
     step_times: list[float] = field(default_factory=list)
     said: str = ""
     streamed: str = ""  # node 0's "replication: N step(s) streamed ..." line: bytes per step, steps skipped
+    agent_cpu: float | None = None  # CPU seconds of the 3 mlaunch processes per step, until the cut
 
     @property
     def lost(self) -> int:
@@ -160,7 +161,7 @@ def one(hosts: list[Host], work: Path, args: argparse.Namespace, run: Run) -> Ru
         }
         lines.start(host, argv, {**env, **extra, "VC_WORKER_HOSTS": ",".join(h.name for h in hosts)})
     try:
-        follow(lines, hosts, run, time.monotonic() + args.timeout)
+        follow(lines, hosts, run, time.monotonic() + args.timeout, [p.pid for p in lines.procs])
     finally:
         for proc in lines.procs:
             with contextlib.suppress(OSError):
@@ -169,9 +170,22 @@ def one(hosts: list[Host], work: Path, args: argparse.Namespace, run: Run) -> Ru
     return run
 
 
-def follow(lines: Lines, hosts: list[Host], run: Run, deadline: float) -> None:
+def agents_cpu(pids: list[int]) -> float:
+    """CPU seconds the mlaunch processes used so far (the netns wrappers exec into them: same pids)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def follow(lines: Lines, hosts: list[Host], run: Run, deadline: float, pids: list[int]) -> None:
     digests: dict[int, str] = {}
     cut: float | None = None
+    base = 0.0
     resumed = False
     while True:
         at, index, line = lines.next(deadline)
@@ -193,7 +207,10 @@ def follow(lines: Lines, hosts: list[Host], run: Run, deadline: float) -> None:
             digests[step], run.newest = staged[2], step
             if step >= 3:
                 run.step_times.append(float(staged[3]))
+            if step == 2:
+                base = agents_cpu(pids)
             if step >= run.cut_at and cut is None:
+                run.agent_cpu = (agents_cpu(pids) - base) / max(1, step - 2)
                 link(hosts[2], "down")
                 cut = time.monotonic()
 
@@ -210,7 +227,7 @@ def report(runs: list[Run], args: argparse.Namespace) -> None:
             f"  {run.mode:5} replicate={run.replicate:4} cut at {run.cut_at:3}: newest staged {run.newest}, "
             f"resumed {run.resumed}, lost {run.lost}, same state {run.same_state}, "
             f"first step after {run.recovery_s if run.recovery_s is None else round(run.recovery_s, 2)} s, "
-            f"step {median(run.step_times) or 0:.3f} s — {run.said}"
+            f"step {median(run.step_times) or 0:.3f} s, mlaunch CPU {run.agent_cpu or 0:.3f} s/step — {run.said}"
         )
         if run.streamed:
             print(f"      streamed: {run.streamed}")
@@ -224,7 +241,9 @@ def report(runs: list[Run], args: argparse.Namespace) -> None:
             f"{[r.lost for r in on]}, first step after the cut median {median([r.recovery_s or 0 for r in on]):.2f} s; "
             f"baseline (off) — steps lost {[r.lost for r in off]}, first step after "
             f"{median([r.recovery_s or 0 for r in off]):.2f} s; step time replicated/off "
-            f"{statistics.median(ratios) if ratios else float('nan'):.3f} ({', '.join(f'{x:.3f}' for x in ratios)})"
+            f"{statistics.median(ratios) if ratios else float('nan'):.3f} ({', '.join(f'{x:.3f}' for x in ratios)}); "
+            f"mlaunch CPU per step (3 hosts) {median([r.agent_cpu or 0 for r in on]) or 0:.3f} s replicated, "
+            f"{median([r.agent_cpu or 0 for r in off]) or 0:.3f} s off"
         )
 
 

@@ -106,7 +106,7 @@ def node_loss_events(log_dir: Path) -> list[dict[str, object]]:
 def test_ddp_link_cut_costs_at_most_the_step_in_flight(tmp_path: Path, hosts3: list[Host]) -> None:
     run = start(tmp_path, hosts3, write_job(tmp_path, "ddp", "2:3"))
     try:
-        run.wait_for(r"staged step 12:", host=0)
+        run.wait_for(r"staged step 8:", host=0)
         cut_link(hosts3[2])
         step, shown, before = resumed_after_loss(run, 2)
         run.wait_for(r"staged step \d+:", host=0)  # the 2-host job trains on
@@ -130,7 +130,7 @@ def test_fsdp2_lost_hosts_shards_come_from_the_buddy_even_after_the_buddy_went_f
     job = write_job(tmp_path, "fsdp2", "1:3")
     run = start(tmp_path, hosts3, job)
     try:
-        run.wait_for(r"staged step 12:", host=0)
+        run.wait_for(r"staged step 8:", host=0)
         replicated = streamed_steps(tmp_path / "logs", 3)  # mlaunch status: every node's newest copy at its buddy
         status = run_mlaunch(["status", str(job)], env=clean_env(COLUMNS="400")).stdout
         cut_link(hosts3[2])  # host 3: host 2's buddy (the ring 1 → 2 → 3 → 1)
@@ -139,7 +139,7 @@ def test_fsdp2_lost_hosts_shards_come_from_the_buddy_even_after_the_buddy_went_f
         assert re.search(rf"node loss \(rank\(s\) 2\): committed step {step} from buddy copies", run.text(0)), (
             run.text()
         )
-        run.wait_for(rf"staged step {step + 8}:", host=0)  # the ring re-formed: 1 → 2 → 1
+        run.wait_for(rf"staged step {step + 5}:", host=0)  # the ring re-formed: 1 → 2 → 1
         run.procs[1].send_signal(signal.SIGKILL)  # host 2's mlaunch: now its buddy is host 1
         step2, shown2, before2 = resumed_after_loss(run, 1)
         assert max(before2) - step2 <= 1 and shown2 == before2[step2], run.text()
@@ -159,7 +159,7 @@ def test_fsdp2_owner_and_buddy_lost_together_fall_back_to_the_last_commit(tmp_pa
     run = start(tmp_path, hosts3, write_job(tmp_path, "fsdp2", "1:3", save_every=5))
     try:
         run.wait_for(r"saved step 9\b", host=0)
-        run.wait_for(r"staged step 12:", host=0)
+        run.wait_for(r"staged step 8:", host=0)
         run.procs[1].send_signal(signal.SIGKILL)  # host 2 and its buddy, host 3, at once
         run.procs[2].send_signal(signal.SIGKILL)
         step, shown, before = resumed_after_loss(run, 1)
@@ -184,7 +184,7 @@ def test_fsdp2_ring_re_forms_when_the_lost_host_comes_back(tmp_path: Path, hosts
     job.write_text(job.read_text() + "elastic: {grow: at_checkpoint}\n")
     run = start(tmp_path, hosts3, job)
     try:
-        run.wait_for(r"staged step 12:", host=0)
+        run.wait_for(r"staged step 8:", host=0)
         cut_link(hosts3[2])
         step, shown, before = resumed_after_loss(run, 2)
         assert max(before) - step <= 1 and shown == before[step], run.text()
@@ -193,7 +193,7 @@ def test_fsdp2_ring_re_forms_when_the_lost_host_comes_back(tmp_path: Path, hosts
         run.start(2)  # the platform restarted host 3's pod
         run.wait_for(RESUMED, host=0, timeout=90)  # the 3-host job, from the graceful stop's save
         grown = run.wait_for(r"staged step (\d+):", host=0)
-        run.wait_for(rf"staged step {int(grown[1]) + 6}:", host=0)
+        run.wait_for(rf"staged step {int(grown[1]) + 4}:", host=0)
         run.procs[1].send_signal(signal.SIGKILL)  # host 2: its buddy is host 3 again
         step2, shown2, before2 = resumed_after_loss(run, 2)
     finally:
