@@ -16,6 +16,10 @@ real gloo training across the hosts' ``eth0``, one rank per host:
   1-2 train as a 2-node job to the same final parameters as a 2-node run;
 - host 3's link down (silence, no closed connection): the same shrink after ``node_timeout``;
 - node 0's mlaunch SIGKILLed: the range cannot help; the others stop, name it and say why.
+
+These jobs run with ``checkpoint.replicate: off``: they check that a shrink resumes from the newest
+*committed* step. With replication (the default) the survivors commit the newest *staged* step
+first: ``test_replicas_hosts.py``.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def write_job(tmp: Path, entry: Path, args: str, extra: str = "") -> Path:
     job = tmp / "job.yaml"
     job.write_text(
         f"name: elastic\nengine: pytorch\nentry: {entry}\nargs: [{args}]\nnodes: 3\nprocs_per_node: 1\n"
-        f"log_dir: {tmp / 'logs'}\ncheckpoint: {{dir: {tmp / 'ckpt'}, grace_period: 20s, keep: 50}}\n"
+        f"log_dir: {tmp / 'logs'}\ncheckpoint: {{dir: {tmp / 'ckpt'}, grace_period: 20s, keep: 50, replicate: off}}\n"
         f"restart: {{max_restarts: 1, backoff: 0s}}\nmonitor: {{node_timeout: {NODE_TIMEOUT}s}}\n"
         f"pytorch: {{nnodes: '2:3'}}\n{extra}"
     )

@@ -76,6 +76,13 @@ class CheckpointOptions(Section):
         description="committed checkpoints exist but none can be loaded: fail (every rank raises CheckpointError "
         "with the reason per step) or start_over (train from scratch with a warning, an event and a status flag)",
     )
+    replicate: Literal["auto", "peer", "off"] = Field(
+        "auto",
+        description="an elastic job's answer to a lost machine: the survivors commit the newest step staged "
+        "(Checkpointer.stage) instead of falling back to the last commit. auto: replicated state (DDP) needs no "
+        "copy, a node whose staged state is sharded (DTensor slices: FSDP2, TP) streams its newest slot to the "
+        "next node's memory; peer: always stream; off: neither (a node loss resumes from the last commit)",
+    )
 
 
 class RestartOptions(Section):

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from launchers.control import JobEvents
     from launchers.run.background_persist import BackgroundPersist
     from launchers.run.flash_save import Exchange
+    from launchers.run.replication import Replication
 
 
 @dataclass
@@ -48,6 +49,7 @@ class RunContext:
     events: JobEvents
     observer: JobObserver
     standbys: StandbyPool | None = None
+    replicas: Replication | None = None  # machine-loss replication (checkpoint.replicate, run/replication.py)
 
 
 def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
@@ -76,6 +78,9 @@ def run_attempt(
     clear_error_files(plan)
     run.events.start_generation(attempt)
     exchange = run.events.reduce if run.events.networked else None
+    if run.replicas is not None and exchange is not None:  # after a node loss: the survivors commit first
+        run.replicas.on_commit = run.observer.mlaunch_committed
+        run.replicas.begin(plan, attempt, exchange)
     background = _background_persist(job, plan, attempt, run.run_id, exchange)
     quiesce = background.stop if background else None
     flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)
@@ -91,7 +96,7 @@ def run_attempt(
             log_mode="wb" if attempt == 0 else "ab",
             standbys=run.standbys,
             on_failure=flash,
-            tick=ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer)),
+            tick=ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer), *_replica_ticks(run)),
             reserve=flash.reserve,
             job_events=run.events,
             hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
@@ -104,6 +109,8 @@ def run_attempt(
             cleanup()
     if outcome.status == "signalled":
         flash.after_stop(outcome)
+    if run.replicas is not None:
+        run.replicas.end(outcome)  # before the segments go: a node that left leaves the survivors' slots to commit
     run.observer.attempt_ended(outcome)
     roots = flash.checkpoint_dirs(job)
     staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
@@ -128,6 +135,14 @@ def _background_ticks(background: BackgroundPersist | None, observer: JobObserve
     if background is None:
         return []
     return [background.tick, lambda: observer.background_committed(background.committed)]
+
+
+def _replica_ticks(run: RunContext) -> list[Callable[[], None]]:
+    """Replication's messages, and its figures in this node's status entry (``mlaunch status``)."""
+    replicas = run.replicas
+    if replicas is None:
+        return []
+    return [replicas.tick, lambda: run.observer.node_extra.update(replicas.status())]
 
 
 def ticks(*calls: Callable[[], None]) -> Callable[[], None]:

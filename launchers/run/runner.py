@@ -88,7 +88,7 @@ def run_job(
             if refused is not None:
                 code = refused
                 return code
-            code = _attempts(job, engine, cluster, plan, run)
+            code = _replicated_attempts(job, engine, cluster, plan, run)
             return code
     finally:
         observer.finished(code)
@@ -105,6 +105,19 @@ def _elastic_span(job: Job, events: JobEvents) -> tuple[int, int] | None:
     from launchers.config.elastic import node_range
 
     return node_range(job) if events.networked else None
+
+
+def _replicated_attempts(job: Job, engine: Engine, cluster: Cluster, plan: LaunchPlan, run: RunContext) -> int:
+    """The attempts, with machine-loss replication around them where it applies (``run/replication.py``)."""
+    from launchers.run.replication import for_run
+
+    elastic = _elastic_span(job, run.events) is not None
+    run.replicas = for_run(job.checkpoint.replicate, run.run_id, run.events, run.observer.log.write, elastic)
+    try:
+        return _attempts(job, engine, cluster, plan, run)
+    finally:
+        if run.replicas is not None:
+            run.replicas.close()
 
 
 def _attempts(job: Job, engine: Engine, cluster: Cluster, plan: LaunchPlan, run: RunContext) -> int:

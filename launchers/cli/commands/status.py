@@ -104,6 +104,9 @@ def render(data: dict[str, Any], path: Path) -> Any:
             f"{over.get('committed_step', '?')} is committed (checkpoint.on_unreadable: start_over)",
             style="bold",
         )
+    replicas = replica_line(data)
+    if replicas:
+        head.append(f"\n{replicas}")
     table = Table(box=None, pad_edge=False)
     for column in ("node", "host", "rank", "step", "steps/s", "last progress", "committed", "flags"):
         table.add_column(column, justify="right" if column in ("node", "rank", "step", "steps/s") else "left")
@@ -150,6 +153,26 @@ def membership_line(data: dict[str, Any]) -> str | None:
     if change.get("regroup"):
         line += f"; regrouped: {change['regroup']}"
     return line
+
+
+def replica_line(data: dict[str, Any]) -> str | None:
+    """Machine-loss replication (``checkpoint.replicate``): each node's newest step streamed to its buddy."""
+    nodes = [n for n in data.get("nodes", []) if "replicated_step" in n]
+    if not nodes:
+        return None
+    parts = [f"node {n.get('index', '?')}: {_replica(n)}" for n in nodes[:MAX_NAMED]]
+    more = f" (+{len(nodes) - MAX_NAMED} nodes)" if len(nodes) > MAX_NAMED else ""
+    held = sum(int(n.get("replica_bytes") or 0) for n in nodes) / len(nodes) / 1e6
+    copies = f"{held:.1f} MB of a neighbour's slots held per node"
+    return f"machine-loss replication, newest step a buddy holds: {', '.join(parts)}{more}; {copies}"
+
+
+def _replica(node: dict[str, Any]) -> str:
+    if node.get("replica") == "replicated state":
+        return "replicated state (no copy needed)"
+    if node.get("replica") == "none":
+        return "no buddy (a job of one node)"
+    return f"step {_or_dash(node.get('replicated_step'))}"
 
 
 def _node(entry: dict[str, Any]) -> str:

@@ -87,6 +87,9 @@ class JobObserver:
         self.members: dict[str, Any] | None = None  # an elastic job's newest membership change
         self.started_over: dict[str, Any] | None = None  # an attempt that trained from scratch over committed work
         self.recompute_warnings: list[str] = []  # the goodput report's warnings (``goodput.recompute_warnings``)
+        self.node_extra: dict[
+            str, Any
+        ] = {}  # this node's own figures beside its ranks (replication: run/replication.py)
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
             from launchers.run.observe.status_relay import StatusRelay
 
@@ -273,7 +276,7 @@ class JobObserver:
             index = self.events.node
             verdict = {"stragglers": sorted(self._stragglers)} if self.detector is not None else {}
             host = hosts.get(index) or socket.gethostname()
-            self.events.publish(node_entry(index, host, by_node.get(index, []), **verdict))
+            self.events.publish(node_entry(index, host, by_node.get(index, []), **verdict, **self.node_extra))
             nodes = list(self.events.view().values())
         else:
             nodes = [node_entry(i, hosts[i], ranks) for i, ranks in by_node.items()]

@@ -1,0 +1,227 @@
+"""The owner's side of machine-loss replication: stream this node's newest staged slots to its buddy.
+
+A machine that dies takes its shared memory with it, and with it the only copy of its ranks'
+staged shards when the state is sharded (FSDP2, TP). So after each ``stage()`` this node's
+mlaunch copies the newest step every local rank staged out of shared memory (``slot_copy``:
+trusted only if the slot's sequence number was even and unchanged before and after — the rank
+never waits, it never takes a lock) and sends it to the next node of the ring
+(``replica_plan.ring``) on a TCP connection of its own (``replica_store``).
+
+It never blocks training and never queues: while a copy is on the wire the ranks go on
+staging, and the next copy takes the newest step then (``replica_plan.next_send``); the steps
+in between are skipped and counted. A buddy that is slow or unreachable costs this thread
+time, not the ranks. On the wire the stream is marked low priority (``low_priority``), so a
+link that carries the training's collectives too gives them precedence.
+
+It also keeps the two newest slots it sent (``retained``): if its buddy is the node that is
+lost, the survivors' commit needs this node's own shards of the step the lost node's copies
+are of, and the ranks' shared memory may have moved past it.
+
+With ``checkpoint.replicate: auto`` it stops after the first slot when the state holds no
+DTensor slice (DDP: every rank has the same bytes, the survivors need no copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from launchers.elastic import shardfile
+from launchers.elastic.staging import Slot
+from launchers.run import replica_store
+from launchers.run.replica_plan import next_send
+from launchers.run.slot_copy import Header, LiveSegment, Torn, open_ranks
+
+POLL = 0.01  # seconds between looks at the slots
+RETRY = 0.5  # after a failed connection
+SEND_TIMEOUT = 30.0  # a buddy that takes no byte for this long is given up (reconnect)
+RETAIN = 2
+
+
+def is_sharded(image: bytearray | bytes) -> bool:
+    """Does this shard image hold DTensor slices (FSDP2, TP) — state no other rank holds?"""
+    hlen, _ = shardfile.read_prefix(image)
+    start = shardfile.PREFIX.size
+    return b'"dtensor"' in bytes(image[start : start + hlen])
+
+
+def low_priority(sock: socket.socket) -> None:
+    """Mark the stream as less than best effort: DSCP CS1 and the kernel's filler priority.
+
+    The copy must yield to the training's own collectives on a shared link: a network that
+    honours it (switch QoS or a ``tc`` filter on DSCP; ``pfifo_fast``/``prio`` put priority 1 in
+    their lowest band) carries it in the link's idle time. IP_TOS first: setting it resets the
+    socket's priority.
+    """
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x20)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, 1)
+
+
+@dataclass
+class CopyStats:
+    sent_steps: int = 0
+    skipped_steps: int = 0
+    sent_bytes: int = 0
+    busy_seconds: float = 0.0
+    last_sent: int = -1
+    slot_bytes: int = 0  # one step of this node's ranks
+
+
+class PeerCopy:
+    """One attempt's stream of this node's staged slots to ``buddy`` (host, port); a thread."""
+
+    def __init__(
+        self,
+        run_id: str,
+        attempt: int,
+        node: int,
+        ranks: set[int],
+        buddy: tuple[str, int],
+        secret: bytes,
+        mode: str,
+    ) -> None:
+        self.run_id, self.attempt, self.node, self.ranks = run_id, attempt, node, ranks
+        self.buddy, self.secret, self.mode = buddy, secret, mode
+        self.stats = CopyStats()
+        self.sharded: bool | None = None
+        self.world = 0
+        self.retained: dict[int, OrderedDict[int, bytearray]] = {}
+        self.messages: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="mlaunch-peer-copy", daemon=True)
+
+    def start(self) -> PeerCopy:
+        self._thread.start()
+        return self
+
+    def stop(self, wait: float = 2.0) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(wait)
+
+    def retained_steps(self) -> dict[int, list[int]]:
+        with self._lock:
+            return {r: sorted(s) for r, s in self.retained.items()}
+
+    # -- the thread ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        segments: dict[int, LiveSegment] = {}
+        said_error = False
+        try:
+            while not self._stop.wait(POLL):
+                step, slots = self._newest(segments)
+                target = next_send(step, self.stats.last_sent)
+                if target is None:
+                    continue
+                images = self._copy(segments, slots)
+                if images is None:
+                    continue
+                if self.sharded is None:
+                    self.sharded = any(is_sharded(i) for i in images.values())
+                    if self.mode == "auto" and not self.sharded:
+                        return  # replicated state: the survivors already hold every byte
+                try:
+                    self._send(target, images)
+                    said_error = False
+                except OSError as exc:
+                    self._drop_socket()
+                    if not said_error and not self._stop.is_set():
+                        said_error = True
+                        self.messages.put(f"replication: cannot stream to {self.buddy[0]}:{self.buddy[1]}: {exc}")
+                    self._stop.wait(RETRY)
+        except Exception as exc:  # never take mlaunch down
+            self.messages.put(f"replication stopped: {type(exc).__name__}: {exc}")
+        finally:
+            self._drop_socket()
+            for seg in segments.values():
+                seg.close()
+
+    def _newest(self, segments: dict[int, LiveSegment]) -> tuple[int | None, dict[int, tuple[Header, Slot]]]:
+        """The newest step every local rank staged in this attempt, and each rank's (header, slot) of it."""
+        open_ranks(self.run_id, self.ranks, segments)
+        heads = {}
+        for rank in self.ranks:
+            seg = segments.get(rank)
+            head = seg.header() if seg is not None else None
+            if head is None or not head.complete(self.attempt):
+                return None, {}
+            heads[rank] = head
+        common = set.intersection(*(set(h.complete(self.attempt)) for h in heads.values()))
+        if not common:
+            return None, {}
+        step = max(common)
+        self.world = next(iter(heads.values())).world
+        return step, {rank: (h, h.complete(self.attempt)[step]) for rank, h in heads.items()}
+
+    def _copy(
+        self, segments: dict[int, LiveSegment], slots: dict[int, tuple[Header, Slot]]
+    ) -> dict[int, bytearray] | None:
+        images: dict[int, bytearray] = {}
+        for rank, (head, slot) in slots.items():
+            try:
+                images[rank] = segments[rank].copy(head, slot)
+            except Torn:
+                return None  # the rank is already writing the next-but-one step: take the newest next time
+        return images
+
+    def _connect(self) -> socket.socket:
+        with self._lock:
+            if self._sock is None:
+                sock = socket.create_connection(self.buddy, timeout=SEND_TIMEOUT)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                low_priority(sock)
+                self._sock = sock
+            return self._sock
+
+    def _drop_socket(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.close()
+                self._sock = None
+
+    def _send(self, step: int, images: dict[int, bytearray]) -> None:
+        """Every local rank's image of ``step`` to the buddy, each acknowledged once stored there."""
+        started = time.monotonic()
+        sock = self._connect()
+        for rank, image in sorted(images.items()):
+            header = {
+                "node": self.node,
+                "attempt": self.attempt,
+                "rank": rank,
+                "step": step,
+                "length": len(image),
+                "world": self.world,
+                "sharded": bool(self.sharded),
+            }
+            sock.sendall(replica_store.seal_header(self.secret, header))
+            sock.sendall(image)
+        for _ in images:
+            ack = replica_store.read_exact(sock, 1)
+            if ack is None or ack != b"\x01":
+                raise OSError("the buddy refused or dropped a slot")
+        with self._lock:
+            for rank, image in images.items():
+                kept = self.retained.setdefault(rank, OrderedDict())
+                kept[step] = image
+                while len(kept) > RETAIN:
+                    kept.popitem(last=False)
+        stats = self.stats
+        if stats.last_sent >= 0:
+            stats.skipped_steps += max(0, step - stats.last_sent - 1)
+        stats.last_sent = step
+        stats.sent_steps += 1
+        stats.slot_bytes = sum(len(i) for i in images.values())
+        stats.sent_bytes += stats.slot_bytes
+        stats.busy_seconds += time.monotonic() - started

@@ -1,0 +1,115 @@
+"""A buddy that is itself slow: the owner's stream skips steps, the ranks never wait, the copies are whole.
+
+A real process stages 40 steps of a ~1 MiB shard into its shared-memory segment as fast as it
+can; this node's ``PeerCopy`` streams to a real ``ReplicaStore`` behind a link that carries
+about 2 MB/s (a forwarding proxy), so a copy takes longer than many steps. What a user relies on:
+the training process finishes its steps while the stream is still behind (it is never held up
+by the link), the buddy keeps at most two slots of the rank, and each slot it holds is
+byte-for-byte the image the rank staged at that step.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from launchers.run.peer_copy import PeerCopy
+from launchers.run.replica_store import ReplicaStore
+
+SECRET = b"test-secret"
+STEPS = 40
+WRITER = """
+import sys, numpy as np
+from launchers.elastic import shardfile, staging
+seg = staging.Segment(staging.segment_path(sys.argv[1], 0), 0, 1, 0)
+seg.set_target(sys.argv[2], 3)
+for step in range(int(sys.argv[3])):
+    seg.stage(step, shardfile.encode({"x": np.full(1 << 18, step, dtype=np.float32)}, {"step": step}))
+print("done", flush=True)
+"""
+
+
+def expected(step: int) -> bytes:
+    import numpy as np
+
+    from launchers.elastic import shardfile
+
+    enc = shardfile.encode({"x": np.full(1 << 18, step, dtype=np.float32)}, {"step": step})
+    buf = bytearray(enc.size)
+    shardfile.write_into(memoryview(buf), enc)
+    return bytes(buf)
+
+
+def slow_link(target: int, rate: float) -> int:
+    """A local port forwarding to ``target`` at about ``rate`` bytes/s one way (acks come back at once)."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def pump(src: socket.socket, dst: socket.socket, limit: float | None) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+                if limit:
+                    time.sleep(len(data) / limit)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                s.close()
+
+    def accept() -> None:
+        with server:
+            while True:
+                try:
+                    client, _ = server.accept()
+                except OSError:
+                    return
+                upstream = socket.create_connection(("127.0.0.1", target))
+                threading.Thread(target=pump, args=(client, upstream, rate), daemon=True).start()
+                threading.Thread(target=pump, args=(upstream, client, None), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return int(server.getsockname()[1])
+
+
+def test_a_slow_buddy_makes_the_stream_skip_steps_never_the_ranks_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
+    store = ReplicaStore(SECRET, bind="127.0.0.1")
+    port = slow_link(store.port, 2e6)
+    run_id = "slowbuddy"
+    sender = PeerCopy(run_id, 0, 0, {0}, ("127.0.0.1", port), SECRET, "peer").start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLAUNCH_SHM_DIR": str(tmp_path)}
+    try:
+        writer = subprocess.run(
+            [sys.executable, "-c", WRITER, run_id, str(tmp_path / "ckpt"), str(STEPS)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert writer.returncode == 0 and "done" in writer.stdout, writer.stderr
+        behind = sender.stats.last_sent  # the rank is done; the stream is still on an early step
+        deadline = time.monotonic() + 30
+        while sender.stats.last_sent < STEPS - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # it catches up with the newest step, skipping the rest
+    finally:
+        sender.stop()
+        store.close()
+    stats = sender.stats
+    assert behind < STEPS - 1, stats
+    assert stats.last_sent == STEPS - 1 and stats.skipped_steps > 0, stats
+    assert stats.sent_steps + stats.skipped_steps <= STEPS, stats
+    held = store.holding(0)
+    assert list(held) == [0] and len(held[0]) <= 2 and held[0][-1] == STEPS - 1, held
+    for step in held[0]:
+        image = store.image(0, 0, step)
+        assert image is not None and bytes(image) == expected(step), step
