@@ -42,10 +42,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _faults_lose_nothing(framework: str, python: Path, tmp_path: Path) -> None:
+def _faults_lose_nothing(framework: str, python: Path, tmp_path: Path, step_time: float = 0.0) -> None:
     rng = random.Random()
     kill_at, term_after = rng.randint(3, SAVE_EVERY - 2), rng.randint(3, 7)
-    args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY)]
+    # step_time: a job whose steps take milliseconds would finish before the SIGTERM reaches it
+    args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--step-time", str(step_time)]
     env = _env()
     base = tmp_path / "uninterrupted"
     base.mkdir()
@@ -86,3 +87,7 @@ def test_hf_trainer_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_
 
 def test_lightning_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     _faults_lose_nothing("lightning", trainers_python, tmp_path)
+
+
+def test_accelerate_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
+    _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3)

@@ -3,6 +3,8 @@
 - ``launchers.elastic.integrations.transformers``: ``Trainer(..., callbacks=[MlaunchCallback()])``
 - ``launchers.elastic.integrations.lightning``: ``L.Trainer(..., callbacks=[MlaunchCallback(),
   ModelCheckpoint(save_last=True)])``
+- ``launchers.elastic.integrations.accelerate``: ``mlaunch = MlaunchAccelerate(accelerator, model=model)``, then
+  ``mlaunch.resume()``, ``mlaunch.step_end(step)`` and ``mlaunch.finish()`` around Accelerate's ``save_state``
 
 Each integration, in the framework's own terms:
 
