@@ -9,7 +9,8 @@ and ends with the ``final-checksum`` of an uninterrupted run. ``--without-mlaunc
 with Accelerate alone (periodic ``save_state``, ``load_state`` of the newest one).
 
 Each rank prints ``rank R pid P``, ``rank R start S`` and ``rank R step N``; rank 0 prints
-``final-checksum <sha256 of the parameters>``.
+``final-checksum <sha256 of the parameters>`` and ``timing <seconds in steps> <steps> <seconds staging>
+<steps staged>`` (the step time less ``--step-time``, and what mlaunch's staging took of it: benchmarks/trainers.py).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def main() -> None:
         step = mlaunch.resume()
     say(f"rank {rank} pid {os.getpid()}")
     say(f"rank {rank} start {step}")
+    began = last = time.perf_counter()
+    steps_run = 0
 
     while step < args.steps:
         for x, y in loader:
@@ -106,6 +109,8 @@ def main() -> None:
                 mlaunch.step_end(step)  # stage; on SIGTERM every rank saves this step and exits 143
                 if step % args.save_every == 0:
                     mlaunch.save()
+            steps_run += 1
+            last = time.perf_counter()
             say(f"rank {rank} step {step}")
             time.sleep(args.step_time)
             if step == args.steps:
@@ -115,6 +120,9 @@ def main() -> None:
     if accelerator.is_main_process:
         say(f"final-checksum {checksum(accelerator.unwrap_model(model))}")
         say(f"done at step {step}")
+        staged = (0.0, 0) if args.without_mlaunch else (mlaunch.session.stage_seconds, mlaunch.session.staged_steps)
+        seconds = last - began - args.step_time * max(steps_run - 1, 0)
+        say(f"timing {seconds:.6f} {steps_run} {staged[0]:.6f} {staged[1]}")
 
 
 if __name__ == "__main__":

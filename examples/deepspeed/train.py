@@ -9,7 +9,8 @@ every rank finished and ends with the ``final-checksum`` of an uninterrupted run
 runs the same job with DeepSpeed alone (periodic ``save_checkpoint``, ``load_checkpoint`` of ``latest``).
 
 Each rank prints ``rank R pid P``, ``rank R start S`` and ``rank R step N``; rank 0 prints
-``final-checksum <sha256 of the parameters>``.
+``final-checksum <sha256 of the parameters>`` and ``timing <seconds in steps> <steps> <seconds staging>
+<steps staged>`` (the step time less ``--step-time``, and what mlaunch's staging took of it: benchmarks/trainers.py).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def main() -> None:
     step = int(engine.global_steps)
     say(f"rank {rank} pid {os.getpid()}")
     say(f"rank {rank} start {step}")
+    began = last = time.perf_counter()
+    steps_run = 0
 
     while step < args.steps:
         for x, y in loader:
@@ -92,6 +95,8 @@ def main() -> None:
                 mlaunch.step_end(step)  # stage; on SIGTERM every rank saves this step and exits 143
                 if step % args.save_every == 0:
                     mlaunch.save()
+            steps_run += 1
+            last = time.perf_counter()
             say(f"rank {rank} step {step}")
             time.sleep(args.step_time)
             if step == args.steps:
@@ -101,6 +106,9 @@ def main() -> None:
     if rank == 0:
         say(f"final-checksum {checksum(engine.module)}")
         say(f"done at step {step}")
+        staged = (0.0, 0) if args.without_mlaunch else (mlaunch.session.stage_seconds, mlaunch.session.staged_steps)
+        seconds = last - began - args.step_time * max(steps_run - 1, 0)
+        say(f"timing {seconds:.6f} {steps_run} {staged[0]:.6f} {staged[1]}")
 
 
 if __name__ == "__main__":
