@@ -145,7 +145,8 @@ def main() -> None:
                 print(f"{fw} {mode}: {json.dumps(got[mode])}", flush=True)
             results[fw] = got
     print(table(results))
-    opts.json.write_text(json.dumps({"options": {k: str(v) for k, v in vars(opts).items()}, "results": results}, indent=2))
+    options = {k: str(v) for k, v in vars(opts).items()}
+    opts.json.write_text(json.dumps({"options": options, "results": results}, indent=2))
     print(f"written to {opts.json}")
 
 
