@@ -10,8 +10,9 @@ Each framework's example (``examples/<framework>/train.py``, a 2 × 2 CPU job un
    issue's definition): the newest step every rank finished before it minus the step training begins
    from afterwards.
 2. **staging overhead**: one uninterrupted run with the integration (``--step-time 0``); rank 0 reports
-   the time its steps took and how much of it was mlaunch's staging (``Session.stage_seconds``), so
-   the step time with and without staging come from the same run.
+   the time its steps took and how much of it was mlaunch's staging (``Session.stage_seconds``: building
+   the framework's checkpoint state and copying it to shared memory), so the step time with and without
+   staging come from the same run (rank 0's: it stages the model and optimizer, the others their RNG).
 
 Prints a table and writes JSON (``--json``). Needs the trainers venv of ``tests/framework_venvs.py``
 (built on first use).
@@ -104,6 +105,8 @@ def overhead(framework: str, python: Path, work: Path, opts: argparse.Namespace)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
+    if any(set(r) != {"without", "with", "overhead"} for r in results.values()):
+        return json.dumps(results, indent=2)  # some modes only: no table
     head = "| framework | SIGTERM lost: without / with | kill -9 lost: without / with | step ms (staging) | overhead |"
     lines = [head, "|---|---|---|---|---|"]
     for fw, r in results.items():
@@ -126,6 +129,9 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.3, help="extra seconds per step in the fault runs")
     parser.add_argument("--overhead-steps", type=int, default=40)
     parser.add_argument("--grace", default="15s")
+    parser.add_argument(
+        "--modes", nargs="+", default=["without", "with", "overhead"], choices=("without", "with", "overhead")
+    )
     parser.add_argument("--json", type=Path, default=Path("trainers-benchmark.json"))
     opts = parser.parse_args()
     from framework_venvs import TRAINERS, ensure_venv
@@ -135,7 +141,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mlaunch-trainers-bench-") as tmp:
         for fw in opts.frameworks:
             got: dict[str, Any] = {}
-            for mode in ("without", "with", "overhead"):
+            for mode in opts.modes:
                 work = Path(tmp, fw, mode)
                 work.mkdir(parents=True)
                 if mode == "overhead":

@@ -172,7 +172,7 @@ class MlaunchAccelerate:
         if model is not None:
             self._buckets = ddp_buckets.layout(model) or self._buckets  # every rank: collective once
         if self.session.wants_stage():
-            self.session.stage(step, self._capture(step))
+            self.session.stage_built(step, lambda: self._capture(step))
         if self.session.should_stop(step):
             self.save()
             barrier()  # every rank's files of the checkpoint are written

@@ -148,7 +148,7 @@ class MlaunchDeepSpeed:
     def step_end(self, step: int) -> None:
         """After optimizer step ``step`` on every rank: stage it; on a stop, save it and exit 143."""
         if self.session.wants_stage():
-            self.session.stage(step, self._capture(step))
+            self.session.stage_built(step, lambda: self._capture(step))
         if self.session.should_stop(step):
             self.save()
             self.session.stop()
