@@ -1,4 +1,4 @@
-"""Bring your trainer: HF ``Trainer`` and Lightning lose nothing on kill -9 or SIGTERM under mlaunch.
+"""Bring your trainer: HF ``Trainer``, Lightning, Accelerate, DeepSpeed lose nothing on kill -9 or SIGTERM.
 
 Each test runs the framework's example (``examples/<framework>/train.py``: the one-line integration,
 the framework's own resume path) as a 2 × 2 job on CPU, three times:
@@ -14,7 +14,10 @@ Checked: each fault loses 0 steps (the newest step every rank finished before it
 training begins from afterwards; a rank killed after staging a step but before printing it makes that
 figure -1), the SIGTERM ends within the grace period without mlaunch's SIGKILL,
 and the resumed run ends with the reference checksum. Real mlaunch, real frameworks (transformers
-5.24 from the cached trainers venv, lightning 2.6 from the test extra), gloo, real signals.
+5.24, accelerate 1.15 and deepspeed 0.19.8 from the cached trainers venv, lightning 2.6 from the test
+extra; DeepSpeed on CPU with ``DS_ACCELERATOR=cpu``, ZeRO stage 2), gloo, real signals. The Accelerate
+and DeepSpeed examples sleep 0.3 s a step: their steps take milliseconds, and the job would otherwise
+finish before the SIGTERM reaches it.
 """
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _faults_lose_nothing(framework: str, python: Path, tmp_path: Path) -> None:
+def _faults_lose_nothing(
+    framework: str, python: Path, tmp_path: Path, step_time: float = 0.0, extra: tuple[str, ...] = ()
+) -> None:
     rng = random.Random()
     kill_at, term_after = rng.randint(3, SAVE_EVERY - 2), rng.randint(3, 7)
-    args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY)]
+    # step_time: a job whose steps take milliseconds would finish before the SIGTERM reaches it
+    args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--step-time", str(step_time), *extra]
     env = _env()
     base = tmp_path / "uninterrupted"
     base.mkdir()
@@ -86,3 +92,12 @@ def test_hf_trainer_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_
 
 def test_lightning_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     _faults_lose_nothing("lightning", trainers_python, tmp_path)
+
+
+def test_accelerate_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
+    _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3)
+
+
+def test_deepspeed_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
+    # ZeRO stage 2 (each rank's optimizer partition in its own file); stages 0 and 1 write a subset of those files
+    _faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, extra=("--zero", "2"))

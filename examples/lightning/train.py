@@ -8,7 +8,8 @@ from the step every rank finished and ends with the ``final-checksum`` of an uni
 ``--without-mlaunch`` runs the same job without the callback.
 
 Each rank prints ``rank R pid P``, ``rank R start S`` and ``rank R step N``; rank 0 prints
-``final-checksum <sha256 of the parameters>``.
+``final-checksum <sha256 of the parameters>`` and ``timing <seconds in steps> <steps> <seconds staging>
+<steps staged>`` (the step time less ``--step-time``, and what mlaunch's staging took of it: benchmarks/trainers.py).
 """
 
 from __future__ import annotations
@@ -51,14 +52,22 @@ class Regression(L.LightningModule):
 class Report(Callback):
     def __init__(self, step_time: float) -> None:
         self.step_time = step_time
+        self.began = self.last = time.perf_counter()
+        self.steps = 0
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         say(f"rank {trainer.global_rank} pid {os.getpid()}")
         say(f"rank {trainer.global_rank} start {trainer.global_step}")
+        self.began = self.last = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: Any) -> None:
+        self.steps += 1
+        self.last = time.perf_counter()
         say(f"rank {trainer.global_rank} step {trainer.global_step}")
         time.sleep(self.step_time)
+
+    def timing(self) -> float:
+        return self.last - self.began - self.step_time * max(self.steps - 1, 0)
 
 
 def checksum(model: torch.nn.Module) -> str:
@@ -84,6 +93,7 @@ def main() -> None:
     loader = ResumableLoader(DataLoader(data, batch_size=8, sampler=sampler, generator=torch.Generator()))
     checkpoints = ModelCheckpoint(dirpath=args.output, save_last=True, every_n_train_steps=args.save_every)
     mlaunch: list[Callback] = [] if args.without_mlaunch else [MlaunchCallback()]
+    report = Report(args.step_time)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
@@ -94,13 +104,16 @@ def main() -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[*mlaunch, checkpoints, Report(args.step_time)],
+        callbacks=[*mlaunch, checkpoints, report],
     )
     model = Regression()
     trainer.fit(model, loader, ckpt_path="last")
     if trainer.is_global_zero:
         say(f"final-checksum {checksum(model)}")
         say(f"done at step {trainer.global_step}")
+        session = mlaunch[0].session if mlaunch and isinstance(mlaunch[0], MlaunchCallback) else None
+        staged = (session.stage_seconds, session.staged_steps) if session else (0.0, 0)
+        say(f"timing {report.timing():.6f} {report.steps} {staged[0]:.6f} {staged[1]}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ rank, at any step: it resumes from the step every rank finished and ends with th
 a run that was never interrupted. ``--without-mlaunch`` runs the same job without the callback.
 
 Each rank prints ``rank R pid P``, ``rank R start S`` (the step training begins from) and ``rank R
-step N`` after each optimizer step; rank 0 prints ``final-checksum <sha256 of the parameters>``.
+step N`` after each optimizer step; rank 0 prints
+``final-checksum <sha256 of the parameters>`` and ``timing <seconds in steps> <steps> <seconds staging>
+<steps staged>`` (the step time less ``--step-time``, and what mlaunch's staging took of it: benchmarks/trainers.py).
 """
 
 from __future__ import annotations
@@ -45,14 +47,22 @@ class Report(TrainerCallback):  # type: ignore[misc]
     def __init__(self, step_time: float) -> None:
         self.rank = int(os.environ.get("RANK", "0"))
         self.step_time = step_time
+        self.began = self.last = time.perf_counter()
+        self.steps = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         say(f"rank {self.rank} pid {os.getpid()}")
         say(f"rank {self.rank} start {state.global_step}")
+        self.began = self.last = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.steps += 1
+        self.last = time.perf_counter()
         say(f"rank {self.rank} step {state.global_step}")
         time.sleep(self.step_time)
+
+    def timing(self) -> float:
+        return self.last - self.began - self.step_time * max(self.steps - 1, 0)
 
 
 def checksum(model: torch.nn.Module) -> str:
@@ -88,12 +98,15 @@ def main() -> None:
     )
     callbacks: list[TrainerCallback] = [] if args.without_mlaunch else [MlaunchCallback()]
     data = Tokens(256, 32, config.vocab_size)
-    trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[*callbacks, Report(args.step_time)])
+    report = Report(args.step_time)
+    trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[*callbacks, report])
     last = get_last_checkpoint(args.output) if os.path.isdir(args.output) else None
     trainer.train(resume_from_checkpoint=last)
     if trainer.is_world_process_zero():
         say(f"final-checksum {checksum(trainer.model)}")
         say(f"done at step {trainer.state.global_step}")
+        staged = (callbacks[0].session.stage_seconds, callbacks[0].session.staged_steps) if callbacks else (0.0, 0)
+        say(f"timing {report.timing():.6f} {report.steps} {staged[0]:.6f} {staged[1]}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@
 - ``launchers.elastic.integrations.transformers``: ``Trainer(..., callbacks=[MlaunchCallback()])``
 - ``launchers.elastic.integrations.lightning``: ``L.Trainer(..., callbacks=[MlaunchCallback(),
   ModelCheckpoint(save_last=True)])``
+- ``launchers.elastic.integrations.accelerate``: ``mlaunch = MlaunchAccelerate(accelerator, model=model)``, then
+  ``mlaunch.resume()``, ``mlaunch.step_end(step)`` and ``mlaunch.finish()`` around Accelerate's ``save_state``
+- ``launchers.elastic.integrations.deepspeed``: ``mlaunch = MlaunchDeepSpeed(engine, save_dir)``, then the same
+  three calls around DeepSpeed's ``save_checkpoint``/``load_checkpoint``
 
 Each integration, in the framework's own terms:
 

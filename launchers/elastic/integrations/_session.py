@@ -81,10 +81,14 @@ class Session:
 
     def stage(self, step: int, state: Any) -> None:
         """Stage ``state`` (the state after ``step``) for mlaunch's flash save."""
+        self.stage_built(step, lambda: state)
+
+    def stage_built(self, step: int, build: Callable[[], Any]) -> None:
+        """Stage the state ``build()`` returns; ``stage_seconds`` counts building it too."""
         if not self.wants_stage():
             return
         started = time.perf_counter()
-        self.ckpt.stage(step, state)
+        self.ckpt.stage(step, build())
         self.stage_seconds += time.perf_counter() - started
         self.staged_steps += 1
 

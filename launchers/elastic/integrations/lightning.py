@@ -134,7 +134,7 @@ class MlaunchCallback(Callback):
         if isinstance(trainer.strategy.model, DistributedDataParallel):
             self._buckets = ddp_buckets.layout(trainer.strategy.model) or self._buckets  # every rank: collective once
         if self.session.wants_stage():
-            self.session.stage(step, self._capture(trainer, step))
+            self.session.stage_built(step, lambda: self._capture(trainer, step))
         if self.session.should_stop(step):
             if self.last is not None:
                 trainer.save_checkpoint(self.last)  # every rank; rank 0 writes, then a barrier

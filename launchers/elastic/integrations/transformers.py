@@ -70,7 +70,7 @@ class MlaunchCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         step = state.global_step
         if self.session.wants_stage():
-            self.session.stage(step, _capture(args, state, control, kw))
+            self.session.stage_built(step, lambda: _capture(args, state, control, kw))
         if self.session.should_stop(step):
             control.should_save = True  # the Trainer writes checkpoint-N, then calls on_save
             control.should_training_stop = True
