@@ -106,7 +106,9 @@ def test_a_slow_buddy_makes_the_stream_skip_steps_never_the_ranks_wait(
         store.close()
     stats = sender.stats
     assert behind < STEPS - 1, stats
-    assert stats.last_sent == STEPS - 1 and stats.skipped_steps > 0, stats
+    # the newest step arrived, and not every step went over the slow link (those seen in between were skipped;
+    # under load the sender may see only the last one)
+    assert stats.last_sent == STEPS - 1 and stats.sent_steps < STEPS, stats
     assert stats.sent_steps + stats.skipped_steps <= STEPS, stats
     held = store.holding(0)
     assert list(held) == [0] and len(held[0]) <= 2 and held[0][-1] == STEPS - 1, held
