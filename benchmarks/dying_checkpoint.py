@@ -89,7 +89,7 @@ def stage_writer(rank: int, total_bytes: int, run_id: str, ckpt: str) -> None:
 def steady_state(total: int, rounds: int, work: Path) -> list[tuple[str, str, list[float]]]:
     """Interleaved rounds of the agent's persist and cp of the same bytes, memory already in use."""
     from launchers.elastic import layout, staging
-    from launchers.run import flash_save
+    from launchers.persist import flash_save
 
     run_id = f"dyingbench{os.getpid()}"
     ckpt = work / "steady-ckpt"

@@ -25,9 +25,9 @@ from conftest import EXAMPLES, ROOT, BackgroundMlaunch, clean_env, needs_torch, 
 
 from launchers.config.loader import load_job
 from launchers.elastic import layout, shardfile, staging
+from launchers.persist import slot_copy
+from launchers.persist.background_persist import BackgroundPersist
 from launchers.plan import LaunchPlan
-from launchers.run import slot_copy
-from launchers.run.background_persist import BackgroundPersist
 from launchers.run.runner import make_plan
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))

@@ -17,8 +17,8 @@ import pytest
 
 from launchers.control import ExchangeFailed, Lost, RemoteFailure
 from launchers.control.wire import seal, unseal
+from launchers.outcome import Failure
 from launchers.platform.cluster import free_port
-from launchers.run.outcome import Failure
 
 zmq = pytest.importorskip("zmq")
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, clean_env
 
 from launchers.elastic import Checkpointer, layout, shardfile, staging
-from launchers.run import flash_save
+from launchers.persist import flash_save
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import fill, tmpfs, wait_for  # noqa: E402

@@ -12,7 +12,7 @@ from conftest import ROOT, run_mlaunch
 
 from launchers.config.job import parse_job
 from launchers.config.timers import KillTimers, timer_chain
-from launchers.run.grace_budget import MARGIN, Budget
+from launchers.persist.grace_budget import MARGIN, Budget
 
 BEHAVE = ROOT / "tests" / "scripts" / "behave.py"
 

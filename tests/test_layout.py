@@ -226,3 +226,9 @@ def test_every_package_is_declared_for_the_wheel() -> None:
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {name for name, path in module_files().items() if path.name == "__init__.py"}
     assert on_disk - declared == set(), "add to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_persist_and_standby_stand_below_run() -> None:
+    """run/ supervises and restarts; the agent half of checkpointing and the standbys serve it, never the reverse."""
+    for layer in ("launchers.persist", "launchers.standby"):
+        assert not layer_offenders(layer, ("launchers.run", "launchers.cli")), layer

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from launchers.run.peer_copy import PeerCopy
-from launchers.run.replica_store import ReplicaStore
+from launchers.persist.peer_copy import PeerCopy
+from launchers.persist.replica_store import ReplicaStore
 
 SECRET = b"test-secret"
 STEPS = 40

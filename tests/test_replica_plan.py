@@ -1,4 +1,4 @@
-"""Machine-loss replication's decisions (``launchers.run.replica_plan``): pure functions, no socket.
+"""Machine-loss replication's decisions (``launchers.persist.replica_plan``): pure functions, no socket.
 
 What a user relies on: after a node loss the survivors commit a step for which every distinct
 shard is held by a live node — never one with a shard missing —, the newest such step, and when
@@ -7,7 +7,7 @@ there is none (owner and buddy both lost) they say so and fall back.
 
 from __future__ import annotations
 
-from launchers.run.replica_plan import Holding, Write, decide, next_send, ring, verdict_of, verdict_to_wire
+from launchers.persist.replica_plan import Holding, Write, decide, next_send, ring, verdict_of, verdict_to_wire
 
 
 def test_the_ring_sends_each_member_to_the_next_and_re_forms_with_the_membership() -> None:

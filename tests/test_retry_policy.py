@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import clean_env, run_mlaunch
 
-from launchers.run.outcome import Failure
+from launchers.outcome import Failure
 from launchers.run.retry_policy import record_of, repeated
 
 TRACEBACK = [

@@ -70,7 +70,7 @@ def _prestart(job: Job, plan: LaunchPlan) -> list[Finding]:
 
 def _grace_budget(job: Job, plan: LaunchPlan) -> list[Finding]:
     """Step + save time against the grace period; the kill timers of the chain agree; preload imports."""
-    from launchers.run.grace_budget import check
+    from launchers.persist.grace_budget import check
 
     return check(job, plan)
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class LocalFailure(Protocol):
-    """A rank's failure as this node's supervisor saw it (``launchers.run.outcome.Failure``)."""
+    """A rank's failure as this node's supervisor saw it (``launchers.outcome.Failure``)."""
 
     label: str
     rank: int

@@ -19,12 +19,12 @@ from launchers.config.job import Job
 from launchers.elastic import completion, progress, staging
 from launchers.engines.base import Engine
 from launchers.log import say
+from launchers.outcome import Outcome, signal_name
+from launchers.persist.flash_hook import FlashHook
 from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
-from launchers.run.flash_hook import FlashHook
 from launchers.run.hang import HangMonitor
 from launchers.run.labels import process_labels
 from launchers.run.observe.observer import JobObserver
-from launchers.run.outcome import Outcome, signal_name
 from launchers.run.rank_env import clear_error_files, error_file_lines
 from launchers.run.signal_router import SignalRouter
 from launchers.run.supervisor import Supervisor
@@ -33,9 +33,9 @@ from launchers.standby.standby_pool import StandbyPool
 
 if TYPE_CHECKING:
     from launchers.control import JobEvents
-    from launchers.run.background_persist import BackgroundPersist
-    from launchers.run.flash_save import Exchange
-    from launchers.run.replication import Replication
+    from launchers.persist.background_persist import BackgroundPersist
+    from launchers.persist.flash_save import Exchange
+    from launchers.persist.replication import Replication
 
 
 @dataclass
@@ -49,7 +49,7 @@ class RunContext:
     events: JobEvents
     observer: JobObserver
     standbys: StandbyPool | None = None
-    replicas: Replication | None = None  # machine-loss replication (checkpoint.replicate, run/replication.py)
+    replicas: Replication | None = None  # machine-loss replication (checkpoint.replicate, persist/replication.py)
 
 
 def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
@@ -125,7 +125,7 @@ def _background_persist(
     """``checkpoint.persist_every``'s background writer (imported only when it is on)."""
     if not job.checkpoint.persist_every:
         return None
-    from launchers.run.background_persist import BackgroundPersist
+    from launchers.persist.background_persist import BackgroundPersist
 
     return BackgroundPersist(run_id, attempt, plan, job.checkpoint.persist_every, exchange)
 

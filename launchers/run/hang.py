@@ -34,9 +34,9 @@ from typing import Any
 
 from launchers.config.durations import format_duration
 from launchers.elastic import progress
+from launchers.outcome import Failure
 from launchers.plan import LaunchPlan
 from launchers.procs import signal_group
-from launchers.run.outcome import Failure
 from launchers.run.streams import Worker
 
 HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryable for exit-code restart policies

@@ -13,8 +13,8 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from launchers.outcome import Failure, remote_failure, signal_name
 from launchers.plan import FOLLOWER_ROLES
-from launchers.run.outcome import Failure, remote_failure, signal_name
 from launchers.run.streams import Worker
 from launchers.run.teardown import Teardown
 from launchers.stop_signals import STOP_SIGNALS

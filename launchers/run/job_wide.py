@@ -12,7 +12,7 @@ import time
 
 from launchers.control import ExchangeFailed, JobEvents, Reduction, topics
 from launchers.log import say
-from launchers.run.outcome import Outcome
+from launchers.outcome import Outcome
 
 FIRST_FAILURE_WAIT = 2.0  # seconds to wait for the hub's word on who failed first
 

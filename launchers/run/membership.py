@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 from launchers import stop_signals as early_signals
 from launchers.control import ExchangeFailed, Meeting, topics
 from launchers.log import say
+from launchers.outcome import signal_name
 from launchers.phases import long_phase
 from launchers.platform.resize import resize
-from launchers.run.outcome import signal_name
 from launchers.run.planning import plan_attempt
 from launchers.run.restarts import Gathered, Generation
 

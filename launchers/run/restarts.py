@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from launchers import stop_signals as early_signals
 from launchers.log import say
+from launchers.outcome import Outcome, signal_name
 from launchers.phases import long_phase
 from launchers.run.job_wide import job_exit_code, meet_before_restart
-from launchers.run.outcome import Outcome, signal_name
 from launchers.run.planning import plan_attempt
 from launchers.run.retry_policy import FailureRecord, record_of, repeated
 

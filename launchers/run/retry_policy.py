@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launchers.run.outcome import Failure
+from launchers.outcome import Failure
 
 _PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torch's per-rank prefix on a rank's traceback lines
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')

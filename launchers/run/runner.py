@@ -17,6 +17,7 @@ from launchers import stop_signals as early_signals
 from launchers.config.job import Job
 from launchers.elastic import progress, staging
 from launchers.log import say
+from launchers.outcome import Outcome, signal_name
 from launchers.plan import LaunchPlan
 from launchers.platform.cluster import Cluster
 from launchers.procs import become_subreaper
@@ -24,7 +25,6 @@ from launchers.run.attempt import RunContext, attempt_exit_code, run_attempt, ti
 from launchers.run.attempt import finished_summary as finished_summary
 from launchers.run.attempt import stop_exit_code as stop_exit_code
 from launchers.run.observe.observer import JobObserver
-from launchers.run.outcome import Outcome, signal_name
 from launchers.run.planning import make_plan as make_plan
 from launchers.run.planning import resolve_engine_name as resolve_engine_name
 from launchers.run.preflight import check_launchable
@@ -53,7 +53,7 @@ def run_job(
     check_launchable(job, plan)  # the same checks as `mlaunch check`: nothing starts on bad input
     for note in plan.notes:
         say(f"note: {note}")
-    from launchers.run.grace_budget import prelaunch_warnings
+    from launchers.persist.grace_budget import prelaunch_warnings
 
     for warning in prelaunch_warnings(job):
         say(f"warning: {warning}")
@@ -108,8 +108,8 @@ def _elastic_span(job: Job, events: JobEvents) -> tuple[int, int] | None:
 
 
 def _replicated_attempts(job: Job, engine: Engine, cluster: Cluster, plan: LaunchPlan, run: RunContext) -> int:
-    """The attempts, with machine-loss replication around them where it applies (``run/replication.py``)."""
-    from launchers.run.replication import for_run
+    """The attempts, with machine-loss replication around them where it applies (``persist/replication.py``)."""
+    from launchers.persist.replication import for_run
 
     elastic = _elastic_span(job, run.events) is not None
     run.replicas = for_run(job.checkpoint.replicate, run.run_id, run.events, run.observer.log.write, elastic)
@@ -122,7 +122,7 @@ def _replicated_attempts(job: Job, engine: Engine, cluster: Cluster, plan: Launc
 
 def _attempts(job: Job, engine: Engine, cluster: Cluster, plan: LaunchPlan, run: RunContext) -> int:
     """Attempt after attempt, per the restart policy; the exit code mlaunch should exit with."""
-    from launchers.run.grace_budget import Monitor
+    from launchers.persist.grace_budget import Monitor
 
     grace = plan.policy.grace_period
     monitor = Monitor(run.run_id, grace, say, declared_save=job.checkpoint.save_time)

@@ -47,17 +47,17 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from launchers.elastic import completion, progress
 from launchers.log import say, signal_name
-from launchers.plan import ProcessSpec, process_label
-from launchers.procs import children_of, process_env, start_process
-from launchers.run.hang import HangMonitor, dump_stacks
-from launchers.run.job_event_response import JobEventResponse
-from launchers.run.outcome import (
+from launchers.outcome import (
     Failure,
     Outcome,
     exit_status,
     launch_failure,
     outcome_of,
 )
+from launchers.plan import ProcessSpec, process_label
+from launchers.procs import children_of, process_env, start_process
+from launchers.run.hang import HangMonitor, dump_stacks
+from launchers.run.job_event_response import JobEventResponse
 from launchers.run.signal_router import SignalRouter
 from launchers.run.streams import OutputStreams, Worker
 from launchers.run.teardown import Teardown

@@ -24,8 +24,8 @@ import signal
 import time
 from collections.abc import Callable
 
+from launchers.outcome import Failure, signal_name
 from launchers.procs import signal_stop
-from launchers.run.outcome import Failure, signal_name
 from launchers.run.signal_router import FORWARD_SIGNALS
 from launchers.run.streams import Worker
 

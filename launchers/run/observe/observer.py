@@ -89,7 +89,7 @@ class JobObserver:
         self.recompute_warnings: list[str] = []  # the goodput report's warnings (``goodput.recompute_warnings``)
         self.node_extra: dict[
             str, Any
-        ] = {}  # this node's own figures beside its ranks (replication: run/replication.py)
+        ] = {}  # this node's own figures beside its ranks (replication: persist/replication.py)
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
             from launchers.run.observe.status_relay import StatusRelay
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from launchers.elastic import shardfile
 from launchers.elastic.staging import Slot
-from launchers.run import replica_store
-from launchers.run.replica_plan import next_send
-from launchers.run.slot_copy import Header, LiveSegment, Torn, open_ranks
+from launchers.persist import replica_store
+from launchers.persist.replica_plan import next_send
+from launchers.persist.slot_copy import Header, LiveSegment, Torn, open_ranks
 
 POLL = 0.01  # seconds between looks at the slots
 RETRY = 0.5  # after a failed connection

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchers.log import say
-from launchers.run.outcome import Outcome
-from launchers.run.peer_copy import PeerCopy, is_sharded
-from launchers.run.replica_store import ReplicaStore
-from launchers.run.slot_copy import Torn, open_ranks
-from launchers.run.survivor_save import Captured, Exchange, start_generation
-from launchers.run.survivor_save import Outcome as SaveOutcome
+from launchers.outcome import Outcome
+from launchers.persist.peer_copy import PeerCopy, is_sharded
+from launchers.persist.replica_store import ReplicaStore
+from launchers.persist.slot_copy import Torn, open_ranks
+from launchers.persist.survivor_save import Captured, Exchange, start_generation
+from launchers.persist.survivor_save import Outcome as SaveOutcome
 
 if TYPE_CHECKING:
     from launchers.plan import LaunchPlan

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING
 from launchers.config.job import Job
 from launchers.elastic import staging
 from launchers.log import say
+from launchers.outcome import Failure, Outcome
 from launchers.phases import long_phase
 from launchers.plan import LaunchPlan
-from launchers.run.outcome import Failure, Outcome
 
 if TYPE_CHECKING:
     from launchers.control import Exchange
-    from launchers.run.flash_save import FlashResult
+    from launchers.persist.flash_save import FlashResult
 
 
 class FlashHook:
-    """The agent-side flash save of one attempt (see ``launchers.run.flash_save``)."""
+    """The agent-side flash save of one attempt (see ``launchers.persist.flash_save``)."""
 
     def __init__(
         self,
@@ -84,7 +84,7 @@ class FlashHook:
         their own saves showed (200 MB/s if none was measured), 1.5× plus half a second.
         0 when nothing is staged (then the workers get the whole grace period).
         """
-        from launchers.run.grace_budget import ASSUMED_BANDWIDTH
+        from launchers.persist.grace_budget import ASSUMED_BANDWIDTH
 
         infos = [i for i in staging.read_run(self.run_id) if i.rank in self.rank_nodes]
         staged = sum(max((s.length for s in i.slots if s.complete), default=0) for i in infos)
@@ -95,7 +95,7 @@ class FlashHook:
         return 0.5 + 1.5 * staged / max(speed, 1e6)
 
     def persist(self, deadline: float, when: str) -> FlashResult | None:
-        from launchers.run.flash_save import persist
+        from launchers.persist.flash_save import persist
 
         if not self.rank_nodes or (not staging.run_segments(self.run_id) and self.exchange is None):
             return None

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from launchers.elastic import layout
-from launchers.run.replica_plan import Holding, Verdict, decide, ring, verdict_of, verdict_to_wire
-from launchers.run.slot_copy import write_image
+from launchers.persist.replica_plan import Holding, Verdict, decide, ring, verdict_of, verdict_to_wire
+from launchers.persist.slot_copy import write_image
 
 Exchange = Callable[[str, Any, float, Any], Any]
 WAIT = 60.0  # the survivors' exchanges (they met just before; this covers node 0's writes)

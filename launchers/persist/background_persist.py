@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from launchers.control import Reduction, topics
 from launchers.elastic import layout
 from launchers.log import say
-from launchers.run.slot_copy import Header, LiveSegment, Torn, open_ranks, write_image
+from launchers.persist.slot_copy import Header, LiveSegment, Torn, open_ranks, write_image
 
 if TYPE_CHECKING:
     from launchers.control import Exchange, How
