@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from launchers import stop_signals as early_signals
 from launchers.config.job import Job
-from launchers.elastic import progress, staging
+from launchers.elastic import completion, progress, staging
 from launchers.log import say
 from launchers.outcome import Outcome, signal_name
 from launchers.plan import LaunchPlan
@@ -97,6 +97,7 @@ def run_job(
             standbys.close()
         staging.unlink_run(run_id)
         progress.unlink_run(run_id)
+        completion.clear(run_id)
         watchdog.close()
 
 

@@ -8,7 +8,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from launchers.elastic import progress, staging
+from launchers.elastic import completion, progress, staging
 from launchers.procs import proc_files
 from launchers.run.signal_router import FORWARD_SIGNALS
 from launchers.stop_signals import STOP_SIGNALS
@@ -99,6 +99,7 @@ def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
     kill_marked_processes(run_id, exclude={os.getpid(), parent})
     staging.unlink_run(run_id)  # shared memory outlives processes: free it whatever happened
     progress.unlink_run(run_id)
+    completion.clear(run_id)
 
 
 def kill_marked_processes(run_id: str, exclude: Iterable[int] = ()) -> list[int]:
