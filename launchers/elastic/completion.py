@@ -13,18 +13,18 @@ import contextlib
 import glob
 import os
 
-from launchers.elastic.staging import shm_dir
+from launchers.elastic import env
 
 
 def _path(run_id: str, rank: int) -> str:
-    return os.path.join(shm_dir(), f"mlaunch.{run_id}.finished.rank{rank}")
+    return os.path.join(env.shm_dir(), f"mlaunch.{run_id}.finished.rank{rank}")
 
 
 def mark_finished(rank: int) -> None:
-    run_id = os.environ.get("MLAUNCH_RUN_ID")
+    run_id = env.run_id()
     if not run_id:
         return
-    attempt = os.environ.get("MLAUNCH_RESTART_COUNT", "0") or "0"
+    attempt = env.attempt()
     with contextlib.suppress(OSError), open(_path(run_id, rank), "w") as fh:
         fh.write(f"{attempt}\n")
 
@@ -32,7 +32,7 @@ def mark_finished(rank: int) -> None:
 def finished_ranks(run_id: str, attempt: int) -> set[int]:
     """The ranks that reported completion in ``attempt`` (mlaunch's side)."""
     found: set[int] = set()
-    pattern = os.path.join(glob.escape(shm_dir()), f"mlaunch.{glob.escape(run_id)}.finished.rank*")
+    pattern = os.path.join(glob.escape(env.shm_dir()), f"mlaunch.{glob.escape(run_id)}.finished.rank*")
     for path in glob.glob(pattern):
         rank = path.rpartition(".rank")[2]
         try:
@@ -45,7 +45,7 @@ def finished_ranks(run_id: str, attempt: int) -> set[int]:
 
 
 def clear(run_id: str) -> None:
-    pattern = os.path.join(glob.escape(shm_dir()), f"mlaunch.{glob.escape(run_id)}.finished.rank*")
+    pattern = os.path.join(glob.escape(env.shm_dir()), f"mlaunch.{glob.escape(run_id)}.finished.rank*")
     for path in glob.glob(pattern):
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -58,7 +58,5 @@ def finished() -> None:
     out (torch's C++ teardown aborting), that is reported as a teardown abort and the job's exit
     code stays 0 when every rank finished.
     """
-    from launchers.elastic import env
-
     rank = env.env_rank(0)
     mark_finished(rank)

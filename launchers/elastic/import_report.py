@@ -28,6 +28,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from launchers.elastic import env
+
 ENV = "MLAUNCH_REPORT_IMPORTS"
 SUFFIX = ".imports"
 WATCH_EVERY = 0.25  # seconds between two writes from the import hook
@@ -41,13 +43,11 @@ _writing = False  # a write is under way (the import hook must not start another
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV) == "1" and bool(os.environ.get("MLAUNCH_RUN_ID"))
+    return os.environ.get(ENV) == "1" and bool(env.run_id())
 
 
 def report_path(run_id: str, pid: int) -> str:
     """Beside the rank's progress file (``launchers.elastic.progress.progress_path``): same directory rule."""
-    from launchers.elastic import env
-
     shm = env.shm_dir()
     return os.path.join(shm, f"mlaunch.{run_id}.progress.{pid}{SUFFIX}")
 
@@ -135,7 +135,7 @@ def write_for_this_rank() -> bool:
     """``write`` to this rank's report file when mlaunch asked for reports (a no-op otherwise)."""
     if not enabled():
         return False
-    return write(report_path(os.environ["MLAUNCH_RUN_ID"], os.getpid()))
+    return write(report_path(env.run_id(), os.getpid()))
 
 
 class _ImportWatch:
@@ -162,7 +162,7 @@ def watch() -> bool:
     """Report this rank's imports as its script makes them (``launchers.standby.standby``, when asked for)."""
     if not enabled():
         return False
-    path = report_path(os.environ["MLAUNCH_RUN_ID"], os.getpid())
+    path = report_path(env.run_id(), os.getpid())
     write(path)
     sys.meta_path.insert(0, _ImportWatch(path))
     return True

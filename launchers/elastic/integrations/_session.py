@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import collective, completion, layout, shardfile, staging
+from launchers.elastic import collective, completion, env, layout, shardfile, staging
 from launchers.elastic import guard as guard_mod
 from launchers.elastic.checkpoint import Checkpointer
 
@@ -41,7 +41,7 @@ class Session:
     """One rank's link to mlaunch for a framework integration (see the module's docstring)."""
 
     def __init__(self, *, trusted: bool = False) -> None:
-        self.under_mlaunch = bool(os.environ.get("MLAUNCH_RUN_ID"))
+        self.under_mlaunch = bool(env.run_id())
         self.ckpt = Checkpointer(trusted=trusted)
         self.guard: guard_mod.Guard | None = None
         self.stop_step: int | None = None
