@@ -130,6 +130,9 @@ def main() -> int:
     parser.add_argument("--node-timeout", type=float, default=3.0)
     parser.add_argument("--hang-timeout", type=float, default=6.0)
     parser.add_argument("--same-membership", action="store_true", help="only classes that keep the membership")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the fault-free run (tests: no ratios, only what was lost)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="the JSON report (the PNG goes next to it)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run's logs in this directory")
     args = parser.parse_args()
@@ -158,7 +161,7 @@ def main() -> int:
             storm = run_job(args, net, work, "storm", faults, None)
             end = storm["end_step"]
             base_end = end if args.same_membership else min(end or 200, 200)
-            baseline = run_job(args, net, work, "baseline", [], base_end)
+            baseline = {"events": []} if args.no_baseline else run_job(args, net, work, "baseline", [], base_end)
     finally:
         subprocess.run(["umount", "-l", str(work / "fs")], check=False)
     report = build(storm, baseline, min_nodes=args.min_nodes, spacing=args.spacing, seed=args.seed)

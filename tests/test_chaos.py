@@ -180,7 +180,9 @@ def test_2_kill_9_mid_step_agent_commits_the_staged_step_and_restart_resumes(
     flash = re.search(r"flash save after node 1 rank 2 failed: committed step (\d+) from shared memory", run.stderr)
     assert flash, run.dump()
     step = int(flash.group(1))
-    assert step >= 9
+    # rank 0 printed step 9: its all-reduce of step 9 needed every rank done with step 8, staging included;
+    # rank 2 may have been killed between step 9's all-reduce and staging it
+    assert step >= 8, run.dump()
     assert f"resumed from step {step}" in run.stdout
     assert final_checksum(run.stdout) == reference[STEPS]
 

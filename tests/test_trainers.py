@@ -1,10 +1,10 @@
 """Bring your trainer: HF ``Trainer``, Lightning, Accelerate, DeepSpeed lose nothing on kill -9 or SIGTERM.
 
 Each test runs the framework's example (``examples/<framework>/train.py``: the one-line integration,
-the framework's own resume path) as a 2 × 2 job on CPU, three times:
+the framework's own resume path) as a job of 2 nodes on CPU, three times:
 
 1. uninterrupted, for the reference ``final-checksum`` (sha256 of every parameter);
-2. faulted: kill -9 of rank 3 at a random step (mlaunch flash-saves the newest step every rank staged
+2. faulted: kill -9 of the last rank at a random step (mlaunch flash-saves the newest step every rank staged
    and restarts the job, which the framework resumes natively), then SIGTERM to mlaunch at a random
    step of the restarted job (every rank stops at one agreed step, saved in the framework's format;
    mlaunch exits 143 — with Lightning this is the deadlock case without the callback);
@@ -18,6 +18,11 @@ and the resumed run ends with the reference checksum. Real mlaunch, real framewo
 extra; DeepSpeed on CPU with ``DS_ACCELERATOR=cpu``, ZeRO stage 2), gloo, real signals. The Accelerate
 and DeepSpeed examples sleep 0.3 s a step: their steps take milliseconds, and the job would otherwise
 finish before the SIGTERM reaches it.
+
+HF ``Trainer`` runs 2 × 2 (several ranks per node: local ranks above 0, one node's flash save of two
+ranks); Lightning, Accelerate and DeepSpeed run 2 × 1 — the same faults, restarts and resumes across
+nodes at half the processes, since on CI's 2 cores four ranks importing a framework double every
+start-up. ``benchmarks/trainers.py`` measures all four as 2 × 2.
 """
 
 from __future__ import annotations
@@ -46,8 +51,14 @@ def _env() -> dict[str, str]:
 
 
 def _faults_lose_nothing(
-    framework: str, python: Path, tmp_path: Path, step_time: float = 0.0, extra: tuple[str, ...] = ()
+    framework: str,
+    python: Path,
+    tmp_path: Path,
+    step_time: float = 0.0,
+    extra: tuple[str, ...] = (),
+    procs_per_node: int = 1,
 ) -> None:
+    world = 2 * procs_per_node
     rng = random.Random()
     kill_at, term_after = rng.randint(3, SAVE_EVERY - 2), rng.randint(3, 7)
     # step_time: a job whose steps take milliseconds would finish before the SIGTERM reaches it
@@ -55,17 +66,17 @@ def _faults_lose_nothing(
     env = _env()
     base = tmp_path / "uninterrupted"
     base.mkdir()
-    reference = Run(job_yaml(base, framework, python, args, restarts=0), env)
+    reference = Run(job_yaml(base, framework, python, args, restarts=0, procs_per_node=procs_per_node), env, world)
     assert reference.wait() == 0, reference.tail()
     expected = reference.checksum()
     assert expected, reference.tail()
 
     work = tmp_path / "faulted"
     work.mkdir()
-    run = Run(job_yaml(work, framework, python, args, restarts=1), env)
+    run = Run(job_yaml(work, framework, python, args, restarts=1, procs_per_node=procs_per_node), env, world)
     try:
         run.wait_step(kill_at, attempt=0)
-        run.kill_rank(3, attempt=0, sig=signal.SIGKILL)
+        run.kill_rank(world - 1, attempt=0, sig=signal.SIGKILL)  # the last rank: on node 1
         restarted_from = run.wait_start(1)
         run.wait_step(restarted_from + term_after, attempt=1)
         run.terminate()
@@ -79,7 +90,7 @@ def _faults_lose_nothing(
     assert code == 143, where
     assert not any("SIGKILL to" in line and "grace period" in line for line in run.lines), f"SIGTERM hung {where}"
 
-    resumed = Run(job_yaml(work, framework, python, args, restarts=0), env)
+    resumed = Run(job_yaml(work, framework, python, args, restarts=0, procs_per_node=procs_per_node), env, world)
     resumed_from = resumed.wait_start(0)
     assert resumed.wait() == 0, resumed.tail()
     assert steps_lost(run.attempts[1], resumed_from) == 0, f"SIGTERM lost steps {where}\n{resumed.tail()}"
@@ -87,7 +98,7 @@ def _faults_lose_nothing(
 
 
 def test_hf_trainer_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
-    _faults_lose_nothing("transformers", trainers_python, tmp_path)
+    _faults_lose_nothing("transformers", trainers_python, tmp_path, procs_per_node=2)
 
 
 def test_lightning_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811

@@ -30,14 +30,21 @@ CHECKSUM = re.compile(r"final-checksum ([0-9a-f]{64})")
 
 
 def job_yaml(
-    workdir: Path, framework: str, python: Path, args: list[str], *, restarts: int, grace: str = "30s"
+    workdir: Path,
+    framework: str,
+    python: Path,
+    args: list[str],
+    *,
+    restarts: int,
+    grace: str = "30s",
+    procs_per_node: int = 2,
 ) -> Path:
-    """A 2 × 2 job of ``examples/<framework>/train.py`` run by ``python`` in ``workdir``."""
+    """A 2 × ``procs_per_node`` job of ``examples/<framework>/train.py`` run by ``python`` in ``workdir``."""
     job = workdir / "job.yaml"
     quoted = ", ".join(f'"{a}"' for a in [*args, "--output", str(workdir / "out")])
     job.write_text(
         f"name: {framework}-test\nengine: pytorch\nentry: train.py\npython: {python}\n"
-        f"code_dir: {ROOT / 'examples' / framework}\nargs: [{quoted}]\nnodes: 2\nprocs_per_node: 2\n"
+        f"code_dir: {ROOT / 'examples' / framework}\nargs: [{quoted}]\nnodes: 2\nprocs_per_node: {procs_per_node}\n"
         f"log_dir: {workdir / 'logs'}\n"
         "env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: '1', DS_ACCELERATOR: cpu}\n"
         f"checkpoint: {{dir: {workdir / 'mlaunch-ckpt'}, grace_period: {grace}}}\n"
@@ -53,16 +60,18 @@ class Attempt:
     start: dict[int, int] = field(default_factory=dict)
     steps: dict[int, int] = field(default_factory=dict)  # rank → newest step it finished
     pids: dict[int, int] = field(default_factory=dict)
+    world: int = 4
 
     def all_finished(self) -> int:
         """The newest step every rank finished (its ``start`` when a rank finished none)."""
-        return min(self.steps.get(r, self.start.get(r, 0)) for r in range(4))
+        return min(self.steps.get(r, self.start.get(r, 0)) for r in range(self.world))
 
 
 class Run:
     """One ``mlaunch`` run of a job, its output parsed as it arrives."""
 
-    def __init__(self, job: Path, env: dict[str, str]) -> None:
+    def __init__(self, job: Path, env: dict[str, str], world: int = 4) -> None:
+        self.world = world
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)],
             cwd=job.parent,
@@ -95,9 +104,9 @@ class Run:
             return
         rank, what, value = int(m.group(1)), m.group(2), int(m.group(3))
         if what == "pid" and (not self.attempts or rank in self.attempts[-1].pids):
-            self.attempts.append(Attempt())
+            self.attempts.append(Attempt(world=self.world))
         if not self.attempts:
-            self.attempts.append(Attempt())
+            self.attempts.append(Attempt(world=self.world))
         current = self.attempts[-1]
         if what == "pid":
             current.pids[rank] = value
@@ -113,7 +122,7 @@ class Run:
             if len(self.attempts) <= attempt:
                 return False
             a = self.attempts[attempt]
-            return a.steps.get(0, -1) >= step and len(a.pids) == 4
+            return a.steps.get(0, -1) >= step and len(a.pids) == self.world
 
         self._wait(reached, f"attempt {attempt} to reach step {step}", timeout)
 
