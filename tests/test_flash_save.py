@@ -13,7 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, clean_env
@@ -46,10 +48,44 @@ def stage(rank: int, world: int, steps: list[int], ckpt: Path, attempt: int = 0,
     seg.close()
 
 
-def persist(rank_nodes: dict[int, int], nnodes: int = 1, attempt: int = 0, deadline: float = 10.0, key: str = "k"):  # type: ignore[no-untyped-def]
+def persist(  # type: ignore[no-untyped-def]
+    rank_nodes: dict[int, int],
+    nnodes: int = 1,
+    attempt: int = 0,
+    deadline: float = 10.0,
+    key: str = "k",
+    events: Any = None,
+):
+    exchange = events.reduce if events is not None else None
     return flash_save.persist(
-        RUN, attempt=attempt, rank_nodes=rank_nodes, nnodes=nnodes, key=key, deadline=time.monotonic() + deadline
+        RUN,
+        attempt=attempt,
+        rank_nodes=rank_nodes,
+        nnodes=nnodes,
+        key=key,
+        deadline=time.monotonic() + deadline,
+        exchange=exchange,
     )
+
+
+@pytest.fixture
+def plane() -> Iterator[list[Any]]:
+    """Two nodes' real control plane on loopback (node 0 hosts the hub): how real nodes agree on a step."""
+    pytest.importorskip("zmq")
+    from launchers.control.agent import NetworkEvents
+    from launchers.platform.cluster import free_port
+
+    port = free_port()
+    nodes = [
+        NetworkEvents(node=n, nnodes=2, master_addr="127.0.0.1", port=port, secret=b"f" * 32, node_timeout=5.0)
+        for n in (0, 1)
+    ]
+    try:
+        assert all(n.joined(time.monotonic() + 30) for n in nodes)
+        yield nodes
+    finally:
+        nodes[1].close(0)
+        nodes[0].close(0)
 
 
 def read_rank(ckpt: Path, rank: int, step: int) -> dict:  # type: ignore[type-arg]
@@ -122,7 +158,7 @@ def test_a_deadline_that_passes_commits_nothing(shm: Path, tmp_path: Path, monke
     assert not ckpt.exists() or not list(ckpt.iterdir())
 
 
-def test_two_nodes_agree_through_the_checkpoint_directory(shm: Path, tmp_path: Path) -> None:
+def test_two_nodes_agree_through_the_control_plane(shm: Path, tmp_path: Path, plane: list[Any]) -> None:
     """Each node's mlaunch persists its own ranks; node 0 commits once both are written."""
     ckpt = tmp_path / "ckpt"
     stage(0, 4, [4, 5], ckpt)
@@ -130,24 +166,32 @@ def test_two_nodes_agree_through_the_checkpoint_directory(shm: Path, tmp_path: P
     stage(2, 4, [4, 5], ckpt)
     stage(3, 4, [3, 4], ckpt)  # node 1 is one step behind: they agree on 4
     results: dict[int, flash_save.FlashResult] = {}
-    node1 = threading.Thread(target=lambda: results.__setitem__(1, persist({2: 1, 3: 1}, nnodes=2)))
+    node1 = threading.Thread(target=lambda: results.__setitem__(1, persist({2: 1, 3: 1}, 2, events=plane[1])))
     node1.start()
     time.sleep(0.3)  # node 1 reports first
-    results[0] = persist({0: 0, 1: 0}, nnodes=2)
+    results[0] = persist({0: 0, 1: 0}, 2, events=plane[0])
     node1.join()
     assert results[1].status == "written" and results[1].step == 4
     assert results[0].status == "committed" and results[0].step == 4, results[0].message
     manifest = layout.read_marker(ckpt / "step_00000004")
     assert manifest is not None and sorted(manifest["shards"]) == ["0", "1", "2", "3"]
-    assert not list(ckpt.glob("step_*.tmp")) and not list(ckpt.glob("step_00000004/node_*"))
+    assert not list(ckpt.glob("step_*.tmp"))
 
 
-def test_a_node_that_never_reports_means_no_commit(shm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flash_save, "AGREE_WAIT", 0.3)
+def test_a_node_that_never_reports_means_no_commit(shm: Path, tmp_path: Path, plane: list[Any]) -> None:
+    ckpt = tmp_path / "ckpt"
+    stage(0, 2, [2], ckpt)
+    result = persist({0: 0}, 2, deadline=0.5, events=plane[0])  # node 1 is there but never persists
+    assert result.status == "failed" and not list(ckpt.glob("step_*")), result.message
+
+
+def test_several_nodes_without_the_control_plane_commit_nothing(shm: Path, tmp_path: Path) -> None:
+    """Real nodes always have the plane; a share of a multi-node job without it is refused, never guessed."""
     ckpt = tmp_path / "ckpt"
     stage(0, 2, [2], ckpt)
     result = persist({0: 0}, nnodes=2)
-    assert result.status == "failed" and not list(ckpt.glob("step_*"))
+    assert result.status == "failed" and "control plane" in result.message
+    assert not ckpt.exists() or not list(ckpt.glob("step_*"))
 
 
 def test_disk_full_commits_nothing_and_keeps_the_previous_checkpoint(shm: Path, tmp_path: Path) -> None:

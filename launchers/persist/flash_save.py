@@ -12,18 +12,18 @@ slot counts only if its sequence number is even before and after the copy (a tor
 never written). Steps of an earlier attempt never mix with this one's. Nothing is written
 when that step is already committed (the ranks saved it themselves).
 
-Several nodes (each node's mlaunch persists its own ranks), the protocol chosen:
+Several nodes (each node's mlaunch persists its own ranks) agree through the job's control
+plane (``JobEvents.reduce``, ``launchers.control``), the one way a step is agreed between nodes:
 
-1. each node writes the steps all its ranks have to ``<ckpt>/.flash/<key>/cand_<node>.json``
-   and waits for every node's file; the step is the newest one in all of them (every node
-   computes the same answer from the same files — no coordinator to elect);
-2. each node writes its ranks' shards into ``step_N.flash-<key>.tmp/`` and then its
-   ``node_<n>.done`` (tmp + fsync + rename) listing them;
-3. node 0 waits for every node's done file and commits: marker last, then the rename.
+1. every node sends the steps all its ranks staged completely; node 0's hub intersects them and
+   every node persists the newest common step (a lost node ends the wait at once);
+2. each node writes its ranks' shards into ``step_N.flash-<key>.tmp/`` and sends their sizes to
+   node 0 alone;
+3. node 0 commits: marker last, then the rename.
 
-With the job's control plane (``JobEvents.reduce``, ``launchers.control``) steps 1 and 3 meet
-there instead of in files: node 0's hub intersects the candidates and sends every node only
-the common steps, the shard sizes go to node 0 alone, and a lost node ends the wait at once.
+A multi-node share without the plane is refused ("failed"): every real multi-node run has one
+(``launchers.control.open_job_events``), and an agreement through files on the checkpoint
+directory, which only tests reached, is gone.
 
 The key is the restart attempt and that attempt's rendezvous port, the same on every node.
 All waits end at a deadline; what is not committed by then is removed by node 0 and ignored
@@ -35,21 +35,15 @@ any multi-node checkpoint that one rank commits).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from launchers.control import Exchange, Reduction, topics
 from launchers.elastic import layout, shardfile, staging
-
-_STALE = 600.0  # candidate files older than this (seconds) belong to an earlier run
-AGREE_WAIT = 5.0  # how long a node waits for the others to report (their workers fail at about the same time)
-
-T = TypeVar("T")
 
 
 class TornSlot(RuntimeError):
@@ -131,6 +125,8 @@ def persist(
             reader = staging.SegmentReader(path)
             readers[reader.info.rank] = reader
     try:
+        if share.others_write and share.exchange is None:
+            return FlashResult("failed", "the other nodes' ranks need the control plane to agree on a step")
         staged = _staged(readers, share)
         if isinstance(staged, FlashResult):
             if share.others_write and share.exchange is not None:  # the other nodes need not wait for us
@@ -189,11 +185,6 @@ def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
         decision = max(both) if both else None
         if decision is None:
             return FlashResult("nothing", "the nodes have no staged step in common")
-    elif share.others_write:
-        wait = min(share.deadline, time.monotonic() + AGREE_WAIT)
-        decision = _agree(staged.root, share.key, share.nodes, share.nnodes, common, wait)
-        if decision is None:
-            return FlashResult("nothing", "the nodes have no staged step in common")
     elif not common:
         return FlashResult("nothing", "no step was staged by every rank (they are too far apart)")
     else:
@@ -207,7 +198,7 @@ def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
 def _write(
     readers: dict[int, staging.SegmentReader], staged: _Staged, step: int, share: _Share, started: float
 ) -> FlashResult:
-    """Write this node's shards of ``step``; commit it where this is node 0 (meeting the others in done files)."""
+    """Write this node's shards of ``step``; commit it where this is node 0 (the others' sizes come by the plane)."""
     root = staged.root
     tmp = root / f"{layout.step_name(step)}.flash-{share.key}.tmp"
     kept = False  # the directory is committed, or node 0's to commit
@@ -224,17 +215,6 @@ def _write(
             if 0 not in share.nodes:
                 kept = True
                 return FlashResult("written", f"wrote step {step}; node 0 commits", step, nbytes=nbytes)
-        elif share.others_write:
-            for node in share.nodes:
-                mine = {str(r): sizes[r] for r in share.ranks if share.rank_nodes[r] == node}
-                layout.write_json_atomic(tmp / f"node_{node}.done", {"node": node, "sizes": mine, "time": time.time()})
-            if 0 not in share.nodes:
-                kept = True  # node 0 commits (or cleans up) this directory
-                return FlashResult("written", f"wrote step {step}; node 0 commits", step, nbytes=nbytes)
-            all_sizes = _wait_done(tmp, share.nnodes, share.deadline)
-            for node in range(share.nnodes):
-                with contextlib.suppress(OSError):
-                    (tmp / f"node_{node}.done").unlink()
         final = layout.commit(
             tmp,
             root / layout.step_name(step),
@@ -308,52 +288,6 @@ def _copy_slot(reader: staging.SegmentReader, slot: staging.Slot, path: Path, de
             raise TornSlot(f"rank {rank}'s slot for step {slot.step} changed while it was copied")
 
     return shardfile.copy_range_to_file(path, reader.fd, reader.offset(slot), slot.length, deadline, unchanged)
-
-
-def _agree(root: Path, key: str, nodes_here: list[int], nnodes: int, common: set[int], deadline: float) -> int | None:
-    """Exchange candidate steps through the checkpoint directory; the newest step all nodes have."""
-    area = root / ".flash" / key
-    area.mkdir(parents=True, exist_ok=True)
-    for node in nodes_here:
-        layout.write_json_atomic(area / f"cand_{node}.json", {"steps": sorted(common), "time": time.time()})
-
-    def fresh_steps(data: Any) -> set[int] | None:
-        return {int(s) for s in data["steps"]} if time.time() - float(data["time"]) < _STALE else None
-
-    paths = [area / f"cand_{node}.json" for node in range(nnodes)]
-    both = set.intersection(*_gather(paths, fresh_steps, deadline, "not every node reported its staged steps"))
-    return max(both) if both else None
-
-
-def _wait_done(tmp: Path, nnodes: int, deadline: float) -> dict[int, int]:
-    """Every node's shard sizes, once each node wrote its done file."""
-
-    def sizes_of(data: Any) -> dict[int, int]:
-        return {int(r): int(s) for r, s in data["sizes"].items()}
-
-    paths = [tmp / f"node_{node}.done" for node in range(nnodes)]
-    sizes: dict[int, int] = {}
-    for done in _gather(paths, sizes_of, deadline, "not every node wrote its shards"):
-        sizes.update(done)
-    return sizes
-
-
-def _gather(paths: list[Path], read: Callable[[Any], T | None], deadline: float, late: str) -> list[T]:
-    """Poll until every JSON file in ``paths`` exists and ``read`` accepts it; what it made of each."""
-    got: dict[int, T] = {}
-    while True:
-        for index, path in enumerate(paths):
-            if index in got:
-                continue
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                value = read(json.loads(path.read_text()))
-                if value is not None:
-                    got[index] = value
-        if len(got) == len(paths):
-            return [got[index] for index in range(len(paths))]
-        if time.monotonic() > deadline:
-            raise shardfile.DeadlineExceeded(late)
-        time.sleep(0.02)
 
 
 def _mb(n: int) -> str:
