@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 
-from launchers.elastic import layout, shardfile
+from launchers.elastic.format import layout, shardfile
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import CHAOS, alive, children, fill, final_checksum, run_id_of, tmpfs, wait_for  # noqa: E402

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env
 
-from launchers.elastic import Checkpointer, layout, shardfile, staging
+from launchers.elastic import Checkpointer
+from launchers.elastic.format import layout, shardfile
+from launchers.elastic.ipc import staging
 from launchers.persist import flash_save
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))

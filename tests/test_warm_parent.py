@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch, torch_available
 from test_standby import Capture, warm_up
 
-from launchers.elastic import import_report
+from launchers.elastic.ipc import import_report
 from launchers.plan import ProcessSpec
 from launchers.run.signal_router import SignalRouter
 from launchers.run.supervisor import Supervisor

@@ -2,7 +2,7 @@
 
 A rank killed with ``kill -9``, one that crashed, or one stuck in a collective cannot run
 its SIGTERM handler. If the script calls ``Checkpointer.stage(step, state)`` each step, its
-newest states are in shared memory (``launchers.elastic.staging``); this module writes them
+newest states are in shared memory (``launchers.elastic.ipc.staging``); this module writes them
 to the checkpoint directory in the same format ``Checkpointer.load_latest`` reads, and
 commits them the same way (shards, fsync, marker last).
 
@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from launchers.control import Exchange, Reduction, topics
-from launchers.elastic import layout, shardfile, staging
+from launchers.elastic.format import layout, shardfile
+from launchers.elastic.ipc import staging
 
 _STALE = 600.0  # candidate files older than this (seconds) belong to an earlier run
 AGREE_WAIT = 5.0  # how long a node waits for the others to report (their workers fail at about the same time)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "pytor
 import train  # noqa: E402
 
 from launchers.elastic import checkpoint as _checkpoint  # noqa: E402
-from launchers.elastic import shardfile  # noqa: E402
+from launchers.elastic.format import shardfile  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
 PLAN = [entry.split(":") for entry in os.environ.get("CHAOS_PLAN", "").split(";") if entry.strip()]

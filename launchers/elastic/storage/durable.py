@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from launchers.elastic import direct_io
+from launchers.elastic.storage import direct_io
 
 _CHUNK = 64 << 20  # large writes go in pieces so a deadline can stop one part-way
 SLOW_WRITE_ENV = "MLAUNCH_TEST_SLOW_WRITE"  # seconds to sleep before each shard write (tests only)
