@@ -41,7 +41,6 @@ from launchers.elastic.format.shard_encode import encode as encode
 
 # How the bytes reach the disk lives in ``durable``; the names imported "as" themselves stay
 # reachable here, where the writers of shard files (mlaunch's flash save, tests) find them.
-from launchers.elastic.storage.durable import SLOW_WRITE_ENV as SLOW_WRITE_ENV
 from launchers.elastic.storage.durable import DeadlineExceeded as DeadlineExceeded
 from launchers.elastic.storage.durable import copy_range_to_file as copy_range_to_file
 from launchers.elastic.storage.durable import create_synced, write_all, write_image
