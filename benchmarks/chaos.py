@@ -47,7 +47,7 @@ from chaos_schedule import CLASSES, SAME_MEMBERSHIP, draw  # noqa: E402
 from chaos_storm import Storm  # noqa: E402
 from netns import NetnsHosts, netns_unavailable_reason  # noqa: E402
 
-from launchers.elastic import layout  # noqa: E402
+from launchers.elastic.format import layout  # noqa: E402
 
 WORKER = HERE.parent / "chaos_worker.py"
 PRELOAD = "[torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]"

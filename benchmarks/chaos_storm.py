@@ -20,7 +20,7 @@ from chaos_inject import Injector
 from chaos_observe import Cluster, Event, parse
 from chaos_schedule import WHOLE_JOB, Fault
 
-from launchers.elastic import layout
+from launchers.elastic.format import layout
 
 STALL = 150.0  # seconds without a step (outside a whole-job restart) that count as a stalled job
 

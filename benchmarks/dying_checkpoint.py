@@ -75,7 +75,8 @@ def stage_writer(rank: int, total_bytes: int, run_id: str, ckpt: str) -> None:
     """Stage one state into this rank's segment, say so, then wait to be stopped and killed."""
     import torch
 
-    from launchers.elastic import shardfile, staging
+    from launchers.elastic.format import shardfile
+    from launchers.elastic.ipc import staging
 
     seg = staging.Segment(staging.segment_path(run_id, rank), rank, NPROC, 0)
     seg.set_target(ckpt, 1)
@@ -88,7 +89,8 @@ def stage_writer(rank: int, total_bytes: int, run_id: str, ckpt: str) -> None:
 
 def steady_state(total: int, rounds: int, work: Path) -> list[tuple[str, str, list[float]]]:
     """Interleaved rounds of the agent's persist and cp of the same bytes, memory already in use."""
-    from launchers.elastic import layout, staging
+    from launchers.elastic.format import layout
+    from launchers.elastic.ipc import staging
     from launchers.persist import flash_save
 
     run_id = f"dyingbench{os.getpid()}"

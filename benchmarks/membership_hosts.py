@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from netns import Host, NetnsHosts, netns_unavailable_reason  # noqa: E402
 
-from launchers.elastic import layout  # noqa: E402
+from launchers.elastic.format import layout  # noqa: E402
 
 NODE_TIMEOUT = 3.0
 PERSIST_EVERY = 10  # staged steps between background commits

@@ -145,7 +145,7 @@ def main() -> None:
     os.environ.setdefault("MLAUNCH_RUN_ID", f"persist-stall-{os.getpid()}")  # staging is on only under mlaunch
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    from launchers.elastic import staging
+    from launchers.elastic.ipc import staging
 
     with tempfile.TemporaryDirectory(dir=args.dir or ".") as tmp:
         stage_medians: dict[str, float] = {}

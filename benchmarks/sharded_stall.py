@@ -172,7 +172,7 @@ def stall_worker(args: argparse.Namespace) -> None:
 
 
 def staged_bytes() -> int:
-    from launchers.elastic import staging
+    from launchers.elastic.ipc import staging
 
     return sum(i.status.state_bytes for i in staging.read_run(os.environ["MLAUNCH_RUN_ID"]))
 

@@ -24,7 +24,8 @@ import pytest
 from conftest import EXAMPLES, ROOT, BackgroundMlaunch, clean_env, needs_torch, run_mlaunch
 
 from launchers.config.loader import load_job
-from launchers.elastic import layout, shardfile, staging
+from launchers.elastic.format import layout, shardfile
+from launchers.elastic.ipc import staging
 from launchers.persist import slot_copy
 from launchers.persist.background_persist import BackgroundPersist
 from launchers.plan import LaunchPlan

@@ -6,9 +6,9 @@ steps) or sent by the test itself (signals to mlaunch or to one worker's pid). "
 lost" is checked the strict way: after the faults, the run resumes and ends with the same
 ``final-checksum`` as an uninterrupted run with the same seed.
 
-Slow storage is the library's writer stub (a sleep inside the shard writer, selected by env,
-set by the wrapper for one chosen save); disk full is a real, small tmpfs (skipped when
-mounting is refused). Issue 4's list, items 1-8; item 8 (ten mixed faults) is ``slow``.
+Slow storage is a sleep in the shard writer's test hook (``durable.before_fill``), set by the
+wrapper for one chosen save, and in mlaunch through tests/scripts/slow_storage; disk full is a
+real, small tmpfs (skipped when mounting is refused). Issue 4's list, items 1-8; item 8 (ten mixed faults) is ``slow``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,20 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 
-from launchers.elastic import layout, shardfile
+from launchers.elastic.format import layout, shardfile
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
-from elastic_testlib import CHAOS, alive, children, fill, final_checksum, run_id_of, tmpfs, wait_for  # noqa: E402
+from elastic_testlib import (  # noqa: E402
+    CHAOS,
+    alive,
+    children,
+    fill,
+    final_checksum,
+    run_id_of,
+    slow_storage_env,
+    tmpfs,
+    wait_for,
+)
 
 pytestmark = needs_torch
 STEPS = 24
@@ -247,7 +257,7 @@ def test_4_grace_period_shorter_than_the_save_commits_nothing(tmp_path: Path, re
     state.mkdir()
     job = write_job(tmp_path, grace="2s")
     # storage is slow for everyone: the ranks' dying save and mlaunch's own attempt to persist
-    env = {"CHAOS_SLOW_DYING_SAVE": "6", shardfile.SLOW_WRITE_ENV: "6"}
+    env = {"CHAOS_SLOW_DYING_SAVE": "6", **slow_storage_env(6)}
     run = Run(job, CHAOS_PLAN="0:9:term_launcher", CHAOS_STATE=str(state), **env)
     code = run.finish()
     assert code == 137, run.dump()  # the exit code says the dying checkpoint was cut off

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, needs_torch
 
-from launchers.elastic import Checkpointer, CheckpointError, layout, shardfile
+from launchers.elastic import Checkpointer, CheckpointError
+from launchers.elastic.format import layout, shardfile
 from launchers.platform.cluster import free_port
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))

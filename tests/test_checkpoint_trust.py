@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import needs_torch
 
-from launchers.elastic import Checkpointer, CheckpointError, layout, shardfile
+from launchers.elastic import Checkpointer, CheckpointError
+from launchers.elastic.format import layout, shardfile
 
 np = pytest.importorskip("numpy")
 

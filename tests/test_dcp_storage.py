@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, needs_torch, run_mlaunch
 
-from launchers.elastic import layout, shardfile
+from launchers.elastic.format import layout, shardfile
 
 pytestmark = [needs_torch, pytest.mark.slow]
 SCRIPT = ROOT / "tests" / "scripts" / "dcp_interop.py"

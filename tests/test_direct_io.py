@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launchers.elastic import direct_io, durable, shardfile
+from launchers.elastic.format import shardfile
+from launchers.elastic.storage import direct_io, durable
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

@@ -1,7 +1,7 @@
 """The ``launchers.elastic`` surface training scripts use, and what the launcher itself loads.
 
 The package resolves its API lazily (PEP 562), so mlaunch's own import of
-``launchers.elastic.staging`` at every start does not pay for the guard and checkpoint code,
+``launchers.elastic.ipc.staging`` at every start does not pay for the guard and checkpoint code,
 while ``elastic.install``, ``elastic.Checkpointer``, ``from launchers.elastic import *`` and
 submodules as attributes (``elastic.guard``) work as with eager imports. Each check runs in
 a fresh interpreter, because what is already imported is the point.
@@ -26,7 +26,7 @@ def _python(code: str) -> dict[str, object]:
 
 def test_the_launchers_import_of_staging_leaves_guard_and_checkpoint_unloaded() -> None:
     seen = _python(
-        "import json, sys\nimport launchers.elastic.staging\n"
+        "import json, sys\nimport launchers.elastic.ipc.staging\n"
         "print(json.dumps({m: m in sys.modules for m in ('launchers.elastic.guard', 'launchers.elastic.checkpoint')}))"
     )
     assert seen == {"launchers.elastic.guard": False, "launchers.elastic.checkpoint": False}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import EXAMPLES, ROOT, BackgroundMlaunch, needs_torch, run_mlaunch
 
-from launchers.elastic import layout
+from launchers.elastic.format import layout
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import final_checksum, wait_for  # noqa: E402

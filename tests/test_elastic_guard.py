@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, needs_torch
 
-from launchers.elastic import layout
+from launchers.elastic.format import layout
 from launchers.platform.cluster import free_port
 
 RANKS = ROOT / "tests" / "scripts" / "elastic_ranks.py"

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, clean_env, run_mlaunch
 from framework_venvs import mindspore_python  # noqa: F401 - session fixture
 
-from launchers.elastic import layout
+from launchers.elastic.format import layout
 
 pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "tests" / "scripts" / "ms_exception_ckpt.py"

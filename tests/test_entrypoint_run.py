@@ -189,7 +189,7 @@ def test_second_prestart_run_is_a_no_op(deployment: Deployment, first_run: dict[
 def test_sigterm_saves_a_dying_checkpoint_exits_143_and_the_next_start_resumes(
     deployment: Deployment, first_run: dict[str, str]
 ) -> None:
-    from launchers.elastic import layout
+    from launchers.elastic.format import layout
 
     ckpt_dir = deployment.code / "output" / "ckpt"
     shutil.rmtree(ckpt_dir, ignore_errors=True)

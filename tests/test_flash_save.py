@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 from conftest import ROOT, clean_env
 
-from launchers.elastic import Checkpointer, layout, shardfile, staging
+from launchers.elastic import Checkpointer
+from launchers.elastic.format import layout, shardfile
+from launchers.elastic.ipc import staging
+from launchers.elastic.storage import durable
 from launchers.persist import flash_save
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
@@ -152,7 +155,7 @@ def test_a_deadline_that_passes_commits_nothing(shm: Path, tmp_path: Path, monke
     ckpt = tmp_path / "ckpt"
     stage(0, 2, [1], ckpt)
     stage(1, 2, [1], ckpt)
-    monkeypatch.setenv(shardfile.SLOW_WRITE_ENV, "0.5")  # slow storage
+    monkeypatch.setattr(durable, "before_fill", lambda: time.sleep(0.5))  # slow storage
     result = persist({0: 0, 1: 0}, deadline=0.2)
     assert result.status == "failed" and "deadline" in result.message
     assert not ckpt.exists() or not list(ckpt.iterdir())

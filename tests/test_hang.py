@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 
-from launchers.elastic import progress
+from launchers.elastic.ipc import progress
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import CHAOS, final_checksum  # noqa: E402
@@ -95,7 +95,7 @@ def test_heartbeat_is_cheap_and_written_where_mlaunch_reads_it(tmp_path: Path) -
         """
         import time
         from launchers import elastic
-        from launchers.elastic import progress
+        from launchers.elastic.ipc import progress
         elastic.heartbeat(0)
         n = 100_000
         t = time.perf_counter()

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env
 
-from launchers.elastic import Checkpointer, layout
+from launchers.elastic import Checkpointer
+from launchers.elastic.format import layout
 
 VICTIM = ROOT / "tests" / "scripts" / "save_victim.py"
 TRIALS = int(os.environ.get("MLAUNCH_KILL_TRIALS", "50"))  # more: MLAUNCH_KILL_TRIALS=500

@@ -137,7 +137,7 @@ def test_the_training_side_imports_nothing_of_the_launcher() -> None:
         if name.startswith("launchers.elastic")
         for target in targets
         if not target.startswith("launchers.elastic")
-        and target not in ("launchers.log", "launchers.elastic.import_report")
+        and target not in ("launchers.log", "launchers.elastic.ipc.import_report")
     }
     assert not offenders, sorted(offenders)
 
@@ -232,3 +232,66 @@ def test_persist_and_standby_stand_below_run() -> None:
     """run/ supervises and restarts; the agent half of checkpointing and the standbys serve it, never the reverse."""
     for layer in ("launchers.persist", "launchers.standby"):
         assert not layer_offenders(layer, ("launchers.run", "launchers.cli")), layer
+
+
+# launchers.elastic's rooms (issue 33 item 6) → the other rooms each may import. The facade's
+# level (``launchers.elastic`` and the modules a script imports: guard, checkpoint, pytorch...)
+# stands above them all and ``integrations`` above that; a room never imports either.
+ELASTIC_ROOMS: dict[str, tuple[str, ...]] = {
+    "storage": (),  # bytes made durable: knows no shard
+    "ranks": (),  # the rank's environment and collectives: the bottom of the training side
+    "format": ("storage",),  # the shard file and the checkpoint directory
+    "ipc": ("format", "storage", "ranks"),  # the shared-memory files of rank and agent
+    "dcp": ("format", "storage", "ipc", "ranks"),  # the torch.distributed.checkpoint plug-in
+}
+
+
+def test_the_elastic_rooms_stand_below_the_facade() -> None:
+    """A room imports its own modules and the rooms below it, never the facade's level, dcp or integrations."""
+    offenders = set()
+    for room, below in ELASTIC_ROOMS.items():
+        allowed = tuple(f"launchers.elastic.{r}." for r in (room, *below))
+        offenders |= {
+            edge
+            for edge in layer_offenders(f"launchers.elastic.{room}", ("launchers.elastic",))
+            if not edge.partition(" → ")[2].startswith(allowed)
+        }
+    assert not offenders, sorted(offenders)
+
+
+def test_the_elastic_rooms_import_nothing_on_entry() -> None:
+    """mlaunch imports ``ipc.staging`` on every start and ``dcp`` costs torch.distributed.checkpoint:
+    a room's ``__init__`` loads none of its modules, so an importer pays for the module it names alone."""
+    graph = import_graph()
+    eager = {room: sorted(graph[f"launchers.elastic.{room}"]) for room in ELASTIC_ROOMS}
+    assert not any(eager.values()), eager
+
+
+def imports_from_outside(package: str) -> dict[str, str]:
+    """``a → b`` for every import of a module of ``package`` by a module outside it, with ``b`` itself."""
+    inside = (package, package + ".")
+    return {
+        f"{name} → {target}": target
+        for name, targets in import_graph().items()
+        if not name.startswith(inside)
+        for target in targets
+        if target.startswith(inside)
+    }
+
+
+def test_nothing_depends_on_a_trainer_integration() -> None:
+    """The integrations adapt one trainer each (and import it): no other module of the project imports them."""
+    assert not imports_from_outside("launchers.elastic.integrations")
+
+
+def test_the_launcher_reads_the_training_sides_formats_and_runs_none_of_its_code() -> None:
+    """mlaunch shares the formats and the shared-memory protocol with the ranks (format, storage, ipc,
+    ranks' env) and computes replica groups (``replicas``); the Checkpointer, the guard, DCP and the
+    trainer integrations run only in a training script."""
+    shared = tuple(f"launchers.elastic.{room}." for room in ("format", "storage", "ipc", "ranks"))
+    offenders = {
+        edge
+        for edge, target in imports_from_outside("launchers.elastic").items()
+        if not target.startswith(shared) and target != "launchers.elastic.replicas"
+    }
+    assert not offenders, sorted(offenders)

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launchers.elastic import Checkpointer, CheckpointError, layout
+from launchers.elastic import Checkpointer, CheckpointError
+from launchers.elastic.format import layout
 
 
 def _state(step: int, value: float) -> dict[str, object]:
@@ -101,7 +102,7 @@ def test_between_a_replacement_marker_and_the_removal_the_newer_commit_wins(tmp_
     old.save(5, _state(5, 1.0))
     tmp = tmp_path / (layout.step_name(5) + ".tmp")
     tmp.mkdir()
-    from launchers.elastic import shardfile
+    from launchers.elastic.format import shardfile
 
     size = shardfile.write_file(tmp / "rank_0.mlck", shardfile.encode(_state(5, 9.0)))
     manifest = {"lineage": "another", "resumed_step": 2}

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 
-from launchers.elastic import progress
+from launchers.elastic.ipc import progress
 from launchers.run.observe.events_log import read_events
 from launchers.run.observe.goodput import Goodput, describe
 from launchers.run.observe.straggler import RankSample, StragglerDetector
@@ -133,7 +133,7 @@ def test_the_progress_file_carries_first_step_waits_saves_and_the_committed_step
     script = textwrap.dedent(
         """
         import time
-        from launchers.elastic import progress
+        from launchers.elastic.ipc import progress
         progress.report(5)
         with progress.waiting():
             time.sleep(0.2)

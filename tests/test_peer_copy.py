@@ -28,7 +28,8 @@ SECRET = b"test-secret"
 STEPS = 40
 WRITER = """
 import sys, numpy as np
-from launchers.elastic import shardfile, staging
+from launchers.elastic.format import shardfile
+from launchers.elastic.ipc import staging
 seg = staging.Segment(staging.segment_path(sys.argv[1], 0), 0, 1, 0)
 seg.set_target(sys.argv[2], 3)
 for step in range(int(sys.argv[3])):
@@ -40,7 +41,7 @@ print("done", flush=True)
 def expected(step: int) -> bytes:
     import numpy as np
 
-    from launchers.elastic import shardfile
+    from launchers.elastic.format import shardfile
 
     enc = shardfile.encode({"x": np.full(1 << 18, step, dtype=np.float32)}, {"step": step})
     buf = bytearray(enc.size)

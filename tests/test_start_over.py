@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, needs_torch, run_mlaunch
 
-from launchers.elastic import Checkpointer, layout
+from launchers.elastic import Checkpointer
+from launchers.elastic.format import layout
 
 pytestmark = needs_torch
 

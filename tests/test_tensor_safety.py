@@ -69,7 +69,8 @@ def test_a_tensor_without_readable_bytes_is_refused_naming_its_key(
 
 def test_a_sharded_checkpoint_read_without_a_target_says_how(tmp_path: Path) -> None:
     """``load_latest()`` cannot place DTensor shards without the running job's layout: a clear error."""
-    from launchers.elastic import Checkpointer, CheckpointError, layout, shardfile
+    from launchers.elastic import Checkpointer, CheckpointError
+    from launchers.elastic.format import layout, shardfile
 
     step = tmp_path / (layout.step_name(1) + ".tmp")
     step.mkdir()

@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch, torch_available
 from test_standby import Capture, warm_up
 
-from launchers.elastic import import_report
+from launchers.elastic.ipc import import_report
 from launchers.plan import ProcessSpec
 from launchers.run.signal_router import SignalRouter
 from launchers.run.supervisor import Supervisor
@@ -142,7 +142,7 @@ def test_a_rank_reports_installed_modules_only(tmp_path: Path) -> None:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "import jobhelper, json, decimal, pydantic\n"
-        "from launchers.elastic import import_report\n"
+        "from launchers.elastic.ipc import import_report\n"
         "assert import_report.write(sys.argv[2])\n"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path), str(report)], check=True, timeout=60)

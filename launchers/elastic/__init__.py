@@ -27,6 +27,14 @@ states and a data position so a resumed run continues bit-identically;
 
 Importing this package imports neither torch nor MindSpore (standard library only); the
 frameworks are used when the script has imported them.
+
+What a script imports stands here (``guard``, ``checkpoint`` with ``resume`` and
+``replicated``, ``pytorch``, ``data``, ``ddp_buckets``, ``mindspore``, ``replicas``, ``taskd``,
+``integrations``); what serves it has a room of its own below: ``format`` (the shard file and
+the checkpoint directory), ``storage`` (bytes made durable), ``ipc`` (the shared-memory files
+the rank and mlaunch's agent exchange), ``ranks`` (the rank's environment and collectives),
+``dcp`` (the ``torch.distributed.checkpoint`` plug-in). The rooms never import this level
+(``tests/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -38,9 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launchers.elastic.checkpoint import Checkpointer, CheckpointError
-    from launchers.elastic.completion import finished
     from launchers.elastic.guard import EXIT_CODE, GracefulExit, Guard, install
-    from launchers.elastic.progress import heartbeat, waiting
+    from launchers.elastic.ipc.completion import finished
+    from launchers.elastic.ipc.progress import heartbeat, waiting
 
 __all__ = [
     "EXIT_CODE",
@@ -54,23 +62,23 @@ __all__ = [
     "waiting",
 ]
 
-# The launcher itself imports ``launchers.elastic.staging`` (agent-side flash save) on every
+# The launcher itself imports ``launchers.elastic.ipc.staging`` (agent-side flash save) on every
 # start; loading the checkpoint and guard machinery only when a training script asks for it
 # keeps that off mlaunch's start-up time.
 _WHERE = {
     "Checkpointer": "checkpoint",
     "CheckpointError": "checkpoint",
-    "finished": "completion",
+    "finished": "ipc.completion",
     "EXIT_CODE": "guard",
     "GracefulExit": "guard",
     "Guard": "guard",
     "install": "guard",
-    "heartbeat": "progress",
-    "waiting": "progress",
+    "heartbeat": "ipc.progress",
+    "waiting": "ipc.progress",
 }
 
 if os.environ.get("MLAUNCH_RUN_ID"):  # a rank under mlaunch: its stacks on demand (see ``progress``)
-    from launchers.elastic import progress as _progress
+    from launchers.elastic.ipc import progress as _progress
 
     _progress.install_stack_dump()
 

@@ -32,8 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import collective, commit_tail, durable, env, layout, plain, progress, resume, shardfile, staging
+from launchers.elastic import resume
 from launchers.elastic.errors import CheckpointError as CheckpointError
+from launchers.elastic.format import layout, plain, shardfile
+from launchers.elastic.ipc import commit_tail, progress, staging
+from launchers.elastic.ranks import collective, env
+from launchers.elastic.storage import durable
 
 DEFAULT_DIR = "output/ckpt"
 DEFAULT_KEEP = env.DEFAULT_KEEP

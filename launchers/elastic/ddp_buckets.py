@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from launchers.elastic.collective import say
+from launchers.elastic.ranks.collective import say
 
 _CACHE = "_mlaunch_ddp_buckets"  # attribute on the DDP object: the layout, once it is final
 

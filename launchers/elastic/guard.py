@@ -25,7 +25,8 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
-from launchers.elastic import collective, progress, staging
+from launchers.elastic.ipc import progress, staging
+from launchers.elastic.ranks import collective
 
 EXIT_CODE = 143
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)

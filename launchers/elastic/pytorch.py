@@ -134,7 +134,7 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 # DCP's storage plug-ins import torch.distributed.checkpoint (~0.6 s): loaded when asked for.
-_DCP_STORAGE = {"MlaunchStorageReader": "dcp_reader", "MlaunchStorageWriter": "dcp_writer"}
+_DCP_STORAGE = {"MlaunchStorageReader": "dcp.reader", "MlaunchStorageWriter": "dcp.writer"}
 
 
 def __getattr__(name: str) -> Any:

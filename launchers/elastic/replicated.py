@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import collective, shardfile
-from launchers.elastic.shard_encode import PREFIX, align
+from launchers.elastic.format import shardfile
+from launchers.elastic.format.shard_encode import PREFIX, align
+from launchers.elastic.ranks import collective
 
 DIGEST_BITS = 40
 _NONE_MIN = 1 << DIGEST_BITS  # a rank that read no shard: neutral for MIN

@@ -6,7 +6,7 @@ Two ways to read a step (``Checkpointer.load_latest``):
   the job must have the world size that saved it, and the shard must hold no DTensor;
 - ``load_latest(into=state)`` fills ``state``'s tensors and DTensors in place and replaces its
   plain values, at any world size or mesh: DCP's load planner decides which pieces this rank
-  needs and ``dcp_reader`` copies them (``dcp_catalog`` says which copy of a non-DTensor
+  needs and ``dcp.reader`` copies them (``dcp.catalog`` says which copy of a non-DTensor
   value a rank gets). Returns the step.
 
 At another world size ``load_latest()`` works when the state is replicated (DDP: every rank
@@ -32,8 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from launchers.elastic import collective, layout, progress, replicated, shardfile, staging
+from launchers.elastic import replicated
 from launchers.elastic.errors import CheckpointError
+from launchers.elastic.format import layout, shardfile
+from launchers.elastic.ipc import progress, staging
+from launchers.elastic.ranks import collective
 
 ON_UNREADABLE_ENV = "MLAUNCH_ON_UNREADABLE"  # "fail" (the default) | "start_over": job.yaml's checkpoint.on_unreadable
 
@@ -184,8 +187,8 @@ def load_into(ckpt: Checkpointer, item: layout.Committed, into: Any) -> Read:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from launchers.elastic import dcp_catalog
-    from launchers.elastic.dcp_reader import MlaunchStorageReader
+    from launchers.elastic.dcp import catalog
+    from launchers.elastic.dcp.reader import MlaunchStorageReader
 
     if not isinstance(into, dict):
         return Read(error=f"into= must be a dict of the state to fill (got a {type(into).__name__})", fatal=True)
@@ -195,9 +198,9 @@ def load_into(ckpt: Checkpointer, item: layout.Committed, into: Any) -> Read:
         dcp.load(into, storage_reader=reader, no_dist=not grouped)
     except CheckpointException as exc:
         causes = [failure[0] for failure in exc.failures.values()]
-        retry = all(isinstance(cause, dcp_catalog.Unreadable) for cause in causes)
+        retry = all(isinstance(cause, catalog.Unreadable) for cause in causes)
         return Read(error="; ".join(sorted({_describe(c) for c in causes})), fatal=not retry)
-    except dcp_catalog.Unreadable as exc:  # not wrapped where no process group is up
+    except catalog.Unreadable as exc:  # not wrapped where no process group is up
         return Read(error=str(exc))
     except (shardfile.UntrustedShard, RuntimeError, ValueError, KeyError) as exc:
         return Read(error=_describe(exc), fatal=True)

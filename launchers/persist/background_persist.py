@@ -1,7 +1,7 @@
 """Background persistence (``checkpoint.persist_every``): mlaunch writes staged steps, the ranks only stage.
 
 A training script that calls ``Checkpointer.stage(step, state)`` every step leaves its newest
-two states in shared memory (``launchers.elastic.staging``). With ``persist_every: N`` this
+two states in shared memory (``launchers.elastic.ipc.staging``). With ``persist_every: N`` this
 node's mlaunch writes every N-th of them to the checkpoint directory in a thread of its own
 and commits it with the flash save's protocol (shards fsynced, marker last, ``keep``
 rotation), so a periodic checkpoint costs the training loop only the memory copy of
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchers.control import Reduction, topics
-from launchers.elastic import layout
+from launchers.elastic.format import layout
 from launchers.log import say
 from launchers.persist.slot_copy import Header, LiveSegment, Torn, open_ranks, write_image
 

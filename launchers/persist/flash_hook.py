@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launchers.config.job import Job
-from launchers.elastic import staging
+from launchers.elastic.ipc import staging
 from launchers.log import say
 from launchers.outcome import Failure, Outcome
 from launchers.phases import long_phase

@@ -2,7 +2,7 @@
 
 A rank killed with ``kill -9``, one that crashed, or one stuck in a collective cannot run
 its SIGTERM handler. If the script calls ``Checkpointer.stage(step, state)`` each step, its
-newest states are in shared memory (``launchers.elastic.staging``); this module writes them
+newest states are in shared memory (``launchers.elastic.ipc.staging``); this module writes them
 to the checkpoint directory in the same format ``Checkpointer.load_latest`` reads, and
 commits them the same way (shards, fsync, marker last).
 
@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from launchers.control import Exchange, Reduction, topics
-from launchers.elastic import layout, shardfile, staging
+from launchers.elastic.format import layout, shardfile
+from launchers.elastic.ipc import staging
 
 
 class TornSlot(RuntimeError):

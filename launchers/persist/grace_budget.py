@@ -185,7 +185,7 @@ class Monitor:
         self.last: Budget | None = None
 
     def measure(self) -> Budget | None:
-        from launchers.elastic import staging
+        from launchers.elastic.ipc import staging
 
         infos = staging.read_run(self.run_id)
         if not infos:

@@ -31,8 +31,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from launchers.elastic import shardfile
-from launchers.elastic.staging import Slot
+from launchers.elastic.format import shardfile
+from launchers.elastic.ipc.staging import Slot
 from launchers.persist import replica_store
 from launchers.persist.replica_plan import next_send
 from launchers.persist.slot_copy import Header, LiveSegment, Torn, open_ranks

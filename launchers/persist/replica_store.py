@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from launchers.elastic import shardfile
+from launchers.elastic.format import shardfile
 
 KEEP = 2  # slots per (attempt, rank): the newest and the one before
 _LEN = struct.Struct("<I")

@@ -19,9 +19,10 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from launchers.elastic import shardfile, staging
+from launchers.elastic.format import shardfile
+from launchers.elastic.ipc import staging
 
-# staging's segment layout (see launchers.elastic.staging): header fields, slots, directory
+# staging's segment layout (see launchers.elastic.ipc.staging): header fields, slots, directory
 _FIXED = staging._FIXED
 _SLOT = staging._SLOT
 _SLOTS_AT = staging._SLOTS_AT

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import layout
+from launchers.elastic.format import layout
 from launchers.persist.replica_plan import Holding, Verdict, decide, ring, verdict_of, verdict_to_wire
 from launchers.persist.slot_copy import write_image
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchers.config.job import Job
-from launchers.elastic import completion, progress, staging
+from launchers.elastic.ipc import completion, progress, staging
 from launchers.engines.base import Engine
 from launchers.log import say
 from launchers.outcome import Outcome, signal_name
@@ -180,7 +180,7 @@ def stop_exit_code(outcome: Outcome, roots: set[str]) -> int:
     """
     from pathlib import Path
 
-    from launchers.elastic import layout
+    from launchers.elastic.format import layout
 
     assert outcome.signal is not None
     clean = {0, 128 + outcome.signal, 143}

@@ -1,7 +1,7 @@
 """Hang detection on one node: ranks that reported progress and then none for ``monitor.hang_timeout``.
 
 Ranks report progress through ``launchers.elastic`` (``guard.should_stop``, ``ckpt.stage``,
-``elastic.heartbeat``) into per-process files in shared memory (``launchers.elastic.progress``);
+``elastic.heartbeat``) into per-process files in shared memory (``launchers.elastic.ipc.progress``);
 the supervisor polls a ``HangMonitor`` a few times a second. A rank that never reported is not
 judged. When ranks are hung, every rank of the node first writes the Python stacks of all its
 threads to its own log (``dump_stacks``: the stack signal, SIGURG, to every process group —
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launchers.config.durations import format_duration
-from launchers.elastic import progress
+from launchers.elastic.ipc import progress
 from launchers.outcome import Failure
 from launchers.plan import LaunchPlan
 from launchers.procs import signal_group

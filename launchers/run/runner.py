@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from launchers import stop_signals as early_signals
 from launchers.config.job import Job
-from launchers.elastic import completion, progress, staging
+from launchers.elastic.ipc import completion, progress, staging
 from launchers.log import say
 from launchers.outcome import Outcome, signal_name
 from launchers.plan import LaunchPlan

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from launchers.elastic import completion, progress
+from launchers.elastic.ipc import completion, progress
 from launchers.log import say, signal_name
 from launchers.outcome import (
     Failure,
@@ -314,7 +314,7 @@ class Supervisor(JobEventResponse):
                 self.teardown.stop_all(signal.SIGTERM)
 
     def _finished_before(self, worker: Worker) -> bool:
-        """The rank reported completion in this attempt (``launchers.elastic.completion``) before it exited."""
+        """The rank reported completion in this attempt (``launchers.elastic.ipc.completion``) before it exited."""
         if not self.run_id or worker.spec.rank < 0:
             return False
         attempt = int(worker.spec.env.get("MLAUNCH_RESTART_COUNT", "0") or 0)

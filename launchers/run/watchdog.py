@@ -8,7 +8,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from launchers.elastic import completion, progress, staging
+from launchers.elastic.ipc import completion, progress, staging
 from launchers.procs import proc_files
 from launchers.run.signal_router import FORWARD_SIGNALS
 from launchers.stop_signals import STOP_SIGNALS

@@ -1,6 +1,6 @@
 """A preload list that learns: installed modules the ranks import beyond ``preload:``, for the warm parent.
 
-The ranks write what they imported from installed locations (``launchers.elastic.import_report``);
+The ranks write what they imported from installed locations (``launchers.elastic.ipc.import_report``);
 this side reads those reports at most once a second, keeps the modules the warm parent has
 not imported yet, and drops any whose file lies in the job's own directories (its code dir,
 the start file's directory, the working directory) unless it sits in a site-packages
@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from launchers.elastic import env, import_report
+from launchers.elastic.ipc import import_report
+from launchers.elastic.ranks import env
 
 READ_EVERY = 1.0  # seconds between two reads of the ranks' reports
 SHOWN = 6  # names a message lists before "+ N more"

@@ -121,7 +121,7 @@ def become(spec: dict[str, object]) -> None:
     os.close(devnull)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - replaces the spec pipe for the script's lifetime
     if env.get("MLAUNCH_REPORT_IMPORTS") == "1":  # preload_learning: what the script imports beyond the list
-        from launchers.elastic import import_report
+        from launchers.elastic.ipc import import_report
 
         import_report.watch()
     wait = spec.get("wait_for_store")

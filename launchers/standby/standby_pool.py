@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from launchers.elastic import staging
+from launchers.elastic.ipc import staging
 from launchers.log import say
 from launchers.plan import ProcessSpec
 from launchers.procs import become_subreaper, process_env, reap_unknown, start_process

@@ -264,7 +264,7 @@ def become_standby(forked: ForkedStandby, mlaunch: int) -> int:
 
 def _fresh_module_state() -> None:
     """What a forked process shares with its parent and a fresh interpreter would not have."""
-    progress = sys.modules.get("launchers.elastic.progress")
+    progress = sys.modules.get("launchers.elastic.ipc.progress")
     if progress is not None:  # its at-fork hook took this process for a data-loader worker
         progress.report_as_new_rank()
     numpy_random = sys.modules.get("numpy.random")

@@ -10,8 +10,8 @@ Env:
                      ``rank`` after the previous one fired — in any attempt or later run.
   CHAOS_STATE        directory for the fired-fault records (required with CHAOS_PLAN)
   CHAOS_STEP_SLEEP   seconds to sleep inside each forward pass (an outside signal lands mid-step)
-  CHAOS_SLOW_DYING_SAVE  seconds the dying save's writer sleeps first (slow storage, through
-                     the library's own MLAUNCH_TEST_SLOW_WRITE stub)
+  CHAOS_SLOW_DYING_SAVE  seconds the dying save's writer sleeps first (slow storage: this
+                     wrapper's own ``durable.before_fill`` hook)
   CHAOS_SLOW_SAVE    ``step:seconds``: the same for the (periodic) save of that step, first attempt only
 
 Actions: ``term`` (SIGTERM to itself, mid-step), ``term2`` (two SIGTERMs), ``kill9`` (SIGKILL
@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "pytor
 import train  # noqa: E402
 
 from launchers.elastic import checkpoint as _checkpoint  # noqa: E402
-from launchers.elastic import shardfile  # noqa: E402
+from launchers.elastic.format import shardfile  # noqa: E402
+from launchers.elastic.storage import durable  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
 PLAN = [entry.split(":") for entry in os.environ.get("CHAOS_PLAN", "").split(";") if entry.strip()]
@@ -147,18 +148,27 @@ def save(self: Any, step: int, state: Any, **kwargs: Any) -> Any:
     from launchers.elastic import guard as guard_module
 
     g = guard_module._guard
-    os.environ.pop(shardfile.SLOW_WRITE_ENV, None)
+    slow_write["seconds"] = 0.0
     if SLOW_DYING and g is not None and g.requested:
-        os.environ[shardfile.SLOW_WRITE_ENV] = SLOW_DYING  # slow storage for the dying save only
+        slow_write["seconds"] = float(SLOW_DYING)  # slow storage for the dying save only
     if SLOW_SAVE[2] and int(SLOW_SAVE[0]) == step and os.environ.get("MLAUNCH_RESTART_COUNT", "0") == "0":
-        os.environ[shardfile.SLOW_WRITE_ENV] = SLOW_SAVE[2]
+        slow_write["seconds"] = float(SLOW_SAVE[2])
     return _save(self, step, state, **kwargs)
+
+
+slow_write = {"seconds": 0.0}  # how long this rank's next shard write sleeps first (set by ``save``)
+
+
+def slow_storage() -> None:
+    if slow_write["seconds"]:
+        time.sleep(slow_write["seconds"])
 
 
 train.make_model = make_model
 train.elastic_torch.capture = capture
 train.elastic_torch.restore = restore
 shardfile.write_file = write_file
+durable.before_fill = slow_storage
 _checkpoint.Checkpointer.save = save  # type: ignore[method-assign]
 print(f"chaos pid {RANK} {os.getpid()}", flush=True)
 if os.environ.get("CHAOS_SHOW_ENV"):

@@ -17,6 +17,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "pytorch" / "train.py"
 CHAOS = ROOT / "tests" / "scripts" / "chaos_train.py"
+SLOW_STORAGE = ROOT / "tests" / "scripts" / "slow_storage"
+
+
+def slow_storage_env(seconds: float) -> dict[str, str]:
+    """Env for a job whose every process sleeps ``seconds`` before filling each shard file it writes.
+
+    mlaunch's own persist included: ``slow_storage/sitecustomize.py`` sets ``durable.before_fill``
+    in each process (the library reads no test variable).
+    """
+    path = os.pathsep.join(filter(None, [str(SLOW_STORAGE), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "TEST_SLOW_WRITE_SECONDS": str(seconds)}
 
 
 @contextlib.contextmanager

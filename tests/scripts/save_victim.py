@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 
-from launchers.elastic import Checkpointer, layout
+from launchers.elastic import Checkpointer
+from launchers.elastic.format import layout
 
 
 def state_of(step: int, size: int) -> dict[str, object]:

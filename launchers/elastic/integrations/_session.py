@@ -30,9 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import collective, completion, env, layout, shardfile, staging
 from launchers.elastic import guard as guard_mod
 from launchers.elastic.checkpoint import Checkpointer
+from launchers.elastic.format import layout, shardfile
+from launchers.elastic.ipc import completion, staging
+from launchers.elastic.ranks import collective, env
 
 _WAIT = 600.0  # how long a rank waits for rank 0 to write a native checkpoint
 

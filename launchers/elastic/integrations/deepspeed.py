@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from launchers.elastic import shardfile
+from launchers.elastic.format import shardfile
 from launchers.elastic.integrations._session import Session, barrier, rank_world, write_once
 
 __all__ = ["MlaunchDeepSpeed"]

@@ -46,7 +46,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.nn.parallel import DistributedDataParallel
 
-from launchers.elastic import ddp_buckets, shardfile
+from launchers.elastic import ddp_buckets
+from launchers.elastic.format import shardfile
 from launchers.elastic.integrations._session import Session, rank_world, write_once
 
 __all__ = ["MlaunchCallback"]

@@ -1,6 +1,6 @@
 """Seeing the job: what each rank is doing, who is slow, what happened, and where the time went.
 
-- ``steps``: samples the ranks' progress files (``launchers.elastic.progress``) into per-rank
+- ``steps``: samples the ranks' progress files (``launchers.elastic.ipc.progress``) into per-rank
   step, rate, own time per step and committed checkpoint;
 - ``straggler``: a rank whose own time per step is ``monitor.straggler_factor`` × the job's median
   for ``monitor.straggler_steps`` steps is reported once, and again when it recovers;

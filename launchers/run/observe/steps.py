@@ -1,6 +1,6 @@
 """Per-rank progress as mlaunch samples it: step, steps/s, own time per step, committed checkpoint.
 
-The ranks' progress files hold only their newest report (``launchers.elastic.progress``);
+The ranks' progress files hold only their newest report (``launchers.elastic.ipc.progress``);
 mlaunch reads them twice a second. Between two samples a rank advanced ``Δstep`` steps in
 ``Δwall`` seconds, of which ``Δwaited`` it spent waiting for other ranks and ``Δsaving``
 blocked by checkpoint saves: its *own* time per step is ``(Δwall − Δwaited − Δsaving) / Δstep``.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from launchers.elastic import progress
+from launchers.elastic.ipc import progress
 
 WINDOW = 8  # samples kept per rank for the rate
 

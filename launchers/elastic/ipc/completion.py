@@ -13,7 +13,7 @@ import contextlib
 import glob
 import os
 
-from launchers.elastic import env
+from launchers.elastic.ranks import env
 
 
 def _path(run_id: str, rank: int) -> str:

@@ -3,7 +3,7 @@
 Who uses it: ``Checkpointer.load_latest(into=state)`` (mlaunch's own API), and a DCP user's
 ``dcp.load(state, storage_reader=MlaunchStorageReader(ckpt_dir))``. Either way DCP's load
 planner decides which pieces this rank needs for the tensors and DTensors of ``state``
-(whatever world size or mesh saved them); this reader says what exists (``dcp_catalog``)
+(whatever world size or mesh saved them); this reader says what exists (``catalog``)
 and copies just those pieces: each shard file is mapped, so only the pages a rank's pieces
 lie on are read. Nothing is unpickled from the files: values come from the JSON headers
 (DCP's planner then receives them as ``torch.save`` bytes made here, in memory, which is the
@@ -29,7 +29,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from launchers.elastic import collective, dcp_catalog, layout
+from launchers.elastic.dcp import catalog
+from launchers.elastic.format import layout
+from launchers.elastic.ranks import collective
 
 
 def checkpoint_root(dir: str | os.PathLike[str] | None) -> Path:
@@ -65,7 +67,7 @@ class MlaunchStorageReader(StorageReader):
         self.step = committed.step if committed is not None else step
         self.trusted = trusted
         self._committed = committed
-        self.catalog: dcp_catalog.Catalog | None = None
+        self.catalog: catalog.Catalog | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self.catalog = None
@@ -94,7 +96,7 @@ class MlaunchStorageReader(StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         coll = collective.current()
-        self.catalog = dcp_catalog.build(self.chosen(), coll.rank(), coll.world_size())
+        self.catalog = catalog.build(self.chosen(), coll.rank(), coll.world_size())
         return self.catalog.metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -115,7 +117,7 @@ class MlaunchStorageReader(StorageReader):
         by_file: dict[Path, list[ReadItem]] = defaultdict(list)
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
-                value = dcp_catalog.materialize(self.catalog.values[item.storage_index.fqn], self.trusted)
+                value = catalog.materialize(self.catalog.values[item.storage_index.fqn], self.trusted)
                 buffer = io.BytesIO()
                 torch.save(value, buffer)  # our own value, in memory: DCP's load_bytes takes torch.save bytes
                 buffer.seek(0)
@@ -128,7 +130,7 @@ class MlaunchStorageReader(StorageReader):
         done.set_result(None)
         return done
 
-    def _piece(self, item: ReadItem) -> dcp_catalog.Ref:
+    def _piece(self, item: ReadItem) -> catalog.Ref:
         assert self.catalog is not None
         index = item.storage_index
         return self.catalog.pieces[(index.fqn, tuple(index.offset or ()))]
@@ -139,11 +141,11 @@ class MlaunchStorageReader(StorageReader):
             with open(path, "rb") as fh:
                 mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
-            raise dcp_catalog.Unreadable(f"{path}: {exc}") from None
+            raise catalog.Unreadable(f"{path}: {exc}") from None
         try:
             view = memoryview(mapped)
             for item in items:
-                source = dcp_catalog.piece_tensor(self._piece(item), view)
+                source = catalog.piece_tensor(self._piece(item), view)
                 for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
                     source = source.narrow(dim, start, length)
                 target = planner.resolve_tensor(item).detach()
@@ -157,4 +159,4 @@ class MlaunchStorageReader(StorageReader):
                 del source, target
             view.release()
         finally:
-            dcp_catalog.close_quietly(mapped)
+            catalog.close_quietly(mapped)

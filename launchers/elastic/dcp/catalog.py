@@ -6,7 +6,7 @@ that exist (``TensorStorageMetadata``), or that a key is a plain value
 (``BytesStorageMetadata``). mlaunch's shard files carry exactly that in their JSON headers:
 every DTensor piece has its global shape, offsets and sizes (``tensors.dtensor_shard``).
 So the catalog reads the header of every rank's shard — JSON only, no pickle, no tensor
-data — and states it as DCP ``Metadata``; ``dcp_storage.MlaunchStorageReader`` then serves
+data — and states it as DCP ``Metadata``; ``reader.MlaunchStorageReader`` then serves
 the reads the planner asks for, from the files' bytes.
 
 Keys are DCP's: the state's nested keys joined by dots, walked with DCP's own traversal
@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from launchers.elastic import layout, plain, shardfile
+from launchers.elastic.format import layout, plain, shardfile
 
 
 class Unreadable(OSError):

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchers.elastic import plain, tensors
+from launchers.elastic.format import plain, tensors
 
 MAGIC = b"MLCKPT02"
 FORMAT = 2
@@ -87,7 +87,7 @@ class _Encoder:
         return {"$ref": len(self.blobs) - 1}
 
     def leaf(self, obj: Any, where: str) -> Any:
-        if isinstance(obj, tensors.DShard):  # a piece DCP's planner handed over (``dcp_writer``)
+        if isinstance(obj, tensors.DShard):  # a piece DCP's planner handed over (``dcp.writer``)
             return self.piece(obj, where)
         if self.torch is not None and isinstance(obj, self.torch.Tensor):
             tag = self.tensor(obj, where)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic.durable import fsync_dir
+from launchers.elastic.storage.durable import fsync_dir
 
 MARKER = "COMMITTED"
 _STEP_DIR = re.compile(r"^step_(\d+)(?:\.(?!tmp$)[A-Za-z0-9_-]+)?(\.tmp)?$")  # ".tmp" alone is no suffix
@@ -198,7 +198,7 @@ def lineage_fields(meta: dict[str, Any]) -> dict[str, Any]:
 
 def image_lineage(image: Any) -> dict[str, Any]:
     """``lineage_fields`` of a shard image's header (staged memory); {} when it cannot be read."""
-    from launchers.elastic import shardfile
+    from launchers.elastic.format import shardfile
 
     try:
         return lineage_fields(shardfile.read_header(image)["meta"])

@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from launchers.elastic import env, shardfile
+from launchers.elastic.format import shardfile
+from launchers.elastic.ranks import env
 from launchers.log import say
 
 MAGIC = b"MLSTAGE1"

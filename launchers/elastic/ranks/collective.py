@@ -152,7 +152,7 @@ def current(rank: int | None = None, world: int | None = None) -> Collective:
         return Torch()
     if _mindspore_ready():
         return MindSpore()
-    from launchers.elastic import env
+    from launchers.elastic.ranks import env
 
     if rank is None:
         rank = env.env_rank(0)
@@ -166,7 +166,7 @@ def message_prefix() -> str:
 
     Read from the environment only: it is used inside signal handlers.
     """
-    from launchers.elastic import env
+    from launchers.elastic.ranks import env
 
     rank = env.env_rank()
     return f"mlaunch.elastic[rank {rank}]" if rank >= 0 else "mlaunch.elastic"

@@ -17,21 +17,18 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from launchers.elastic import direct_io
+from launchers.elastic.storage import direct_io
 
 _CHUNK = 64 << 20  # large writes go in pieces so a deadline can stop one part-way
-SLOW_WRITE_ENV = "MLAUNCH_TEST_SLOW_WRITE"  # seconds to sleep before each shard write (tests only)
+
+# Called once a shard file exists, before its bytes go in; None in users' jobs. Tests that need
+# slow storage (a deadline that passes, a writer killed while its shard is partial) set it in
+# their own process, or through tests/scripts/slow_storage/sitecustomize.py for a process tree.
+before_fill: Callable[[], None] | None = None
 
 
 class DeadlineExceeded(TimeoutError):
     """A write was abandoned because its deadline passed (nothing it wrote may be committed)."""
-
-
-def _slow_storage_stub() -> None:
-    """Tests simulate slow storage with a sleep inside the writer (both the rank's and the agent's)."""
-    delay = os.environ.get(SLOW_WRITE_ENV)
-    if delay:
-        time.sleep(float(delay))
 
 
 _SYNC_FILE_RANGE_WRITE = 2
@@ -122,7 +119,8 @@ def create_synced(
     """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _slow_storage_stub()  # after the file exists: tests kill a writer while its shard is partial
+        if before_fill is not None:
+            before_fill()  # after the file exists: tests kill a writer while its shard is partial
         size = fill(fd)
         check()
         os.fsync(fd)

@@ -10,7 +10,7 @@ directory — into ``/dev/shm/mlaunch.<run_id>.progress.<pid>.imports`` (beside 
 file, so the same sweeps remove it). Modules of the job's own code are never listed: their
 import may read the rank's environment, which a standby does not have yet.
 
-When a rank writes: ``launchers.elastic.progress`` calls ``write`` at a rank's 3rd, 30th,
+When a rank writes: ``launchers.elastic.ipc.progress`` calls ``write`` at a rank's 3rd, 30th,
 300th… progress report (``should_stop``, ``stage``, ``heartbeat``); a rank that a standby
 became also gets ``watch`` (an import hook that writes at most every ``WATCH_EVERY`` seconds
 while the script imports new modules), for scripts that report no progress. A write is one
@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from launchers.elastic import env
+from launchers.elastic.ranks import env
 
 ENV = "MLAUNCH_REPORT_IMPORTS"
 SUFFIX = ".imports"
@@ -47,7 +47,7 @@ def enabled() -> bool:
 
 
 def report_path(run_id: str, pid: int) -> str:
-    """Beside the rank's progress file (``launchers.elastic.progress.progress_path``): same directory rule."""
+    """Beside the rank's progress file (``launchers.elastic.ipc.progress.progress_path``): same directory rule."""
     shm = env.shm_dir()
     return os.path.join(shm, f"mlaunch.{run_id}.progress.{pid}{SUFFIX}")
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from launchers.elastic import collective, layout, progress, shardfile, staging
+from launchers.elastic.format import layout, shardfile
+from launchers.elastic.ipc import progress, staging
+from launchers.elastic.ranks import collective
 
 
 def stage_image(rank: int, world: int, root: Path, keep: int, step: int, enc: shardfile.Encoded) -> bool:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from launchers.elastic import env
+from launchers.elastic.ranks import env
 
 STACK_SIGNAL = signal.SIGURG
 MAGIC = b"MLPROG01"
@@ -232,7 +232,7 @@ def _report_imports() -> None:
     global _imports_at
     _imports_at *= 10
     if os.environ.get("MLAUNCH_REPORT_IMPORTS") == "1":
-        from launchers.elastic import import_report
+        from launchers.elastic.ipc import import_report
 
         import_report.write_for_this_rank()
 

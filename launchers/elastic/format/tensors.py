@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from launchers.elastic import plain
+from launchers.elastic.format import plain
 
 
 class UnsupportedTensor(plain.UnsafeState):

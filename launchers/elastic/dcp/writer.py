@@ -30,8 +30,11 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from launchers.elastic import collective, commit_tail, durable, env, layout, shardfile, staging, tensors
-from launchers.elastic.dcp_reader import checkpoint_root, step_of
+from launchers.elastic.dcp.reader import checkpoint_root, step_of
+from launchers.elastic.format import layout, shardfile, tensors
+from launchers.elastic.ipc import commit_tail, staging
+from launchers.elastic.ranks import collective, env
+from launchers.elastic.storage import durable
 
 
 class MlaunchStorageWriter(StorageWriter):

@@ -34,18 +34,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from launchers.elastic import plain
+from launchers.elastic.format import plain
+from launchers.elastic.format.shard_encode import ALIGN as ALIGN
+from launchers.elastic.format.shard_encode import FORMAT, MAGIC, PREFIX, Blob, Encoded, align
+from launchers.elastic.format.shard_encode import encode as encode
 
 # How the bytes reach the disk lives in ``durable``; the names imported "as" themselves stay
 # reachable here, where the writers of shard files (mlaunch's flash save, tests) find them.
-from launchers.elastic.durable import SLOW_WRITE_ENV as SLOW_WRITE_ENV
-from launchers.elastic.durable import DeadlineExceeded as DeadlineExceeded
-from launchers.elastic.durable import copy_range_to_file as copy_range_to_file
-from launchers.elastic.durable import create_synced, write_all, write_image
-from launchers.elastic.durable import fsync_dir as fsync_dir
-from launchers.elastic.shard_encode import ALIGN as ALIGN
-from launchers.elastic.shard_encode import FORMAT, MAGIC, PREFIX, Blob, Encoded, align
-from launchers.elastic.shard_encode import encode as encode
+from launchers.elastic.storage.durable import DeadlineExceeded as DeadlineExceeded
+from launchers.elastic.storage.durable import copy_range_to_file as copy_range_to_file
+from launchers.elastic.storage.durable import create_synced, write_all, write_image
+from launchers.elastic.storage.durable import fsync_dir as fsync_dir
 
 LEGACY_MAGIC = b"MLCKPT01"  # pickled header: read only when trusted
 
