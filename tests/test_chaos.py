@@ -263,10 +263,13 @@ def test_4_grace_period_shorter_than_the_save_commits_nothing(tmp_path: Path, re
     assert code == 137, run.dump()  # the exit code says the dying checkpoint was cut off
     assert "of the 2s grace period are over" in run.stderr, run.dump()
     assert "flash save after the stop: the deadline passed before every shard was written" in run.stderr, run.dump()
-    assert "it was NOT committed; a resume falls back to step 7" in run.stderr, run.dump()
-    assert [c.step for c in layout.committed(tmp_path / "ckpt")][0] == 7
+    # the step before the cut-off save: 7 when mlaunch's SIGTERM lands at once; a loaded machine may let the
+    # ranks run (and save every 4 steps) a little longer before it does
+    fallback = re.search(r"it was NOT committed; a resume falls back to step (\d+)", run.stderr)
+    assert fallback and int(fallback.group(1)) >= 7, run.dump()
+    assert [c.step for c in layout.committed(tmp_path / "ckpt")][0] == int(fallback.group(1))
     resumed = rerun(tmp_path)
-    assert "resumed from step 7" in resumed.stdout
+    assert f"resumed from step {fallback.group(1)}" in resumed.stdout
     assert final_checksum(resumed.stdout) == reference[STEPS]
 
 
