@@ -271,6 +271,7 @@ def run_mlaunch(args: argparse.Namespace, work: Path, rng: random.Random) -> lis
         f"preload: [torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]\n"
         f"checkpoint: {{dir: {work / 'ckpt-mlaunch'}, grace_period: 10s}}\n"
         f"restart: {{max_restarts: {args.restarts + 5}, backoff: 0s}}\n"
+        + "".join(f"{line}\n" for line in args.job_line)
     )
     launch = Launch([sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)], base_env(work / "ckpt-ml"))
     try:
@@ -338,6 +339,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--timeout", type=float, default=None, help="a restart slower than this failed (default 60 s; --hosts: 120 s)"
+    )
+    parser.add_argument(
+        "--job-line", action="append", default=[], help="a line for mlaunch's job.yaml (e.g. 'preload_fork: false')"
     )
     parser.add_argument("--no-wait-standby", action="store_true", help="kill without waiting for standbys")
     parser.add_argument("--seed", type=int, default=4)

@@ -18,7 +18,7 @@ from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
 
 from launchers.plan import ProcessSpec
 from launchers.run.signal_router import SignalRouter
-from launchers.run.supervisor import Supervisor
+from launchers.run.supervisor import Output, Stopping, Supervisor
 from launchers.standby.standby_pool import StandbyPool
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
@@ -80,7 +80,9 @@ def test_a_standby_becomes_the_worker_it_is_handed(tmp_path: Path) -> None:
         standby_pid = pool.standbys[0].pid
         out = Capture()
         with SignalRouter() as signals:
-            outcome = Supervisor(specs, grace_period=5, signals=signals, out=out, err=Capture(), standbys=pool).run()
+            outcome = Supervisor(
+                specs, signals=signals, standbys=pool, stopping=Stopping(5), output=Output(out, Capture())
+            ).run()
         assert outcome.status == "failed" and outcome.exit_code == 3  # the script's own exit code
         seen = json.loads(out.data.decode().split("] ", 1)[1])
         assert seen["pid"] == standby_pid and seen["pgid"] == standby_pid  # its own process group
@@ -104,7 +106,9 @@ def test_a_standby_whose_preload_fails_is_not_used(tmp_path: Path) -> None:
         assert wait_for(lambda: not pool._alive(), timeout=60)  # and so did the standby importing it itself
         out = Capture()
         with SignalRouter() as signals:
-            outcome = Supervisor(specs, grace_period=5, signals=signals, out=out, err=Capture(), standbys=pool).run()
+            outcome = Supervisor(
+                specs, signals=signals, standbys=pool, stopping=Stopping(5), output=Output(out, Capture())
+            ).run()
         assert outcome.status == "succeeded"
         seen = json.loads(out.data.decode().split("] ", 1)[1])
         assert seen["preloaded"] is False and pool.cold_starts == 1
@@ -221,7 +225,9 @@ def test_a_warm_rank_other_than_0_waits_for_the_store_to_listen(tmp_path: Path) 
         late = threading.Thread(target=listen_late, daemon=True)
         late.start()
         with SignalRouter() as signals:
-            outcome = Supervisor(specs, grace_period=5, signals=signals, out=out, err=Capture(), standbys=pool).run()
+            outcome = Supervisor(
+                specs, signals=signals, standbys=pool, stopping=Stopping(5), output=Output(out, Capture())
+            ).run()
         assert outcome.status == "succeeded" and pool.handed_off == 1
         started = float(out.data.decode().split("started ", 1)[1].split()[0])
         assert listening_at and started >= listening_at[0]

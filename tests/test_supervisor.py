@@ -200,7 +200,7 @@ def test_services_are_stopped_when_required_processes_finish() -> None:
     """A service (TF parameter server style) never exits by itself; success is decided by the workers."""
     from launchers.plan import ProcessSpec
     from launchers.run.signal_router import SignalRouter
-    from launchers.run.supervisor import Supervisor
+    from launchers.run.supervisor import Stopping, Supervisor
 
     python = os.environ.get("PYTHON", "python3")
     procs = [
@@ -209,7 +209,7 @@ def test_services_are_stopped_when_required_processes_finish() -> None:
     ]
     with SignalRouter() as signals:
         start = time.monotonic()
-        outcome = Supervisor(procs, grace_period=5, signals=signals).run()
+        outcome = Supervisor(procs, signals=signals, stopping=Stopping(5)).run()
     assert outcome.status == "succeeded" and outcome.exit_code == 0
     assert time.monotonic() - start < 5
 

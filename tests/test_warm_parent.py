@@ -25,7 +25,7 @@ from test_standby import Capture, warm_up
 from launchers.elastic.ipc import import_report
 from launchers.plan import ProcessSpec
 from launchers.run.signal_router import SignalRouter
-from launchers.run.supervisor import Supervisor
+from launchers.run.supervisor import Output, Stopping, Supervisor
 from launchers.standby.preload_learning import PreloadLearner
 from launchers.standby.standby_pool import StandbyPool
 
@@ -56,7 +56,7 @@ def sees(tmp_path: Path, pool: StandbyPool | None, spec: ProcessSpec) -> dict:
     out = Capture()
     with SignalRouter() as signals:
         outcome = Supervisor(
-            [spec], grace_period=5, run_id="wpsame", signals=signals, out=out, err=Capture(), standbys=pool
+            [spec], run_id="wpsame", signals=signals, standbys=pool, stopping=Stopping(5), output=Output(out, Capture())
         ).run()
     assert outcome.status == "succeeded", out.data
     return json.loads(out.data.decode().split("] ", 1)[1])

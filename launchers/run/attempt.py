@@ -27,7 +27,7 @@ from launchers.run.labels import process_labels
 from launchers.run.observe.observer import JobObserver
 from launchers.run.rank_env import clear_error_files, error_file_lines
 from launchers.run.signal_router import SignalRouter
-from launchers.run.supervisor import Supervisor
+from launchers.run.supervisor import Output, Stopping, Supervisor, Watchers
 from launchers.run.watchdog import Watchdog
 from launchers.standby.standby_pool import StandbyPool
 
@@ -88,19 +88,20 @@ def run_attempt(
     try:
         outcome = Supervisor(
             plan.processes,
-            grace_period=grace,
             run_id=run.run_id,
             signals=run.signals,
-            watchdog=run.watchdog,
-            labels=process_labels(plan),
-            log_mode="wb" if attempt == 0 else "ab",
             standbys=run.standbys,
-            on_failure=flash,
-            tick=ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer), *_replica_ticks(run)),
-            reserve=flash.reserve,
-            job_events=run.events,
-            hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
-            stop_timeout=plan.policy.stop_timeout,
+            stopping=Stopping(grace, plan.policy.stop_timeout, flash.reserve),
+            output=Output(labels=process_labels(plan), log_mode="wb" if attempt == 0 else "ab"),
+            watchers=Watchers(
+                job_events=run.events,
+                hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
+                on_failure=flash,
+                tick=ticks(
+                    monitor, run.observer.tick, *_background_ticks(background, run.observer), *_replica_ticks(run)
+                ),
+                watchdog=run.watchdog,
+            ),
         ).run()
     finally:
         if background is not None:

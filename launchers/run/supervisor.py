@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -68,6 +69,37 @@ if TYPE_CHECKING:
     from launchers.control import JobEvents
 
 
+@dataclass(frozen=True)
+class Stopping:
+    """How a stop ends: SIGTERM, the grace period, then SIGKILL (``teardown``)."""
+
+    grace_period: float = 30.0
+    stop_timeout: float | None = None  # restart.stop_timeout: a failure's teardown, shorter than a preemption's
+    reserve: Callable[[], float] | None = None  # seconds of a stop's grace period kept for the agent-side save
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the workers' output goes: prefixed to mlaunch's stdout/stderr, unprefixed to one log per rank."""
+
+    out: BinaryIO | None = None
+    err: BinaryIO | None = None
+    labels: dict[int, str] | None = None  # process index → its prefix (``[node K rank N]``)
+    log_mode: str = "ab"  # "wb" on a job's first attempt
+    announce: Callable[[str], None] | None = None  # mlaunch's own lines
+
+
+@dataclass(frozen=True)
+class Watchers:
+    """Who else has a say in how the attempt ends, besides the workers' exits and mlaunch's signals."""
+
+    job_events: JobEvents | None = None  # the control plane: failures and lost nodes elsewhere in the job
+    hang: HangMonitor | None = None  # a rank whose progress stopped for monitor.hang_timeout
+    on_failure: Callable[[Failure], str | None] | None = None  # the flash save, while the others are frozen
+    tick: Callable[[], None] | None = None  # about twice a second (grace budget, background persist, status)
+    watchdog: Watchdog | None = None  # kills what is left if mlaunch is SIGKILLed
+
+
 class Supervisor(JobEventResponse):
     """Run one attempt of a group of processes to its end and report how it ended."""
 
@@ -75,42 +107,32 @@ class Supervisor(JobEventResponse):
         self,
         processes: list[ProcessSpec],
         *,
-        grace_period: float = 30.0,
         run_id: str = "",
         signals: SignalRouter | None = None,
-        watchdog: Watchdog | None = None,
-        out: BinaryIO | None = None,
-        err: BinaryIO | None = None,
-        labels: dict[int, str] | None = None,
-        announce: Callable[[str], None] | None = None,
-        log_mode: str = "ab",
         standbys: StandbyPool | None = None,
-        on_failure: Callable[[Failure], str | None] | None = None,
-        tick: Callable[[], None] | None = None,
-        reserve: Callable[[], float] | None = None,
-        job_events: JobEvents | None = None,
-        hang: HangMonitor | None = None,
-        stop_timeout: float | None = None,
+        stopping: Stopping = Stopping(),
+        output: Output = Output(),
+        watchers: Watchers = Watchers(),
     ) -> None:
         self.processes = processes
         self.run_id = run_id
         self.signals = signals or SignalRouter()
-        self.watchdog = watchdog
-        self.labels = labels or {}
-        self.announce = announce or say  # never raises: a closed stderr cannot break supervision
-        self.log_mode = log_mode
+        self.watchdog = watchers.watchdog
+        self.labels = output.labels or {}
+        self.announce = output.announce or say  # never raises: a closed stderr cannot break supervision
+        self.log_mode = output.log_mode
         self.workers: list[Worker] = []
         self._by_pid: dict[int, Worker] = {}
-        self.streams = OutputStreams(out or sys.stdout.buffer, err or sys.stderr.buffer)
+        self.streams = OutputStreams(output.out or sys.stdout.buffer, output.err or sys.stderr.buffer)
         self.teardown = Teardown(
-            grace_period,
+            stopping.grace_period,
             self._live,
             self.announce,
-            reserve,
-            stop_timeout=stop_timeout,
+            stopping.reserve,
+            stop_timeout=stopping.stop_timeout,
             guarded=lambda: progress.guarded_pids(run_id),
         )
-        self.hang = hang
+        self.hang = watchers.hang
         self._failure: Failure | None = None
         self._change = ""  # an elastic job's membership changed: the attempt ends re-formed, not failed
         self.finished_aborts: list[str] = []  # ranks that died after reporting completion (teardown aborts)
@@ -118,12 +140,12 @@ class Supervisor(JobEventResponse):
         self.standbys = standbys
         if standbys is not None:
             standbys.new_attempt()
-        self.on_failure = on_failure
-        self.tick = tick
+        self.on_failure = watchers.on_failure
+        self.tick = watchers.tick
         self._started = time.monotonic()
         self._next_tick = 0.0
         self._standbys_announced = False
-        self.job_events = job_events  # the control plane: failures and lost nodes elsewhere in the job
+        self.job_events = watchers.job_events
 
     def run(self) -> Outcome:
         try:

@@ -174,12 +174,19 @@ class StandbyPool:
 
     def may_fill(self, elapsed: float, all_spoke: bool = False) -> bool:
         """Whether the attempt's workers are past their start-up (see the class docstring)."""
-        if self.fork and self.parents:
-            return True  # a warm parent is up (or importing: polled by ``fill``); forks cost milliseconds
-        if elapsed < self.delay:
-            return False
-        if elapsed >= self.fallback or all_spoke or not self.run_id:
+        if elapsed >= self.fallback or not self.run_id:
             return True
+        # With a warm parent up, forks cost milliseconds — but not in the restarted ranks' way: on 2 cores four
+        # forks (and the new standbys' copy-on-write faults) during a restart cost it ~0.2 s before its first step.
+        # So forks wait for a staged step too, though not for ``delay``: an own import costs seconds of CPU.
+        forks = self.fork and bool(self.parents)
+        if not forks and elapsed < self.delay:
+            return False
+        if self._staged_since_attempt():
+            return True
+        return all_spoke and elapsed >= self.delay
+
+    def _staged_since_attempt(self) -> bool:
         return any(
             slot.complete and slot.stamp >= self._attempt_wall
             for info in staging.read_run(self.run_id)
