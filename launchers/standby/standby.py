@@ -39,10 +39,22 @@ import types
 READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
 
 
+def import_preloaded(name: str) -> None:
+    """Import one ``preload:`` module and what it names as its ranks' next imports (``STANDBY_PRELOAD``).
+
+    A package whose public names load lazily (``launchers.elastic``) lists the modules a rank
+    imports right after it, so that a restarted rank does not pay for them on its way to its
+    first step.
+    """
+    module = importlib.import_module(name)
+    for follower in getattr(module, "STANDBY_PRELOAD", ()):
+        importlib.import_module(follower)
+
+
 def _preload(modules: list[str]) -> bool:
     for name in modules:
         try:
-            importlib.import_module(name)
+            import_preloaded(name)
         except BaseException:  # noqa: BLE001 - any failure means "do not use me"
             sys.stderr.write(f"mlaunch standby: cannot preload {name!r}:\n{traceback.format_exc()}")
             sys.stderr.flush()

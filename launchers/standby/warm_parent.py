@@ -140,7 +140,7 @@ def preload(modules: list[str]) -> dict[str, Any]:
     """Import ``preload:``; the first message to mlaunch: ready (with the module list), failed or unsafe."""
     for name in modules:
         try:
-            importlib.import_module(name)
+            standby.import_preloaded(name)
         except BaseException:  # noqa: BLE001 - any failure is reported, not raised
             return {"failed": name, "error": traceback.format_exc(limit=-3)}
         hazard = fork_hazard(name)
