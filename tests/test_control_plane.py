@@ -15,7 +15,7 @@ from launchers.control.wire import job_secret, seal, unseal
 from launchers.outcome import Failure, remote_failure
 from launchers.plan import ProcessSpec
 from launchers.platform.cluster import free_port
-from launchers.run.rank_env import error_file_lines
+from launchers.rank_env import error_file_lines
 
 zmq = pytest.importorskip("zmq")
 

@@ -26,8 +26,8 @@ import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 from netns import Host, hosts_fixture
 
+from launchers.observe.events_log import read_events
 from launchers.run.hang import innermost_frame
-from launchers.run.observe.events_log import read_events
 
 SCRIPT = ROOT / "tests" / "scripts" / "hang_rounds.py"
 SLEEP_LINE = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if "# SLEEPS HERE" in text)

@@ -23,7 +23,7 @@ from health_faults import finish, slow_link, start, starved_cgroup, write_job
 from netns import IP, Host, hosts_fixture
 
 from launchers.health.check import HEALTH_EXIT_CODE
-from launchers.run.observe.events_log import read_events
+from launchers.observe.events_log import read_events
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_torch]
 

@@ -228,10 +228,20 @@ def test_every_package_is_declared_for_the_wheel() -> None:
     assert on_disk - declared == set(), "add to [tool.setuptools] packages in pyproject.toml"
 
 
-def test_persist_and_standby_stand_below_run() -> None:
-    """run/ supervises and restarts; the agent half of checkpointing and the standbys serve it, never the reverse."""
-    for layer in ("launchers.persist", "launchers.standby"):
+def test_persist_standby_and_observe_stand_below_run() -> None:
+    """run/ supervises and restarts; the agent half of checkpointing, the standbys and observation serve it."""
+    for layer in ("launchers.persist", "launchers.standby", "launchers.observe"):
         assert not layer_offenders(layer, ("launchers.run", "launchers.cli")), layer
+
+
+def test_run_holds_supervision_and_the_restart_loop_only() -> None:
+    """Planning (``launchers.planning``, ``preflight``, ``rank_env``) and observation (``launchers.observe``) have
+    their own rooms; a module added to run/ is one of these or says here why it belongs (issue 33 item 6)."""
+    supervision = {"supervisor", "streams", "teardown", "signal_router", "watchdog", "hang", "labels", "taskd_manager"}
+    restart_loop = {"runner", "restarts", "membership", "attempt", "retry_policy", "job_wide", "job_event_response"}
+    run = {name.split(".")[-1] for name in module_files() if name.startswith("launchers.run.")}
+    assert run - supervision - restart_loop == set()
+    assert not [name for name in module_files() if name.startswith("launchers.run.") and name.count(".") > 2]
 
 
 # launchers.elastic's rooms (issue 33 item 6) → the other rooms each may import. The facade's

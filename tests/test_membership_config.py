@@ -16,8 +16,8 @@ from conftest import clean_env
 from launchers.config.job import load_job
 from launchers.engines import get_engine
 from launchers.errors import UserError
+from launchers.planning import plan_attempt
 from launchers.platform.resize import resize
-from launchers.run.planning import plan_attempt
 
 HOSTS = "w-0.job,w-1.job,w-2.job"
 

@@ -21,9 +21,9 @@ import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 
 from launchers.elastic.ipc import progress
-from launchers.run.observe.events_log import read_events
-from launchers.run.observe.goodput import Goodput, describe
-from launchers.run.observe.straggler import RankSample, StragglerDetector
+from launchers.observe.events_log import read_events
+from launchers.observe.goodput import Goodput, describe
+from launchers.observe.straggler import RankSample, StragglerDetector
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import CHAOS  # noqa: E402

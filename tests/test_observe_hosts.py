@@ -20,7 +20,7 @@ import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch
 from netns import Host, hosts_fixture
 
-from launchers.run.observe.events_log import read_events
+from launchers.observe.events_log import read_events
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 

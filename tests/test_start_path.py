@@ -47,8 +47,8 @@ def test_a_run_loads_neither_package_metadata_nor_psutil(tmp_path: Path) -> None
 def test_plan_loads_neither_the_supervisor_nor_the_control_plane(tmp_path: Path) -> None:
     mods, proc = imported(["plan", "--engine", "pytorch", str(write_job(tmp_path))], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "launchers.run.planning" in mods
-    assert not {"launchers.run.supervisor", "launchers.control", "launchers.run.observe.observer"} & mods
+    assert "launchers.planning" in mods
+    assert not {"launchers.run.supervisor", "launchers.control", "launchers.observe.observer"} & mods
     assert "importlib.metadata" not in mods
 
 

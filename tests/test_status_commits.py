@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, needs_torch, run_mlaunch
 
-from launchers.run.observe.events_log import read_events
+from launchers.observe.events_log import read_events
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import CHAOS  # noqa: E402

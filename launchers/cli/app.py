@@ -107,7 +107,7 @@ def plan(
       MA_NUM_HOSTS=2 VC_TASK_INDEX=1 mlaunch plan -e pytorch job.yaml --init_method tcp://10.0.0.1:6666
     """
     from launchers.config.job import load_job
-    from launchers.run.planning import make_plan, resolve_engine_name
+    from launchers.planning import make_plan, resolve_engine_name
 
     job = load_job(job_file)
     _, _, launch_plan = make_plan(job, resolve_engine_name(job, engine), list(ctx.args), simulate=simulate)

@@ -20,7 +20,7 @@ CheckFn = Callable[[Job, LaunchPlan], list[Finding]]
 
 def _entry(job: Job, plan: LaunchPlan) -> list[Finding]:
     """The run path's own preflight (code_dir, start file, python, command lines, log/checkpoint dirs)."""
-    from launchers.run.preflight import preflight_errors
+    from launchers.preflight import preflight_errors
 
     problems = preflight_errors(job, plan)
     if problems:
@@ -80,7 +80,7 @@ CHECKS: list[CheckFn] = [_plan_summary, _entry, _high_availability, _mpi, _prest
 
 def run_checks(job_file: Path, engine: str | None, extra_args: Sequence[str], *, simulate: bool = False) -> int:
     """Print every finding; return 0 when nothing is an error, else 2."""
-    from launchers.run.planning import make_plan, resolve_engine_name
+    from launchers.planning import make_plan, resolve_engine_name
 
     job = load_job(job_file)
     print(f"ok: {job_file} is a valid job file")

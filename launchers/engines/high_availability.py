@@ -1,6 +1,6 @@
 """High availability: MindIO TFT env for MindSpore jobs and MindCluster's TaskD manager.
 
-``launchers.run.planning.plan_attempt`` calls ``apply_high_availability`` on every plan when
+``launchers.planning.plan_attempt`` calls ``apply_high_availability`` on every plan when
 ``high_availability`` is enabled in job.yaml. It adds what the vendor guides ask users to
 write by hand in their start scripts (seeds 000 and 002), computed from job.yaml and the
 detected cluster so that every node agrees:

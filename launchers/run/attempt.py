@@ -19,13 +19,13 @@ from launchers.config.job import Job
 from launchers.elastic.ipc import completion, progress, staging
 from launchers.engines.base import Engine
 from launchers.log import say
+from launchers.observe.observer import JobObserver
 from launchers.outcome import Outcome, signal_name
 from launchers.persist.flash_hook import FlashHook
 from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
+from launchers.rank_env import clear_error_files, error_file_lines
 from launchers.run.hang import HangMonitor
 from launchers.run.labels import process_labels
-from launchers.run.observe.observer import JobObserver
-from launchers.run.rank_env import clear_error_files, error_file_lines
 from launchers.run.signal_router import SignalRouter
 from launchers.run.supervisor import Output, Stopping, Supervisor, Watchers
 from launchers.run.watchdog import Watchdog

@@ -33,8 +33,8 @@ from launchers.control import ExchangeFailed, Meeting, topics
 from launchers.log import say
 from launchers.outcome import signal_name
 from launchers.phases import long_phase
+from launchers.planning import plan_attempt
 from launchers.platform.resize import resize
-from launchers.run.planning import plan_attempt
 from launchers.run.restarts import Gathered, Generation
 
 if TYPE_CHECKING:
@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from launchers.control import JobEvents
     from launchers.engines.base import Engine
     from launchers.health.check import HealthOutcome
+    from launchers.observe.observer import JobObserver
     from launchers.plan import LaunchPlan
     from launchers.platform.cluster import Cluster
     from launchers.run.attempt import RunContext
-    from launchers.run.observe.observer import JobObserver
 
 MEET_AFTER_FAILURE = 5.0  # seconds past node_timeout the members wait for each other before a generation
 

@@ -27,8 +27,8 @@ from launchers import stop_signals as early_signals
 from launchers.log import say
 from launchers.outcome import Outcome, signal_name
 from launchers.phases import long_phase
+from launchers.planning import plan_attempt
 from launchers.run.job_wide import job_exit_code, meet_before_restart
-from launchers.run.planning import plan_attempt
 from launchers.run.retry_policy import FailureRecord, record_of, repeated
 
 if TYPE_CHECKING:

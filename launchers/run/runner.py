@@ -17,17 +17,17 @@ from launchers import stop_signals as early_signals
 from launchers.config.job import Job
 from launchers.elastic.ipc import completion, progress, staging
 from launchers.log import say
+from launchers.observe.observer import JobObserver
 from launchers.outcome import Outcome, signal_name
 from launchers.plan import LaunchPlan
+from launchers.planning import make_plan as make_plan
+from launchers.planning import resolve_engine_name as resolve_engine_name
 from launchers.platform.cluster import Cluster
+from launchers.preflight import check_launchable
 from launchers.procs import become_subreaper
 from launchers.run.attempt import RunContext, attempt_exit_code, run_attempt, ticks
 from launchers.run.attempt import finished_summary as finished_summary
 from launchers.run.attempt import stop_exit_code as stop_exit_code
-from launchers.run.observe.observer import JobObserver
-from launchers.run.planning import make_plan as make_plan
-from launchers.run.planning import resolve_engine_name as resolve_engine_name
-from launchers.run.preflight import check_launchable
 from launchers.run.restarts import FixedMembership, MembershipPolicy, RestartLoop, health_check
 from launchers.run.signal_router import SignalRouter
 from launchers.run.watchdog import Watchdog

@@ -29,7 +29,7 @@ def health(
     from launchers.control import open_job_events
     from launchers.engines import get_engine
     from launchers.health.check import HEALTH_EXIT_CODE, run_health
-    from launchers.run.planning import resolve_engine_name
+    from launchers.planning import resolve_engine_name
 
     job = load_job(job_file)
     cluster = get_engine(resolve_engine_name(job, engine)).detect(job, _environ(), list(ctx.args), simulate=simulate)

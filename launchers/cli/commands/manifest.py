@@ -45,7 +45,7 @@ def manifest(
     from launchers.config.job import load_job
     from launchers.errors import UserError
     from launchers.generate.k8s.manifests import TARGETS, build, render
-    from launchers.run.planning import resolve_engine_name
+    from launchers.planning import resolve_engine_name
 
     if target not in TARGETS:
         raise UserError(f"unknown --target {target!r}; expected one of: {', '.join(TARGETS)}")

@@ -2,7 +2,7 @@
 
 Reads ``<log_dir>/status.json``: node 0's mlaunch (and a local simulation's) keeps the whole
 job's view there; on another node the file holds that node's ranks, and the command asks the
-node's running mlaunch to bring node 0's whole view first (``launchers.run.observe.status_relay``).
+node's running mlaunch to bring node 0's whole view first (``launchers.observe.status_relay``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def status(
     """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
     from launchers.config.job import load_job
     from launchers.errors import UserError
-    from launchers.run.observe.status_file import STATUS_FILE
+    from launchers.observe.status_file import STATUS_FILE
 
     path = job_file if job_file is not None else Path("job.yaml")
     if job_file is None and not path.exists():
@@ -57,8 +57,8 @@ def status(
 
 def _load(path: Path) -> dict[str, Any]:
     from launchers.errors import UserError
-    from launchers.run.observe.status_file import read_status
-    from launchers.run.observe.status_relay import ask
+    from launchers.observe.status_file import read_status
+    from launchers.observe.status_relay import ask
 
     ask(path.parent, path)  # another node's file holds its own ranks: its mlaunch brings node 0's whole view
     try:

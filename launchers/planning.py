@@ -17,7 +17,7 @@ from launchers.engines.base import Engine
 from launchers.errors import UserError
 from launchers.plan import LaunchPlan
 from launchers.platform.cluster import Cluster
-from launchers.run.rank_env import add_rank_env
+from launchers.rank_env import add_rank_env
 
 
 def resolve_engine_name(job: Job, engine: str | None) -> str:

@@ -13,18 +13,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launchers.log import say
-from launchers.run.observe import goodput
-from launchers.run.observe.events_log import EventLog
-from launchers.run.observe.status_file import job_status, node_entry, rank_entry, write_status
-from launchers.run.observe.steps import StepTracker
+from launchers.observe import goodput
+from launchers.observe.events_log import EventLog
+from launchers.observe.status_file import job_status, node_entry, rank_entry, write_status
+from launchers.observe.steps import StepTracker
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
     from launchers.control import JobEvents, Meeting
     from launchers.health.outcome import HealthOutcome
+    from launchers.observe.status_relay import StatusRelay
+    from launchers.observe.straggler import StragglerDetector
     from launchers.plan import LaunchPlan
-    from launchers.run.observe.status_relay import StatusRelay
-    from launchers.run.observe.straggler import StragglerDetector
 
 
 class EndedFailure(Protocol):
@@ -72,7 +72,7 @@ class JobObserver:
         judge = self.simulated or events.node == 0
         self.detector: StragglerDetector | None = None
         if factor and judge:  # imported only when job.yaml turns it on (monitor.straggler_factor)
-            from launchers.run.observe.straggler import StragglerDetector
+            from launchers.observe.straggler import StragglerDetector
 
             self.detector = StragglerDetector(factor, job.monitor.straggler_steps)
         self.clock = goodput.Goodput(time.time())
@@ -91,7 +91,7 @@ class JobObserver:
             str, Any
         ] = {}  # this node's own figures beside its ranks (replication: persist/replication.py)
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
-            from launchers.run.observe.status_relay import StatusRelay
+            from launchers.observe.status_relay import StatusRelay
 
             self.relay = StatusRelay(self.log_dir, events)
 
@@ -328,7 +328,7 @@ class JobObserver:
                 if entry.get("index") == 0 and isinstance(entry.get("stragglers"), list):
                     self._stragglers = set(entry["stragglers"])
             return
-        from launchers.run.observe.straggler import RankSample
+        from launchers.observe.straggler import RankSample
 
         samples = [
             RankSample(r["rank"], n["index"], n.get("host", ""), _int(r.get("step")), r.get("own_step_time_s"))

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launchers.run.observe.steps import RankProgress
+from launchers.observe.steps import RankProgress
 
 STATUS_FILE = "status.json"
 
