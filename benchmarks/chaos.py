@@ -106,6 +106,8 @@ def run_job(
     cluster = Cluster(net.hosts, write_job(work, name, args, ckpt), base, args.nproc, work / name)
     injector = Injector(cluster, work / "fs", hang, random.Random(args.seed + 1))
     storm = Storm(cluster, injector, ckpt, work / name / "end", faults, args.node_timeout, end_step=end)
+    if args.deadline is not None:
+        storm.deadline = time.monotonic() + args.deadline
     try:
         rec = storm.run()
     finally:
@@ -132,6 +134,9 @@ def main() -> int:
     parser.add_argument("--same-membership", action="store_true", help="only classes that keep the membership")
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the fault-free run (tests: no ratios, only what was lost)"
+    )
+    parser.add_argument(
+        "--deadline", type=float, default=None, help="seconds: a storm still running then is cut, counted unrecoverable"
     )
     parser.add_argument("--out", type=Path, default=None, help="the JSON report (the PNG goes next to it)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run's logs in this directory")

@@ -56,6 +56,7 @@ class Storm:
     whole_job: str | None = None  # the fault that ends the job by design, pending
     leaving: set[int] = field(default_factory=set)  # hosts a fault took out (their exit is expected)
     free: float = 0.0  # when the loop was last free again after blocking (a whole-job restart)
+    deadline: float | None = None  # monotonic: past it the run is cut and counted unrecoverable
 
     def feed(self, got: tuple[float, int, str]) -> None:
         arrival, host, line = got
@@ -127,13 +128,24 @@ class Storm:
                 self.cluster.start(index)
                 self.leaving.discard(index)
 
+    def cut_at_deadline(self) -> None:
+        """The job did not end in time: say so with every host's last lines (CI keeps nothing else)."""
+        why = f"the job had not ended at the storm's deadline (frontier step {self.frontier})"
+        self.rec.unrecoverable.append({"stamp": time.monotonic(), "host": -1, "code": None, "why": why})
+        print(f"  {time.monotonic():.3f} UNRECOVERABLE: {why}", flush=True)
+        for index in range(len(self.cluster.hosts)):
+            log = self.cluster.logs / f"host{index}.log"
+            lines = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
+            print(f"  --- host {index}: last lines of {log}", *lines, sep="\n    ", flush=True)
+
     def node0_ended(self) -> bool:
         """Handle node 0's end; True when the run is over."""
         code = self.cluster.procs[0].poll()
         self.note_exit(0, code, self.whole_job is not None or self.rec.end_written is not None)
         if self.rec.end_written is not None and code == 0:
             for index in range(1, len(self.cluster.hosts)):
-                self.note_exit(index, self.cluster.wait_exit(index, 120), True)
+                left = 120.0 if self.deadline is None else max(1.0, self.deadline - time.monotonic())
+                self.note_exit(index, self.cluster.wait_exit(index, min(120.0, left)), True)
             self.rec.finished = time.monotonic()
             return True
         if self.whole_job is None:
@@ -182,6 +194,9 @@ class Storm:
             now = time.monotonic()
             self.injector.run_undo(now=now)
             if not self.cluster.running(0) and self.node0_ended():
+                return self.rec
+            if self.deadline is not None and now > self.deadline:
+                self.cut_at_deadline()
                 return self.rec
             self.check_exits()
             if self.free and index < len(self.faults):  # the loop was blocked: the gap counts from now

@@ -30,10 +30,15 @@ def storm(tmp_path: Path, *args: str, timeout: float) -> dict:
     out = tmp_path / "chaos.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     argv = [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--out", str(out), "--keep", str(tmp_path), *args]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    argv += ["--deadline", str(timeout - 90)]  # the storm cuts itself first and says where the job was
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else str(exc.stdout)
+        pytest.fail(f"the storm did not end within {timeout} s:\n{said[-8000:]}")
     assert out.exists(), done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(out.read_text())
-    report["_output"] = done.stdout[-6000:] + done.stderr[-3000:]
+    report["_output"] = done.stdout[-12000:] + done.stderr[-3000:]
     return report
 
 
