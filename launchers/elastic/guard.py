@@ -144,13 +144,7 @@ class Guard:
         """
         sys.stdout.flush()
         sys.stderr.flush()
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None:
-            try:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - exiting anyway; a broken group must not change the code
-                pass
+        _end_process_groups()
         _exit_after_atexit(code)
         raise GracefulExit(code)
 
@@ -158,6 +152,32 @@ class Guard:
         if self.quiet:
             return
         collective.say(message)  # safe inside a signal handler: launchers.log.say never raises
+
+
+_KEPT_GROUPS: list[Any] = []  # the ended process groups, held until os._exit (see _end_process_groups)
+
+
+def _end_process_groups() -> None:
+    """``destroy_process_group``, but the group objects stay referenced until ``os._exit``.
+
+    Dropping a gloo group's last reference joins its worker threads while holding the GIL. A worker
+    that is still releasing a finished collective's Python tensors (``save_checkpoint``'s gather and
+    barrier a moment earlier) needs the GIL to do so: a deadlock until the platform's SIGKILL. The
+    last reference is often dropped by a framework's teardown on the way out (Lightning's
+    ``strategy.teardown()`` unwrapping DDP). Held here, the group is never destructed: the process
+    leaves through ``os._exit`` (``_exit_after_atexit``).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if not dist.is_initialized():
+            return
+        world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+        _KEPT_GROUPS.extend(list(getattr(world, "pg_map", None) or {}) or [dist.group.WORLD])
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - exiting anyway; a broken group must not change the code
+        pass
 
 
 def _exit_after_atexit(code: int) -> None:
