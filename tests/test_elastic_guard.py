@@ -149,4 +149,3 @@ def test_an_outside_sigterm_and_sigusr1_both_count() -> None:
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 143, err
         assert out.strip() == f"stopped by {int(sig)}"
-
