@@ -56,6 +56,33 @@ def test_shrink_a_silent_member_is_left_out_exchanges_are_void_and_the_meeting_g
     assert plane.current(m.Put(1, "start/2", "count", None, epoch=result.epoch))
 
 
+def test_a_close_that_a_departure_explains_leaves_the_other_members_their_node_timeout() -> None:
+    """The socket monitor says a connection closed, not whose: a departure's close is expected.
+
+    Found by the chaos storm: node 2 was left out behind a link cut; its mlaunch ended when the link
+    came back, and that close put every member on the short fuse — node 1, silent 1.6 s behind node
+    0's own 1.1 s link flap, was judged lost and the job ended below MIN.
+    """
+    plane = membership((2, 3))
+    plane.on_silent(2, 11.0, now=100.0)  # left out; its mlaunch will end and close its connection
+    plane.on_close(now=103.0)
+    assert plane.silence_limit(now=104.0, heartbeat=0.5) == 10.0  # node 1 keeps node_timeout
+    plane.on_close(now=105.0)  # a close nobody explains: a member's mlaunch likely died
+    assert plane.silence_limit(now=106.0, heartbeat=0.5) < 2.0
+    assert plane.silence_limit(now=116.0, heartbeat=0.5) == 10.0  # node_timeout after that close
+
+
+def test_a_killed_members_own_close_is_not_expected_again() -> None:
+    """A member whose close came after its last message is judged on it; its departure expects nothing more."""
+    plane = membership((2, 4), nnodes=4)
+    plane.roster.heard(2, 99.0)
+    plane.on_close(now=100.0)  # node 2's mlaunch was killed
+    plane.on_silent(2, 1.6, now=100.6)
+    assert plane.closing == {}
+    plane.on_close(now=101.0)  # node 3's mlaunch killed too: it is not taken for node 2's
+    assert plane.silence_limit(now=101.5, heartbeat=0.5) < 2.0
+
+
 def test_grow_a_node_that_says_hello_waits_and_the_next_meeting_admits_it_up_to_max() -> None:
     plane = membership((2, 3))
     plane.on_silent(2, 11.0, now=100.0)

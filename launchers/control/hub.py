@@ -322,7 +322,7 @@ class Hub(threading.Thread):
                 self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.membership.closed_at = now
+            self.membership.on_close(now)
 
     def _check_lost(self, now: float) -> None:
         limit = self.membership.silence_limit(now, self.cadence.heartbeat)

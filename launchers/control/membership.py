@@ -58,7 +58,8 @@ class Membership:
         self.meetings: dict[str, dict[int, m.Meet]] = {}
         self.results: OrderedDict[str, m.Met] = OrderedDict()
         self.regroup_asked = ""
-        self.closed_at = -1e9  # when a peer's TCP connection last closed (the hub's socket monitor)
+        self.closed_at = -1e9  # when a connection closed that no departure explains (the hub's socket monitor)
+        self.closing: dict[int, float] = {}  # node → until when its mlaunch's connection is expected to close
 
     @property
     def elastic(self) -> bool:
@@ -87,6 +88,27 @@ class Membership:
         return [Send(welcome, node)]
 
     # -- leaving ----------------------------------------------------------------------------------
+    def expect_close(self, node: int, now: float) -> None:
+        """``node``'s mlaunch said bye, is leaving or was left out: its connection will close, and says nothing.
+
+        The socket monitor does not say whose connection closed. A close that a departure explains must
+        not put every other member on the short fuse of ``silence_limit``: a storm lost a member 1.6 s
+        into node 0's own 1.1 s link flap because a left-out node's mlaunch had just closed its
+        connection. When an unexplained close came after the node's last message, that close was
+        likely its own (killed): nothing more is expected of it.
+        """
+        if self.closed_at >= self.roster.seen.get(node, -1e9):
+            return
+        self.closing[node] = now + max(30.0, 10 * self.node_timeout)  # its FIN waits for a link back up
+
+    def on_close(self, now: float) -> None:
+        """A peer's TCP connection closed: explained by an expected one, or silent members are judged sooner."""
+        self.closing = {node: until for node, until in self.closing.items() if until >= now}
+        if self.closing:
+            del self.closing[min(self.closing, key=self.closing.__getitem__)]
+            return
+        self.closed_at = now
+
     def silence_limit(self, now: float, heartbeat: float) -> float:
         """``node_timeout``; just after a peer's connection closed, a few heartbeats (that mlaunch likely died)."""
         if self.span is None or now - self.closed_at > self.node_timeout:
@@ -96,6 +118,7 @@ class Membership:
     def on_silent(self, node: int, seconds: float, now: float) -> list[Effect]:
         """A node silent past the limit: a candidate is dropped, a member left out, or it is lost (the job ends)."""
         roster = self.roster
+        self.expect_close(node, now)  # a cut-off mlaunch gives up on the hub, or learns it is out, and ends
         if roster.of(node) is NodeStatus.CANDIDATE:
             roster.drop(node)
             return [Drop(node)]
@@ -111,6 +134,7 @@ class Membership:
     def on_bye(self, node: int, exit_code: int, now: float) -> list[Effect]:
         """A member whose mlaunch ended with a non-zero code leaves an elastic job; else it said bye."""
         roster = self.roster
+        self.expect_close(node, now)
         status = roster.of(node)
         if status is NodeStatus.CANDIDATE:  # a candidate that gave up waiting is never admitted
             roster.drop(node)
@@ -130,6 +154,7 @@ class Membership:
         is not a member (a candidate's stop is its ``bye``: it is dropped).
         """
         roster = self.roster
+        self.expect_close(node, now)
         if self.span is None or node == 0 or roster.of(node) is not NodeStatus.MEMBER:
             if roster.of(node) is NodeStatus.CANDIDATE:
                 roster.drop(node)
