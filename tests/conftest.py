@@ -65,15 +65,7 @@ def slow_enabled(config: pytest.Config) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow suites run first when enabled, skipped otherwise.
-
-    First, because xdist hands whole files to the workers in this order (``--dist loadfile``): a
-    five-minute file handed out last keeps one worker busy while the other idles — on CI's 2 cores
-    minutes of wall time. Started first, the many short files fill in around them.
-    """
     if slow_enabled(config):
-        slow_files = {item.path for item in items if "slow" in item.keywords}
-        items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's order is kept
         return
     skip = pytest.mark.skip(reason="slow suite: run with --slow, MLAUNCH_SLOW=1 or CI=true")
     for item in items:

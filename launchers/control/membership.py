@@ -110,7 +110,7 @@ class Membership:
         self.closed_at = now
 
     def silence_limit(self, now: float, heartbeat: float) -> float:
-        """``node_timeout``; just after a peer's connection closed, a few heartbeats (that mlaunch likely died)."""
+        """``node_timeout``; just after a close no departure explains (``on_close``), a few heartbeats."""
         if self.span is None or now - self.closed_at > self.node_timeout:
             return self.node_timeout
         return min(self.node_timeout, max(SUSPECT_AFTER_CLOSE, 2 * heartbeat + 0.5))
