@@ -30,7 +30,6 @@ A step that is shorter than copying a slot out means most targets are missed (sa
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from launchers.control import Reduction, topics
 from launchers.elastic.format import layout
 from launchers.log import say
+from launchers.persist import agent_commit
 from launchers.persist.slot_copy import Header, LiveSegment, Torn, open_ranks, write_image
 
 if TYPE_CHECKING:
@@ -263,12 +263,13 @@ class BackgroundPersist:
                 self._discard(tmp)
                 return
             try:
-                final = layout.commit(
+                final = agent_commit.commit_step(
                     tmp,
-                    captured.root / layout.step_name(captured.step),
+                    captured.root,
                     captured.step,
                     captured.world,
                     sizes,
+                    keep=captured.keep,
                     source="background",
                     attempt=self.attempt,
                     **captured.lineage,
@@ -280,8 +281,6 @@ class BackgroundPersist:
             if self._forgotten():  # the run finished meanwhile (see _forgotten): leave nothing behind
                 layout.remove_tree(final)
                 return
-            with contextlib.suppress(OSError):
-                layout.rotate(captured.root, captured.keep)
         self.committed.append(captured.step)
         self._messages.put(f"persisted step {captured.step} in the background ({final})")
 
@@ -300,10 +299,4 @@ class BackgroundPersist:
         return False
 
     def _discard(self, tmp: Path) -> None:
-        """Remove an uncommitted directory — on another node only this node's shards (it is node 0's)."""
-        if 0 in self.nodes:
-            layout.remove_tree(tmp)
-        else:
-            for rank in self.rank_nodes:
-                with contextlib.suppress(OSError):
-                    (tmp / layout.shard_name(rank)).unlink()
+        agent_commit.discard(tmp, coordinator=0 in self.nodes, shards=self.rank_nodes)

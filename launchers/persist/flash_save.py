@@ -45,6 +45,7 @@ from typing import Any, Literal
 from launchers.control import Exchange, Reduction, topics
 from launchers.elastic.format import layout, shardfile
 from launchers.elastic.ipc import staging
+from launchers.persist import agent_commit
 
 
 class TornSlot(RuntimeError):
@@ -216,12 +217,13 @@ def _write(
             if 0 not in share.nodes:
                 kept = True
                 return FlashResult("written", f"wrote step {step}; node 0 commits", step, nbytes=nbytes)
-        final = layout.commit(
+        final = agent_commit.commit_step(
             tmp,
-            root / layout.step_name(step),
+            root,
             step,
             staged.world,
             all_sizes,
+            keep=staged.keep,
             source="flash",
             attempt=share.attempt,
             **staged.lineage,
@@ -229,22 +231,10 @@ def _write(
         kept = True
     finally:
         if not kept:
-            _discard(tmp, share)
-    with contextlib.suppress(OSError):
-        layout.rotate(root, staged.keep)
+            agent_commit.discard(tmp, coordinator=0 in share.nodes, shards=share.rank_nodes)
     took = time.monotonic() - started
     message = f"committed step {step} from shared memory ({_mb(nbytes)} in {took * 1000:.0f} ms)"
     return FlashResult("committed", message, step, final, took, nbytes, share.ranks)
-
-
-def _discard(tmp: Path, share: _Share) -> None:
-    """Remove an uncommitted flash directory — on another node only this node's shards (it is node 0's)."""
-    if 0 in share.nodes:
-        layout.remove_tree(tmp)
-    else:
-        for rank in share.rank_nodes:
-            with contextlib.suppress(OSError):
-                (tmp / layout.shard_name(rank)).unlink()
 
 
 def _copy_slots(

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from launchers.elastic.format import layout
+from launchers.elastic.ranks.env import DEFAULT_KEEP
+from launchers.persist import agent_commit
 from launchers.persist.replica_plan import Holding, Verdict, decide, ring, verdict_of, verdict_to_wire
 from launchers.persist.slot_copy import write_image
 
@@ -156,12 +158,13 @@ def _commit(
     assert verdict.step is not None
     sizes = {int(i): int(n) for part in gathered.values() for i, n in (part or {}).items()}
     try:
-        final = layout.commit(
+        return agent_commit.commit_step(
             tmp,
-            tmp.parent / layout.step_name(verdict.step),
+            tmp.parent,
             verdict.step,
             verdict.world,
             sizes,
+            keep=captured.keep if captured is not None else DEFAULT_KEEP,
             source="replica",
             how=verdict.how,
             attempt=captured.attempt if captured is not None else attempt - 1,
@@ -169,5 +172,3 @@ def _commit(
     except OSError:
         layout.remove_tree(tmp)
         return None
-    layout.rotate(tmp.parent, captured.keep if captured is not None else 3)
-    return final
