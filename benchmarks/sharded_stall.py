@@ -5,10 +5,13 @@ simulated by mlaunch, gloo on CPU):
 
 1. **Stall per checkpoint** while training: the same steps with a checkpoint every ``--every``
    steps by ``Checkpointer.stage`` (shared memory, for mlaunch's flash save),
-   ``dcp.async_save`` in thread and in process mode, and ``dcp.save`` (both to DCP's
-   ``FileSystemWriter``), each against the same steps without checkpoints measured in the same
-   processes just before: per checkpoint, the extra time of the steps from one checkpoint to the
-   next (median over checkpoints) — the blocking call, and what a background write takes from
+   ``dcp.async_save`` in thread and in process mode, ``dcp.save`` (both to DCP's
+   ``FileSystemWriter``), and the two synchronous saves into mlaunch's layout:
+   ``Checkpointer.save`` (its own protocol) and ``dcp.save`` through DCP's planner into
+   ``MlaunchStorageWriter`` (what ``save`` would be, built on DCP's planner/storage split).
+   Each against the same steps without checkpoints measured in the same processes just
+   before: per checkpoint, the extra time of the steps from one checkpoint to the next
+   (median over checkpoints) — the blocking call, and what a background write takes from
    the steps after it (CPU, memory bandwidth, the GIL). The time inside the call is printed
    beside it. A step is a fixed amount of compute per rank (``--step fsdp2``: FSDP2's own
    forward/backward/AdamW, whose gloo all-gathers vary by seconds on a small shared machine).
@@ -125,6 +128,7 @@ def stall_worker(args: argparse.Namespace) -> None:
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
     from launchers import elastic
+    from launchers.elastic.dcp import MlaunchStorageWriter
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -153,6 +157,11 @@ def stall_worker(args: argparse.Namespace) -> None:
         "async_save thread": async_save(AsyncCheckpointerType.THREAD),
         "async_save process": async_save(AsyncCheckpointerType.PROCESS),
         "dcp.save": lambda step: dcp.save(state(model, opt), checkpoint_id=f"{args.dcp}/sync"),
+        # the synchronous saves into mlaunch's layout: the bespoke protocol and DCP's planner + our writer
+        "save()": lambda step: ckpt.save(step, state(model, opt)),
+        "dcp.save(ours)": lambda step: dcp.save(
+            state(model, opt), storage_writer=MlaunchStorageWriter(args.ckpt + "-dcpw", step=step, keep=1)
+        ),
     }
     run_steps(model, opt, 2, args.every, None)  # warm-up: FSDP2's buffers, the optimizer's state
     results = {}
@@ -302,6 +311,9 @@ def report(stall: dict, kill: float, cps: tuple[float, float], load: dict, nbyte
     for other in ("async_save thread", "async_save process", "dcp.save"):
         ratio = stalls["stage()"] / stalls[other] if stalls[other] > 0 else float("nan")
         print(f"stage() stall / {other} stall: {ratio:.2f}x")
+    # issue 33: would save() built on DCP's planner + MlaunchStorageWriter keep save()'s figure?
+    ratio = stalls["dcp.save(ours)"] / stalls["save()"] if stalls["save()"] > 0 else float("nan")
+    print(f"dcp.save(ours) stall / save() stall: {ratio:.2f}x")
     cp, cp_sync = cps
     print(f"\nkill -9 -> committed (flash save): {kill * 1000:.0f}ms", end="")
     print(f"; cp {cp * 1000:.0f}ms; cp+sync {cp_sync * 1000:.0f}ms")

@@ -98,10 +98,17 @@ def outcome_of(
     change: str = "",
     finished_aborts: list[str] | None = None,
 ) -> Outcome:
-    """A membership change wins (the attempt re-forms); else the first failure; else a stop signal; else success."""
+    """A stop signal to mlaunch; else a membership change (the attempt re-forms); else the first failure; else success.
+
+    ``sig`` is a stop signal mlaunch itself received (a preemption, Ctrl-C), never the SIGTERM
+    it sent its ranks. One that came while the ranks stopped for a re-form still stops this
+    node: re-forming would drop the platform's request, and its SIGKILL would follow the grace
+    period. A failure keeps its own exit code with the signal beside it (the restart loop then
+    does not restart: ``RestartLoop``).
+    """
     codes = {p.label: p.returncode for p in processes if p.returncode is not None}
-    if change:
-        outcome = Outcome("reformed", 0, signal=sig, exit_codes=codes, change=change)
+    if change and sig is None:
+        outcome = Outcome("reformed", 0, exit_codes=codes, change=change)
     elif sig is not None and failure is None:
         outcome = Outcome("signalled", 128 + sig, signal=sig, exit_codes=codes)
     elif failure is not None:

@@ -8,6 +8,7 @@ command the README gives; a developer's plain ``pytest`` stays fast.
 
 from __future__ import annotations
 
+import compileall
 import os
 import site
 import subprocess
@@ -26,6 +27,21 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 EXAMPLES = ROOT / "examples"
 SHARED = ROOT.parent / "shared"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the project's sources once, before any worker starts (the controller only).
+
+    The suite starts thousands of Python processes — every mlaunch, rank, standby and helper
+    script — and each imports ``launchers``. Where ``PYTHONDONTWRITEBYTECODE`` is set (this
+    CI image sets it) none of them may cache its bytecode, so every one compiled what it
+    imported again. ``compileall`` writes the caches whatever that variable says, only for
+    sources newer than their cache, and every process reads them.
+    """
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
+        return
+    for tree in ("launchers", "examples", "tests/scripts", "benchmarks"):
+        compileall.compile_dir(str(ROOT / tree), quiet=1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -306,3 +306,45 @@ def test_node_0_lost_ends_an_elastic_job_on_every_node_and_says_why(tmp_path: Pa
         mine = run.text(index)
         assert "node 0 (" in mine and "is lost" in mine, mine
         assert "an elastic job cannot go on without node 0" in mine, mine
+
+
+SLOW_TO_STOP = """\
+import os, signal, sys, time
+def stop(*_):
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} stops slowly", flush=True)
+    time.sleep(4)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} ticks", flush=True)
+    time.sleep(0.3)
+"""
+
+
+def test_node_0_preempted_while_the_job_re_forms_stops_instead_of_re_forming(
+    tmp_path: Path, hosts3: list[Host]
+) -> None:
+    """A 300-fault storm (seed 37, fault 140) SIGTERMed node 0's mlaunch during a re-form: the re-form won,
+    the SIGTERM was dropped and node 0 trained on (on a platform: until its SIGKILL, with no dying
+    checkpoint). Here host 3 is preempted, node 0's rank takes 4 s to stop for the re-form, and node 0's
+    mlaunch is SIGTERMed in that window: it exits 143 and never starts the 2-node generation."""
+    script = tmp_path / "slow_to_stop.py"
+    script.write_text(SLOW_TO_STOP)
+    run = Launches(hosts3, write_job(tmp_path, script, ""))
+    try:
+        for index in range(3):
+            run.start(index)
+        for index in range(3):
+            run.wait_for(r"rank \d of 3 ticks", host=index)
+        run.procs[2].send_signal(signal.SIGTERM)  # host 3 preempted: it leaves, the others re-form without it
+        run.wait_for(r"rank 0 of 3 stops slowly", host=0)  # node 0's rank stopping for the re-form (4 s)
+        run.procs[0].send_signal(signal.SIGTERM)  # node 0 preempted in that window
+        code = run.procs[0].wait(timeout=60)
+        run.finish(timeout=30)
+    finally:
+        run.kill()
+    mine = run.text(0)
+    assert code == 143, mine
+    assert "stopped by SIGTERM; exit code 143" in mine, mine
+    assert not re.search(r"membership \(generation \d+\): 3 → 2 nodes", mine), mine
+    assert "rank 0 of 2" not in run.text(), run.text()  # no 2-node generation started anywhere

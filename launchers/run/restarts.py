@@ -14,7 +14,10 @@ An attempt ended by a membership change (``Outcome.status == "reformed"``, or a 
 says a node left or node 0 regrouped) is not a failure: it does not count against
 ``restart.max_restarts`` and waits no backoff. A failure does; giving up, the backoff (with
 a stop signal while waiting) and not retrying a failure that repeats itself exactly
-(``retry_policy``) exist here once, for both policies.
+(``retry_policy``) exist here once, for both policies. A stop signal to mlaunch ends the run
+whenever it comes: during an attempt (``Outcome.status == "signalled"``, even if a re-form was
+under way), while the ranks stop after a failure (the failure's outcome carries the signal: no
+restart), or during the backoff.
 """
 
 from __future__ import annotations
@@ -94,6 +97,9 @@ class RestartLoop:
                 code, over = job_exit_code(self.run.events, generation.attempt, outcome)
                 if over or self._repeats(outcome):
                     return code
+                if outcome.signal is not None:  # stopped while the failure stopped the ranks: no restart
+                    say(f"received {signal_name(outcome.signal)} while stopping after the failure; not restarting")
+                    return 128 + outcome.signal
             following = generation.attempt + 1
             gathered = self.policy.gather(following, code)
             if isinstance(gathered, int):
