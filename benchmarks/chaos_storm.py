@@ -23,6 +23,7 @@ from chaos_schedule import WHOLE_JOB, Fault
 from launchers.elastic.format import layout
 
 STALL = 150.0  # seconds without a step (outside a whole-job restart) that count as a stalled job
+UNENDED = 60.0  # seconds past node_timeout + grace that node 0 may still run after a fault that ends the job
 
 
 @dataclass
@@ -48,12 +49,14 @@ class Storm:
     end_file: Path
     faults: list[Fault]
     node_timeout: float
+    grace: float = 10.0  # the job's checkpoint.grace_period (chaos.py's job file)
     tail: int = 20
     end_step: int | None = None  # a fixed last step (the fault-free run): written before the start
     rec: Record = field(default_factory=Record)
     frontier: int = -1
     last_step: float = 0.0
     whole_job: str | None = None  # the fault that ends the job by design, pending
+    whole_job_at: float = 0.0  # when it was injected
     leaving: set[int] = field(default_factory=set)  # hosts a fault took out (their exit is expected)
     free: float = 0.0  # when the loop was last free again after blocking (a whole-job restart)
     deadline: float | None = None  # monotonic: past it the run is cut and counted unrecoverable
@@ -155,6 +158,15 @@ class Storm:
         self.restart_whole(self.whole_job or "unrecoverable")
         return False
 
+    def not_ended(self, now: float) -> None:
+        """A fault that ends the job by design did not end node 0 (a stop signal dropped): unrecoverable, restart."""
+        why = f"{self.whole_job}: node 0's mlaunch still running {now - self.whole_job_at:.0f}s later"
+        self.rec.unrecoverable.append({"stamp": now, "host": 0, "code": None, "why": why})
+        print(f"  {now:.3f} UNRECOVERABLE: {why}", flush=True)
+        for host in range(len(self.cluster.hosts)):
+            self.cluster.wait_exit(host, 0.1)  # SIGKILLs its session
+        self.restart_whole(self.whole_job or "unrecoverable")
+
     def fire(self, fault: Fault, planned: float) -> None:
         now = time.monotonic()
         entry: dict[str, Any] = {**fault.as_dict(), "planned": planned, "stamp": now}
@@ -170,7 +182,7 @@ class Storm:
         said = entry.get("done") or f"not injected: {entry.get('skipped')}"
         print(f"  {now:.3f} fault {fault.index} {fault.kind}: {said} (committed {entry['committed']})", flush=True)
         if fault.kind in WHOLE_JOB:
-            self.whole_job = fault.kind
+            self.whole_job, self.whole_job_at = fault.kind, time.monotonic()
         elif fault.kind in ("kill_mlaunch", "preempt", "link_down"):
             self.leaving.add(fault.host)
         elif fault.kind == "comeback":
@@ -216,6 +228,8 @@ class Storm:
                     self.rec.end_step = self.frontier + self.tail
                     self.end_file.write_text(str(self.rec.end_step))
                     self.rec.end_written = now
+            if self.whole_job is not None and now - self.whole_job_at > self.node_timeout + self.grace + UNENDED:
+                self.not_ended(now)
             if now - self.last_step > STALL and self.whole_job is None:
                 self.rec.unrecoverable.append({"stamp": now, "host": -1, "code": None, "why": "no step for 150 s"})
                 for host in range(len(self.cluster.hosts)):
