@@ -6,9 +6,10 @@ moment. So the slot's bytes are copied into this process's memory first (fast: a
 copy) and trusted only if the slot's sequence number was even and unchanged before and after
 the copy (``staging``'s seqlock); the slow write to storage then works on the private copy.
 
-Everything is read with ``pread`` on a file descriptor, never through a mapping: a rank whose
-state grew re-creates its segment (truncate, then grow), and touching a mapping of a file
-while it is truncated would kill mlaunch with SIGBUS, where ``pread`` just returns short.
+Everything is read with ``pread`` on a file descriptor, never through a mapping (a mapping
+whose file shrinks kills the reader with SIGBUS; ``pread`` just returns short). A rank whose
+state grew builds a new segment and renames it over the old one (``staging.Segment._open``):
+each poll follows the name to the newest file (``LiveSegment.header``).
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ class LiveSegment:
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDONLY)
+        self._inode = os.fstat(self.fd).st_ino
 
     def header(self) -> Header | None:
+        self._follow()
         raw = os.pread(self.fd, _HEAD, 0)
         if len(raw) < _HEAD:
             return None  # being re-created, or not yet written
@@ -71,6 +74,19 @@ class LiveSegment:
         ckpt_dir = raw[_DIR_AT + 2 : _DIR_AT + 2 + dlen].decode(errors="replace")
         slots = tuple(staging.Slot(i, *_SLOT.unpack_from(raw, _SLOTS_AT + i * _STRIDE)) for i in range(nslots))
         return Header(rank, world, attempt, capacity, keep, ckpt_dir, slots)
+
+    def _follow(self) -> None:
+        """Read the file that has the segment's name now: a rank whose state grew renamed a new one over it."""
+        try:
+            inode = os.stat(self.path).st_ino
+        except OSError:
+            return  # unlinked: the attempt is over, the open file still reads as it was
+        if inode == self._inode:
+            return
+        with contextlib.suppress(OSError):
+            fd = os.open(self.path, os.O_RDONLY)
+            os.close(self.fd)
+            self.fd, self._inode = fd, os.fstat(fd).st_ino
 
     def seq(self, index: int) -> int:
         raw = os.pread(self.fd, 8, _SLOTS_AT + index * _STRIDE)

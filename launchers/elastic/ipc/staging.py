@@ -64,10 +64,17 @@ def run_segments(run_id: str) -> list[str]:
     return sorted(glob.glob(os.path.join(glob.escape(shm_dir()), f"mlaunch.{glob.escape(run_id)}.rank*")))
 
 
+def _building_path(path: str) -> str:
+    """Where a segment is built before it takes ``path``'s name: hidden, so ``run_segments`` never lists it."""
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name}.{os.getpid()}.new")
+
+
 def unlink_run(run_id: str) -> int:
-    """Remove every segment of ``run_id``; returns how many were removed."""
+    """Remove every segment of ``run_id`` (and any a killed rank left half-built); returns how many."""
     removed = 0
-    for path in run_segments(run_id):
+    building = glob.glob(os.path.join(glob.escape(shm_dir()), f".mlaunch.{glob.escape(run_id)}.rank*.new"))
+    for path in [*run_segments(run_id), *building]:
         with contextlib.suppress(OSError):
             os.unlink(path)
             removed += 1
@@ -121,11 +128,18 @@ class Segment:
 
     # -- lifecycle ---------------------------------------------------------------------
     def _open(self, capacity: int) -> None:
-        """(Re)create the file with ``capacity`` per slot and map it; OSError if no space."""
+        """(Re)create the file with ``capacity`` per slot and map it; OSError if no space.
+
+        The new file is built under a hidden name and renamed over the old one, never truncated
+        in place: mlaunch's agent may have the old one mapped (``SegmentReader``), and a mapping
+        whose file shrinks under it dies of SIGBUS on its next read — a 300-fault storm lost
+        node 0's mlaunch that way when a rank's state grew. Readers keep the old inode, whole.
+        """
         self.close()
         capacity = -(-capacity // mmap.PAGESIZE) * mmap.PAGESIZE  # slots start on page boundaries
         total = HEADER_SIZE + NSLOTS * capacity
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        building = _building_path(self.path)
+        fd = os.open(building, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, total)
             if hasattr(os, "posix_fallocate"):
@@ -134,13 +148,14 @@ class Segment:
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
-                os.unlink(self.path)
+                os.unlink(building)
             raise
         self._fd, self._mm, self.capacity = fd, mm, capacity
         _FIXED.pack_into(
             mm, 0, MAGIC, 1, HEADER_SIZE, self.rank, self.world, self.attempt, os.getpid(), capacity, NSLOTS, self.keep
         )
         self._write_dir()
+        os.rename(building, self.path)  # whole, header included, the moment a reader can find it
 
     def ensure(self, capacity: int) -> None:
         if self._mm is None or capacity > self.capacity:
