@@ -83,6 +83,46 @@ def test_a_killed_members_own_close_is_not_expected_again() -> None:
     assert plane.silence_limit(now=101.5, heartbeat=0.5) < 2.0
 
 
+def test_first_start_a_node_never_heard_is_left_out_after_the_last_call_once_min_met() -> None:
+    """A 300-fault storm killed a node's mlaunch before its hello reached the hub: the others waited 81 s.
+
+    A node never heard is never judged by its silence; without a last call an elastic job waits for it
+    up to ``monitor.join_timeout`` and then fails to start. torchrun starts with MIN after its last call.
+    """
+    roster = Roster(3)
+    for node in (0, 2):
+        roster.hosts[node] = f"h{node}"
+        roster.heard(node, 0.0)
+    plane = Membership(roster, (2, 3), node_timeout=3.0, last_call=30.0)
+    assert meet(plane, "0", [0, 2], generation=0) == []  # node 1 is still a member: the meeting waits
+    assert plane.on_tick(now=100.0) == []  # MIN met: the last call starts
+    assert plane.on_tick(now=129.0) == []
+    effects = plane.on_tick(now=130.5)
+    assert [type(e) for e in effects] == [Drop, Broadcast, VoidExchanges, Multicast]
+    result = met(effects)
+    assert result.members == (0, 2) and [d.node for d in result.left] == [1]
+    assert "never reached the control plane" in result.left[0].why and "last call" in result.left[0].why
+    assert plane.roster.of(1) is NodeStatus.LEFT_OUT
+    plane.on_hello(m.Hello(1, "h1", "inc-1"), BASE)  # its mlaunch starts after all: a candidate, as any
+    assert plane.roster.of(1) is NodeStatus.CANDIDATE
+
+
+def test_the_last_call_waits_for_min_spares_heard_members_and_needs_a_range() -> None:
+    below = Membership(Roster(3), (3, 3), node_timeout=3.0, last_call=1.0)
+    below.roster.heard(0, 0.0)
+    below.roster.heard(1, 0.0)
+    meet(below, "0", [0, 1], generation=0)
+    assert below.on_tick(now=10.0) == [] and below.on_tick(now=20.0) == []  # 2 met, MIN is 3: wait
+    heard = membership((2, 3))  # every node heard: a silent one is judged by node_timeout, not the last call
+    meet(heard, "0", [0, 2], generation=0)
+    assert heard.on_tick(now=10.0) == [] and heard.on_tick(now=100.0) == []
+    fixed = Membership(Roster(3), None, node_timeout=3.0, last_call=1.0)
+    fixed.roster.heard(0, 0.0)
+    fixed.roster.heard(2, 0.0)
+    meet(fixed, "0", [0, 2], generation=0)
+    assert fixed.on_tick(now=10.0) == [] and fixed.on_tick(now=100.0) == []
+
+
 def test_grow_a_node_that_says_hello_waits_and_the_next_meeting_admits_it_up_to_max() -> None:
     plane = membership((2, 3))
     plane.on_silent(2, 11.0, now=100.0)

@@ -23,7 +23,7 @@ zmq = pytest.importorskip("zmq")
 KEY = b"m" * 32
 
 
-def agent(node: int, port: int, node_timeout: float, elastic: tuple[int, int] | None) -> Any:
+def agent(node: int, port: int, node_timeout: float, elastic: tuple[int, int] | None, **more: Any) -> Any:
     from launchers.control.agent import NetworkEvents
 
     return NetworkEvents(
@@ -35,6 +35,7 @@ def agent(node: int, port: int, node_timeout: float, elastic: tuple[int, int] | 
         node_timeout=node_timeout,
         host=f"h{node}",
         elastic=elastic,
+        **more,
     )
 
 
@@ -203,3 +204,28 @@ def test_a_preemption_below_the_minimum_ends_the_job_on_every_node_at_once() -> 
         assert until(lambda: nodes[0].ended) is not None
         with pytest.raises(ExchangeFailed, match="exit code 143"):
             nodes[0].meet("1", 1, 0, time.monotonic() + 5)
+
+
+def test_a_node_that_never_reaches_the_plane_is_left_out_after_the_last_call_at_the_first_start() -> None:
+    """Nodes 0 and 2 of "2:3" start; node 1's mlaunch never does: they start without it after the last call."""
+    port = free_port()
+    nodes = [agent(n, port, 10.0, (2, 3), last_call=1.0, join_timeout=30.0) for n in (0, 2)]
+    try:
+        started = time.monotonic()
+        first = meet(nodes, "0", 0)
+        waited = time.monotonic() - started
+        assert [r.members for r in first] == [(0, 2), (0, 2)]
+        assert [d.node for d in first[0].left] == [1] and "last call" in first[0].left[0].why
+        assert waited >= 1.0  # the last call was waited for, not skipped
+        late = agent(1, port, 10.0, (2, 3))  # it starts after all: a candidate, admitted at the next meeting
+        try:
+            assert late.joined(time.monotonic() + 5) and late.candidate
+            assert until(lambda: nodes[0].waiting() == [1])
+            second = meet(nodes, "1", 1)
+            admitted = late.admission(5)
+            assert isinstance(admitted, Meeting) and admitted == second[0] and admitted.members == (0, 1, 2)
+        finally:
+            late.close(0)
+    finally:
+        for events in reversed(nodes):
+            events.close(0)

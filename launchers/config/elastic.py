@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 from pydantic import Field
 
 from launchers.config.engine_sections import PytorchOptions
-from launchers.config.fields import Section
+from launchers.config.fields import Duration, Section
 
 
 class WithPytorch(Protocol):
@@ -32,6 +32,12 @@ class ElasticOptions(Section):
         "at_restart = the job's next restart (a failure or a node leaving); at_checkpoint = the next checkpoint "
         "committed after it arrived, then every node stops its ranks gracefully (SIGTERM, the grace period, "
         "their dying save) and all restart with it; never beyond pytorch.nnodes' MAX",
+    )
+    last_call: Duration = Field(
+        30.0,
+        description="at the job's first start, once MIN nodes are there: how long to wait for the others before "
+        "starting without them (torchrun's last call); a node that never joined is left out and is admitted "
+        "like any node that joins later. Without a range every node is waited for (monitor.join_timeout)",
     )
 
 

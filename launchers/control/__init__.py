@@ -89,6 +89,7 @@ def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None
         node_timeout=node_timeout(job),
         join_timeout=job.monitor.join_timeout,  # never shorter than node_timeout (the agent sees to it)
         elastic=node_range(job),  # the membership may change within it (``membership``)
+        last_call=job.elastic.last_call,  # the first start waits this long for nodes beyond MIN
         reducers=table,
     )
 

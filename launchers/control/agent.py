@@ -34,6 +34,7 @@ from launchers.control.events import (
     RemoteFailure,
 )
 from launchers.control.hub import Hub
+from launchers.control.membership import LAST_CALL
 from launchers.control.reductions import BUILTIN, How, Reducers
 from launchers.log import say
 
@@ -56,6 +57,7 @@ class NetworkEvents(JobEvents):
         host: str = "",
         elastic: tuple[int, int] | None = None,
         reducers: Reducers = BUILTIN,
+        last_call: float = LAST_CALL,
     ) -> None:
         """``driver``: a shared one (the benchmark's many agents in one process), else this node's own.
 
@@ -72,7 +74,7 @@ class NetworkEvents(JobEvents):
             driver = Driver(zmq.Context(), secret)
         self.driver = driver
         if node == 0:
-            self.hub = Hub(driver.context, port, secret, nnodes, node_timeout, elastic, reducers)
+            self.hub = Hub(driver.context, port, secret, nnodes, node_timeout, elastic, reducers, last_call)
             self.hub.start()
         self._wake_r, self._wake_w = _pipe() if self._own else (-1, -1)  # the supervisor's loop: something arrived
         self.wake_fd: int | None = self._wake_r if self._own else None

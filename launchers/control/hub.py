@@ -30,7 +30,7 @@ from launchers.control.cadence import Cadence, cadence
 from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.gathers import Done, Gathers
 from launchers.control.hub_view import HubView, Publisher
-from launchers.control.membership import Membership
+from launchers.control.membership import LAST_CALL, Membership
 from launchers.control.reductions import BUILTIN, Reducers
 from launchers.control.roster import IllegalTransition, NodeStatus, Roster
 from launchers.control.wire import seal, unseal
@@ -64,15 +64,19 @@ class Hub(threading.Thread):
         node_timeout: float,
         elastic: tuple[int, int] | None = None,
         reducers: Reducers = BUILTIN,
+        last_call: float = LAST_CALL,
     ) -> None:
-        """``elastic``: the node range (members leave and join: ``membership``); ``reducers``: for exchanges."""
+        """``elastic``: the node range (members leave and join: ``membership``); ``reducers``: for exchanges.
+
+        ``last_call``: at the first start, how long the members that came wait for the others once MIN met.
+        """
         super().__init__(name="mlaunch-control-hub", daemon=True)
         self.secret = secret
         self.nnodes = nnodes  # node indexes are 0 … nnodes-1
         self.node_timeout = node_timeout
         self.roster = Roster(nnodes)
         self.hosts = self.roster.hosts
-        self.membership = Membership(self.roster, elastic, node_timeout)
+        self.membership = Membership(self.roster, elastic, node_timeout, last_call)
         self.cadence: Cadence = cadence(len(self.roster.members), node_timeout)
         self.sock = context.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -146,6 +150,7 @@ class Hub(threading.Thread):
     def _tick(self, now: float) -> None:
         self._closed_connections(now)
         self._check_lost(now)
+        self._apply(self.membership.on_tick(now))
         summary = self._summary
         if summary is not None and now - self._last_broadcast >= self.cadence.status / 2:
             self._summary = None

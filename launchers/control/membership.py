@@ -45,11 +45,16 @@ from launchers.control.roster import NodeStatus, Roster
 KEEP_MEETINGS = 64  # meeting results kept for a node that says its part again (a rejoin)
 SUSPECT_AFTER_CLOSE = 1.5  # seconds of silence that make a member lost just after a peer's connection closed
 LEAVING_CODE = 143  # the job's exit code when a node leaving ends it (128 + SIGTERM)
+LAST_CALL = 30.0  # default elastic.last_call: the first start waits this long for nodes beyond MIN (torchrun's)
 
 
 class Membership:
-    def __init__(self, roster: Roster, span: tuple[int, int] | None, node_timeout: float) -> None:
+    def __init__(
+        self, roster: Roster, span: tuple[int, int] | None, node_timeout: float, last_call: float = LAST_CALL
+    ) -> None:
         self.roster = roster
+        self.last_call = last_call
+        self.quorum_since: dict[str, float] = {}  # meeting → since when only never-heard members are missing
         self.span = span  # (MIN, MAX); None: the membership never changes (a loss ends the job)
         self.node_timeout = node_timeout
         self.incarnations: dict[int, str] = {}
@@ -246,6 +251,45 @@ class Membership:
         while len(self.results) > KEEP_MEETINGS:
             self.results.popitem(last=False)
         return [Multicast(result, result.members)]  # one encoding of an O(N) result, not one per member
+
+    def on_tick(self, now: float) -> list[Effect]:
+        """The first start's last call: members never heard from are left out once MIN met and ``last_call`` passed.
+
+        Every node index starts as a member, and a meeting waits for every member. A node whose
+        mlaunch never reached the hub (its pod did not start, it was killed before its hello) is
+        never judged by its silence — it was never heard. Without a range the job waits for it
+        (``monitor.join_timeout``); with one, once at least MIN members met and only never-heard
+        ones are missing, they get ``last_call`` seconds (torchrun's last call), then the job
+        starts without them. A node left out so can still join: it is a candidate, admitted as any.
+        """
+        if self.span is None or not self.meetings:
+            return []
+        effects: list[Effect] = []
+        for key in list(self.meetings):
+            missing = self._never_heard_missing(key)
+            if not missing:
+                self.quorum_since.pop(key, None)
+                continue
+            since = self.quorum_since.setdefault(key, now)
+            if now - since < self.last_call:
+                continue
+            del self.quorum_since[key]
+            said = len(self.meetings[key])
+            why = f"its mlaunch never reached the control plane ({self.last_call:g}s after {said} nodes met: last call)"
+            for node in missing:
+                effects += self.depart(node, why, now) or []
+        return effects
+
+    def _never_heard_missing(self, key: str) -> list[int]:
+        """The members missing from meeting ``key`` when all of them were never heard and at least MIN met."""
+        said, roster = self.meetings.get(key), self.roster
+        assert self.span is not None
+        if said is None or len(said) < self.span[0] or len(said) >= len(roster.members):
+            return []
+        missing = sorted(roster.members - said.keys())
+        if any(node in roster.seen or roster.of(node) is not NodeStatus.MEMBER for node in missing):
+            return []  # a heard member is judged by its silence (``on_silent``); one that said bye is waited for
+        return missing
 
     def regroup(self, why: str) -> list[Effect]:
         """Node 0 asks every member to stop its ranks gracefully and meet (a candidate is admitted there)."""
