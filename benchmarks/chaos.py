@@ -2,7 +2,7 @@
 
 A job on ``--hosts`` network-namespace hosts × ``--nproc`` ranks (DDP over gloo on the hosts'
 ``eth0``, ``pytorch.nnodes: "MIN:HOSTS"``, warm standbys, every step staged, a background commit
-every ``--persist-every`` steps, ``elastic.grow: at_checkpoint``, the checkpoint directory on a
+every ``--persist-every`` steps, ``elastic: {grow: at_checkpoint, last_call: 10s}``, the checkpoint directory on a
 small tmpfs) runs through a seeded schedule drawn from every class (``chaos_schedule.py``: kill -9
 of a rank, of a standby, of a node's mlaunch; a hang; a link down past ``node_timeout`` and a
 flap under it; a node that comes back; SIGTERM to one node and to all; node 0 lost; a full
@@ -62,7 +62,7 @@ def write_job(work: Path, name: str, args: argparse.Namespace, ckpt: Path) -> Pa
         f"checkpoint: {{dir: {ckpt}, grace_period: 10s, persist_every: {args.persist_every}, keep: 3}}\n"
         "restart: {max_restarts: 100000, backoff: 0s}\n"
         f"monitor: {{node_timeout: {args.node_timeout:g}s, hang_timeout: {args.hang_timeout:g}s}}\n"
-        f"pytorch: {{nnodes: '{args.min_nodes}:{args.hosts}'}}\nelastic: {{grow: at_checkpoint}}\n"
+        f"pytorch: {{nnodes: '{args.min_nodes}:{args.hosts}'}}\nelastic: {{grow: at_checkpoint, last_call: 10s}}\n"
     )
     return job
 
@@ -104,7 +104,7 @@ def run_job(
     base.update(BENCH_END=str(work / name / "end"))
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH", "")]))
     cluster = Cluster(net.hosts, write_job(work, name, args, ckpt), base, args.nproc, work / name)
-    injector = Injector(cluster, work / "fs", hang, random.Random(args.seed + 1))
+    injector = Injector(cluster, work / "fs", hang, random.Random(args.seed + 1), node_timeout=args.node_timeout)
     storm = Storm(cluster, injector, ckpt, work / name / "end", faults, args.node_timeout, end_step=end)
     if args.deadline is not None:
         storm.deadline = time.monotonic() + args.deadline

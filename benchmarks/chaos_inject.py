@@ -45,6 +45,7 @@ class Injector:
     ranks: dict[int, dict[int, int]] = field(default_factory=dict)  # host → rank → pid (newest group)
     rank_pids: set[int] = field(default_factory=set)
     undo: list[Undo] = field(default_factory=list)
+    node_timeout: float = 3.0  # the job's monitor.node_timeout: a cut-off mlaunch gives up within it
 
     def saw_pid(self, host: int, rank: int, pid: int) -> None:
         self.ranks.setdefault(host, {})[rank] = pid
@@ -127,10 +128,16 @@ class Injector:
         raise ValueError(f"unknown fault class {kind!r}")
 
     def comeback(self, host: int) -> str:
+        """The node's mlaunch started again, as a platform restarts a pod: the old one first ends or is killed.
+
+        A cut-off mlaunch gives up on the hub within ``node_timeout`` of its link going down. A comeback
+        drawn right after a link cut can bring the link back before that: the old mlaunch stays a
+        member, so it is SIGKILLed (the platform's restart) rather than waited for a minute.
+        """
         self.run_undo(host)
         code = None
         if self.cluster.procs.get(host) is not None:
-            code = self.cluster.wait_exit(host, 60)  # a cut-off mlaunch gives up on the hub first
+            code = self.cluster.wait_exit(host, 2 * self.node_timeout + 5)
         self.cluster.start(host)
         return f"mlaunch of host {host} started again (the previous one ended with {code})"
 
