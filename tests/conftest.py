@@ -41,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
         return
     for tree in ("launchers", "examples", "tests/scripts", "benchmarks"):
-        compileall.compile_dir(str(ROOT / tree), quiet=1)
+        compileall.compile_dir(str(ROOT / tree), quiet=2)  # a read-only checkout just goes without
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
