@@ -229,3 +229,32 @@ def test_a_node_that_never_reaches_the_plane_is_left_out_after_the_last_call_at_
     finally:
         for events in reversed(nodes):
             events.close(0)
+
+
+def test_a_candidate_admitted_before_its_mlaunch_looked_starts_in_that_generation(tmp_path: Any) -> None:
+    """A 300-fault storm restarted node 2's mlaunch just as node 0 and node 1 met after a failure: the meeting
+    admitted the new candidate before its mlaunch checked whether it was one. It took itself for a member,
+    asked for generation 0's meeting, got that old result and started generation 0's ranks beside
+    generation 5's — both sides then waited for each other until the job failed. It starts in the
+    generation that admitted it (``launchers.run.membership._join``)."""
+    from types import SimpleNamespace
+
+    from launchers.config.loader import parse_job
+    from launchers.run.membership import _join
+
+    job = parse_job("entry: train.py\nnodes: 3\npytorch: {nnodes: '2:3'}\n", tmp_path / "job.yaml")
+    with plane((2, 3)) as (nodes, port):
+        meet(nodes, "0", 0)
+        vanish(nodes[2])
+        next_event(nodes[0], Left)
+        back = agent(2, port, 10.0, (2, 3))  # its mlaunch started again: a candidate...
+        try:
+            assert until(lambda: nodes[0].waiting() == [2])
+            admitted = meet(nodes[:2], "1", 1)  # ...admitted by the meeting after the failure
+            assert until(lambda: back.admission(0.0) is not None) and not back.candidate
+            elastic = SimpleNamespace(job=job, events=back, restarts=0)
+            meeting = _join(elastic)  # type: ignore[arg-type]
+            assert isinstance(meeting, Meeting) and meeting == admitted[0]
+            assert meeting.generation == 1 and meeting.members == (0, 1, 2)
+        finally:
+            back.close(0)

@@ -134,6 +134,10 @@ def _join(elastic: ElasticMembership) -> Meeting | int:
             say(f"job failed: {events.lost.describe() if events.lost else 'node 0 never answered'}; exit code 1")
             return 1
     if not events.candidate:
+        admitted = events.admission(0.0)
+        if admitted is not None:  # welcomed as a candidate and admitted by a meeting before this line ran
+            say(f"node {events.node}: admitted to the job at generation {admitted.generation}")
+            return admitted
         meeting = _meet(elastic, topics.meeting(0), 0, deadline - time.monotonic())
         return meeting if meeting is not None else 1
     when = "the job's next restart" if job.elastic.grow == "at_restart" else "the next committed checkpoint"
