@@ -128,7 +128,7 @@ def stall_worker(args: argparse.Namespace) -> None:
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
     from launchers import elastic
-    from launchers.elastic.dcp import MlaunchStorageWriter
+    from launchers.elastic.pytorch import MlaunchStorageWriter
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
