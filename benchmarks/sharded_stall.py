@@ -135,6 +135,7 @@ def stall_worker(args: argparse.Namespace) -> None:
     STEP["kind"] = args.step
     model, opt = build(args.gib)
     ckpt = elastic.Checkpointer(args.ckpt, keep=1)
+    saver = elastic.Checkpointer(args.ckpt + "-save", keep=1)  # its own directory: the kill phase times ckpt's
     pending: list = []
     # async_save's own group: its background collectives must not interleave with training's on the default one
     background = dist.new_group(backend="gloo")
@@ -158,7 +159,7 @@ def stall_worker(args: argparse.Namespace) -> None:
         "async_save process": async_save(AsyncCheckpointerType.PROCESS),
         "dcp.save": lambda step: dcp.save(state(model, opt), checkpoint_id=f"{args.dcp}/sync"),
         # the synchronous saves into mlaunch's layout: the bespoke protocol and DCP's planner + our writer
-        "save()": lambda step: ckpt.save(step, state(model, opt)),
+        "save()": lambda step: saver.save(step, state(model, opt)),
         "dcp.save(ours)": lambda step: dcp.save(
             state(model, opt), storage_writer=MlaunchStorageWriter(args.ckpt + "-dcpw", step=step, keep=1)
         ),
