@@ -113,6 +113,14 @@ def test_the_last_call_waits_for_min_spares_heard_members_and_needs_a_range() ->
     below.roster.heard(1, 0.0)
     meet(below, "0", [0, 1], generation=0)
     assert below.on_tick(now=10.0) == [] and below.on_tick(now=20.0) == []  # 2 met, MIN is 3: wait
+    late = Membership(Roster(3), (2, 3), node_timeout=3.0, last_call=30.0)
+    for node in (0, 2):
+        late.roster.heard(node, 0.0)
+    meet(late, "0", [0, 2], generation=0)
+    late.on_tick(now=10.0)  # the last call starts...
+    late.roster.heard(1, 12.0)
+    assert met(meet(late, "0", [1], generation=0)).members == (0, 1, 2)  # ...and node 1 came in time
+    assert late.quorum_since == {} and late.on_tick(now=100.0) == []
     heard = membership((2, 3))  # every node heard: a silent one is judged by node_timeout, not the last call
     meet(heard, "0", [0, 2], generation=0)
     assert heard.on_tick(now=10.0) == [] and heard.on_tick(now=100.0) == []

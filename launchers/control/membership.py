@@ -230,6 +230,7 @@ class Membership:
         if said is None or len(said) < len(roster.members) or not roster.members <= said.keys():
             return []  # the count first: the subset test is O(N), and a meet comes from each of N nodes
         del self.meetings[key]
+        self.quorum_since.pop(key, None)  # a last call under way for it ends with it
         joined: list[int] = []
         if self.span is not None and all(part.admit for part in said.values()):
             joined = roster.nodes(NodeStatus.CANDIDATE)[: max(0, self.span[1] - len(roster.members))]
