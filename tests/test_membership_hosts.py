@@ -348,3 +348,25 @@ def test_node_0_preempted_while_the_job_re_forms_stops_instead_of_re_forming(
     assert "stopped by SIGTERM; exit code 143" in mine, mine
     assert not re.search(r"membership \(generation \d+\): 3 → 2 nodes", mine), mine
     assert "rank 0 of 2" not in run.text(), run.text()  # no 2-node generation started anywhere
+
+
+def test_a_host_whose_mlaunch_never_starts_is_left_out_after_the_last_call(tmp_path: Path, hosts3: list[Host]) -> None:
+    """`nnodes: "2:3"`, `elastic.last_call: 2s`: hosts 1-2 start, host 3's mlaunch does not (a pod that never came
+    up; in a storm, one killed before its hello reached node 0) — the two start without it after the last call,
+    and when host 3's mlaunch does start it waits as a candidate instead of joining a running generation."""
+    script = tmp_path / "slow_to_stop.py"
+    script.write_text(SLOW_TO_STOP)
+    run = Launches(hosts3, write_job(tmp_path, script, "", "elastic: {last_call: 2s}\n"))
+    try:
+        run.start(0)
+        run.start(1)
+        started = time.monotonic()
+        run.wait_for(r"rank \d of 2 ticks", host=0)
+        assert time.monotonic() - started >= 2.0, run.text()  # the last call was waited for
+        run.start(2)
+        run.wait_for(r"node 2: the job is already running; this node starts no ranks", host=2)
+    finally:
+        run.kill()
+    mine = run.text(0)
+    assert re.search(r"membership \(generation 0\): 3 → 2 nodes .*never reached the control plane", mine), mine
+    assert "of 3 ticks" not in run.text(), run.text()
