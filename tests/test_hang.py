@@ -190,6 +190,108 @@ def test_survivors_of_a_crash_do_not_hold_the_restart_for_the_grace_period(tmp_p
     assert ended - crash[0] < 5, ended - crash[0]  # 1s, not the 60s grace period
 
 
+GUARDED_SURVIVOR = """
+    import os, sys, time
+    from launchers import elastic
+    rank = int(os.environ["RANK"])
+    elastic.install()  # the guard: a SIGTERM only sets the flag, the save waits for a step boundary
+    if os.environ["STEPPED"] == "1":
+        elastic.heartbeat(0)  # this rank has reached a step boundary: it may have something to save
+    open(os.path.join(os.environ["READY_DIR"], str(rank)), "w").close()
+    while len(os.listdir(os.environ["READY_DIR"])) < 4:
+        time.sleep(0.01)
+    if rank == 3:
+        time.sleep(0.3)
+        os._exit(5)  # the peer's crash
+    while True:  # still starting up (imports, a cold DDP), or stepping: the flag is read at the next boundary
+        time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("stepped", [False, True], ids=["before-the-first-step", "after-a-step"])
+def test_survivors_that_have_not_reached_a_step_are_killed_at_once_after_a_crash(tmp_path: Path, stepped: bool) -> None:
+    """Guarded ranks save only at an agreed step boundary, which the crashed rank can no longer join.
+
+    Before their first boundary what they would save is the state they started from, so they are
+    SIGKILLed at once instead of holding the restart for ``restart.stop_timeout`` (in a chaos storm,
+    faults landing in a restart's start-up cost 3 s each). A rank that has reported a step keeps
+    its stop timeout.
+    """
+    (tmp_path / "ready").mkdir()
+    timeout = 2 if stepped else 120  # before the fix the first case held the restart for 120 s
+    job = plain_job(
+        tmp_path,
+        GUARDED_SURVIVOR,
+        nodes=2,
+        procs=2,
+        extra=f"checkpoint: {{grace_period: 180s}}\nrestart: {{stop_timeout: {timeout}s}}\n",
+    )
+    run = Run(job, READY_DIR=str(tmp_path / "ready"), STEPPED="1" if stepped else "0")
+    code = run.finish(90)
+    assert code == 5, run.text
+    said = "no rank here has reached a step boundary in this attempt"
+    held = f"stop timeout of {timeout}s after the failure is over (restart.stop_timeout)"
+    if stepped:
+        assert said not in run.text and held in run.text, run.text
+    else:
+        assert said in run.text and held not in run.text, run.text
+        assert "SIGKILL to node 0 rank 0, node 0 rank 1, node 1 rank 2" in run.text, run.text
+
+
+STAGED_THEN_COMMITTED = """
+    import os, time
+    import numpy as np
+    from launchers import elastic
+    from launchers.elastic.format import layout
+    from pathlib import Path
+    rank, sync = int(os.environ["RANK"]), Path(os.environ["SYNC"])
+    elastic.install()
+    ckpt = elastic.Checkpointer(os.environ["CKPT"])
+    for step in range(100):  # lock-step through files: every rank stages a step before any stages the next
+        ckpt.stage(step, {"w": np.full(4, float(step)), "step": step})
+        (sync / f"{rank}.{step}").touch()
+        while len(list(sync.glob(f"*.{step}"))) < 4:
+            time.sleep(0.01)
+        if rank == 0:  # one decision for all: stop once mlaunch's background persist committed this step
+            deadline = time.monotonic() + 3
+            while layout.newest_step(Path(os.environ["CKPT"])) != step and time.monotonic() < deadline:
+                time.sleep(0.02)
+            done = layout.newest_step(Path(os.environ["CKPT"])) == step
+            (sync / f"decided.{step}.{int(done)}").touch()
+        while not (decided := list(sync.glob(f"decided.{step}.*"))):
+            time.sleep(0.01)
+        if decided[0].name.endswith(".1"):
+            break
+    if rank == 3:
+        os._exit(5)  # the peer's crash, once the newest step every rank staged is committed
+    while True:
+        time.sleep(1)
+"""
+
+
+def test_survivors_are_killed_at_once_when_the_newest_staged_step_is_already_committed(tmp_path: Path) -> None:
+    """The flash save after a crash finds nothing newer than the background persist's commit (``skipped``).
+
+    The survivors cannot get past the crashed rank's step, so they have nothing newer to save:
+    SIGKILL at once, as after a flash save that committed, not ``restart.stop_timeout``.
+    """
+    pytest.importorskip("numpy")
+    job = plain_job(
+        tmp_path,
+        STAGED_THEN_COMMITTED,
+        nodes=2,
+        procs=2,
+        extra=f"checkpoint: {{dir: {tmp_path / 'ckpt'}, grace_period: 180s, persist_every: 1}}\n"
+        "restart: {stop_timeout: 120s}\n",
+    )
+    (tmp_path / "sync").mkdir()
+    run = Run(job, CKPT=str(tmp_path / "ckpt"), SYNC=str(tmp_path / "sync"))
+    code = run.finish(90)
+    assert code == 5, run.text
+    assert re.search(r"step \d+, the newest every rank staged, was already committed; SIGKILL to", run.text), run.text
+    assert "restart.stop_timeout" not in run.text, run.text
+
+
 # -- the DDP chaos training ---------------------------------------------------------------
 
 STEPS = 16

@@ -55,13 +55,16 @@ class FlashHook:
     def __call__(self, failure: Failure) -> str | None:
         """A worker failed: persist the newest step every rank staged, while the others wind down.
 
-        Once that step is committed the other workers have nothing newer to save (in
-        synchronous training none of them can get past the failed rank's step), so the
-        supervisor need not wait out their grace period: the returned reason says so.
+        Once that step is committed — by this save, or before it (``skipped``: the background
+        persist got there first) — the other workers have nothing newer to save (in synchronous
+        training none of them can get past the failed rank's step), so the supervisor need not
+        wait out their grace period: the returned reason says so.
         """
         result = self.persist(time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed")
         if result is not None and result.status in ("committed", "written"):  # written: node 0 commits it
             return f"step {result.step} is {result.status} for every rank"
+        if result is not None and result.status == "skipped":  # the newest step every rank staged
+            return f"step {result.step}, the newest every rank staged, was already committed"
         return None
 
     def after_stop(self, outcome: Outcome) -> None:

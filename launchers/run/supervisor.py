@@ -131,6 +131,7 @@ class Supervisor(JobEventResponse):
             stopping.reserve,
             stop_timeout=stopping.stop_timeout,
             guarded=lambda: progress.guarded_pids(run_id),
+            unstarted=lambda: progress.unstarted_pids(run_id),
         )
         self.hang = watchers.hang
         self._failure: Failure | None = None

@@ -7,7 +7,12 @@ of what the workers staged; SIGINT twice kills at once; SIGUSR1/SIGUSR2 are forw
 
 After a failure the failure hook runs while the other workers are frozen with SIGSTOP (they
 cannot overwrite the state it reads, nor take the CPU it needs); then they get SIGTERM and
-SIGCONT — or SIGKILL when the hook says there is nothing left for them to save.
+SIGCONT — or SIGKILL when the hook says there is nothing left for them to save, or when none of
+them has reached a step boundary yet (``unstarted``): a guarded rank saves only at the agreed stop
+of a step boundary, an agreement the failed rank can no longer join, and what it would save is
+the state it started from. After a peer's crash such a rank would otherwise sit out
+``stop_timeout`` in its start-up (imports, a cold ``DistributedDataParallel``) or in a traceback's
+interpreter teardown.
 
 A stop caused by a failure (a rank crashed or hung) gives the others ``stop_timeout``
 (``restart.stop_timeout``), not the whole grace period: after a peer's crash the survivors
@@ -44,10 +49,12 @@ class Teardown:
         *,
         stop_timeout: float | None = None,
         guarded: Callable[[], set[int]] | None = None,
+        unstarted: Callable[[], set[int]] | None = None,
     ) -> None:
         self.grace_period = grace_period
         self.stop_timeout = stop_timeout
         self.guarded = guarded  # the pids that stop their own children (DataLoader workers)
+        self.unstarted = unstarted  # guarded pids that have reached no step boundary yet
         self.live = live
         self.announce = announce
         self.reserve = reserve
@@ -145,24 +152,33 @@ class Teardown:
     def after_failure(self, failure: Failure, hook: Callable[[Failure], str | None] | None) -> None:
         """Stop the others after ``failure``, running ``hook`` first while they are frozen (SIGSTOP)."""
         self.after_failure_stop = self.kill_at is None
-        if hook is None:  # frozen, signalled, woken: the SIGTERM lands in every process at once
-            self.signal_groups(signal.SIGSTOP)
-            self.stop_all(signal.SIGTERM, kill_after=self.failure_kill_after())
-            self.signal_groups(signal.SIGCONT)
-            return
         self.signal_groups(signal.SIGSTOP)
         kill_now = None
         try:
-            kill_now = hook(failure)
+            kill_now = hook(failure) if hook is not None else None
         except Exception as exc:  # noqa: BLE001 - the teardown goes on whatever the hook did
             self.announce(f"failure hook error (ignored): {exc!r}")
         finally:
             live = self.live()
+            if not kill_now and self.unstarted is not None:
+                kill_now = nothing_started([w.pid for w in live], self.unstarted())
             if kill_now and live:
                 # The hook saved what these processes could have saved (the agent-side
-                # flash save committed their newest step): waiting out the grace period
-                # would only delay the restart.
+                # flash save committed their newest step), or they have not reached a step
+                # to save: waiting out the stop timeout would only delay the restart.
                 self.announce(f"{kill_now}; SIGKILL to " + ", ".join(w.label for w in live))
                 self.signal_groups(signal.SIGKILL)
+            # frozen, signalled, woken: the SIGTERM lands in every process at once
             self.stop_all(signal.SIGTERM, kill_after=self.failure_kill_after())
             self.signal_groups(signal.SIGCONT)
+
+
+def nothing_started(live: list[int], unstarted: set[int]) -> str | None:
+    """Why the survivors of a failure have nothing to save because none has begun a step; None if one has.
+
+    ``unstarted`` is the guarded processes without a progress report (``progress.unstarted_pids``):
+    a process that is not guarded may save in its own SIGTERM handler, so it keeps its stop timeout.
+    """
+    if live and all(pid in unstarted for pid in live):
+        return "no rank here has reached a step boundary in this attempt (nothing newer than where it started)"
+    return None

@@ -349,3 +349,12 @@ def read_run(run_id: str) -> list[Progress]:
 def guarded_pids(run_id: str) -> set[int]:
     """The processes of the run that handle stop signals themselves (``mark_guarded``)."""
     return {p.pid for p in read_run(run_id) if p.guarded}
+
+
+def unstarted_pids(run_id: str) -> set[int]:
+    """Guarded processes of the run that have not reached a step boundary yet (no report).
+
+    Such a rank's only save is the guard's agreed stop at a step boundary it has not reached:
+    what it would save is the state it started from.
+    """
+    return {p.pid for p in read_run(run_id) if p.guarded and p.count == 0}
