@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -290,6 +291,47 @@ def test_survivors_are_killed_at_once_when_the_newest_staged_step_is_already_com
     assert code == 5, run.text
     assert re.search(r"step \d+, the newest every rank staged, was already committed; SIGKILL to", run.text), run.text
     assert "restart.stop_timeout" not in run.text, run.text
+
+
+STARTING_UP = """
+    import os, sys, time
+    from launchers import elastic
+    rank = int(os.environ["RANK"])
+    guard = elastic.install()
+    open(os.path.join(os.environ["READY_DIR"], str(rank)), "w").close()
+    while not guard.requested:  # start-up: imports, init_process_group waiting for its peers
+        time.sleep(0.05)
+    if os.environ["REACHES_A_STEP"] == "1":
+        time.sleep(0.5)
+        guard.should_stop(0)  # the first step boundary: the agreed stop, then the dying checkpoint
+        time.sleep(2.0)  # writing it, past the start-up stop's second
+        guard.exit()
+    while True:  # stuck: a peer that already left never comes to init_process_group
+        time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("reaches", [False, True], ids=["stuck-in-start-up", "reaches-a-step-and-saves"])
+def test_a_stop_before_the_first_step_does_not_wait_out_the_grace_period(tmp_path: Path, reaches: bool) -> None:
+    """SIGTERM to mlaunch while its guarded ranks start up: they get a second, not the grace period.
+
+    Ranks that never reach a step boundary have nothing newer than where they started to save
+    (in the chaos storm, a preemption in a restart's start-up held it for the whole 10 s grace
+    period). A rank that reaches one within that second keeps the grace period for its save.
+    """
+    (tmp_path / "ready").mkdir()
+    job = plain_job(tmp_path, STARTING_UP, nodes=1, procs=2, extra="checkpoint: {grace_period: 120s}\n")
+    run = Run(job, READY_DIR=str(tmp_path / "ready"), REACHES_A_STEP="1" if reaches else "0")
+    while len(os.listdir(tmp_path / "ready")) < 2 and run.proc.poll() is None:
+        time.sleep(0.05)
+    run.proc.send_signal(signal.SIGTERM)
+    code = run.finish(60)  # before the fix: the 120 s grace period
+    assert code == 143, run.text
+    said = "no rank here has reached a step boundary 1s into the stop"
+    if reaches:
+        assert said not in run.text and "SIGKILL to" not in run.text, run.text
+    else:
+        assert f"{said} (nothing newer than where they started to save); SIGKILL to rank 0, rank 1" in run.text
 
 
 # -- the DDP chaos training ---------------------------------------------------------------

@@ -145,6 +145,22 @@ def test_grow_a_node_that_says_hello_waits_and_the_next_meeting_admits_it_up_to_
     assert plane.roster.of(2) is NodeStatus.MEMBER
 
 
+def test_only_a_waiting_candidate_can_be_ready_and_its_readiness_ends_with_its_wait() -> None:
+    plane = membership((2, 3))
+    plane.on_silent(2, 11.0, now=100.0)
+    assert plane.on_ready(1) == [] and plane.roster.ready == set()  # a member has nothing to be ready for
+    plane.on_hello(m.Hello(2, "h2", "new"), BASE)
+    version = plane.roster.version
+    assert plane.on_ready(2) == [] and plane.roster.ready == {2} and plane.roster.version == version + 1
+    plane.on_ready(2)
+    assert plane.roster.version == version + 1  # said again: nothing new to publish
+    meet(plane, "2", [0, 1], generation=2)
+    assert plane.roster.of(2) is NodeStatus.MEMBER and plane.roster.ready == set()
+    plane.on_silent(2, 11.0, now=200.0)
+    plane.on_hello(m.Hello(2, "h2", "newer"), BASE)  # a new mlaunch there warms its standbys again
+    assert plane.roster.nodes(NodeStatus.CANDIDATE) == [2] and plane.roster.ready == set()
+
+
 def test_regroup_is_asked_once_while_a_candidate_waits_and_the_meeting_says_why() -> None:
     plane = membership((2, 3))
     assert plane.regroup("nobody waits") == []

@@ -218,6 +218,7 @@ def test_fsdp2_shrinks_and_grows_at_the_next_checkpoint_resharding_each_time(
         step, _ = shrink(run)
         run.start(2)
         run.wait_for(r"waits to be admitted at the next committed checkpoint", host=2)
+        run.wait_for(r"node 2: no standbys to warm; ready to be admitted", host=2)  # no preload: at once
         regroup = run.wait_for(r"wait to join and step (\d+) is committed", host=0)
         assert int(regroup[1]) > step, run.text()
         dying = run.wait_for(SAVED.pattern, host=0)  # the graceful stop's save

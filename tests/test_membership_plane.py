@@ -146,6 +146,33 @@ def test_a_node_that_comes_back_waits_and_is_admitted_at_the_next_meeting() -> N
             back.close(0)
 
 
+def test_a_candidate_is_ready_to_join_only_once_it_says_so_and_not_after_it_is_admitted() -> None:
+    """Node 0's grow at a checkpoint re-forms for a candidate whose ranks would start warm (``ready``).
+
+    A candidate still warming its standbys waits without holding the job; its ``ready`` (said
+    again while it waits) puts it in ``ready_to_join``; admitted, it is a member and no longer there.
+    """
+    with plane((2, 3)) as (nodes, port):
+        meet(nodes, "0", 0)
+        vanish(nodes[2])
+        next_event(nodes[0], Left)
+        meet(nodes[:2], "1", 1)
+        back = agent(2, port, 10.0, (2, 3))
+        try:
+            assert back.joined(time.monotonic() + 5) and back.candidate
+            assert until(lambda: nodes[0].waiting() == [2])
+            time.sleep(0.3)
+            assert nodes[0].ready_to_join() == []  # still warming: the job is not re-formed for it
+            back.ready()
+            back.ready()  # said again: no news
+            assert until(lambda: nodes[0].ready_to_join() == [2])
+            meet(nodes[:2], "2", 2)
+            assert isinstance(back.admission(5), Meeting)
+            assert until(lambda: nodes[0].waiting() == [] and nodes[0].ready_to_join() == [])
+        finally:
+            back.close(0)
+
+
 def test_a_restarted_mlaunch_replaces_its_old_self_and_node_0_can_regroup_for_it() -> None:
     """Node 2's mlaunch starts again while its old one is silent: the old one is left out at once, the new
     one waits; node 0's regroup (a checkpoint was committed) reaches every member and the meeting says so."""

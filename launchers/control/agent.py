@@ -232,6 +232,16 @@ class NetworkEvents(JobEvents):
     def waiting(self) -> list[int]:
         return list(self.hub.snapshot().waiting) if self.hub is not None else []
 
+    def ready_to_join(self) -> list[int]:
+        if self.hub is None:
+            return []
+        view = self.hub.snapshot()
+        return [node for node in view.waiting if node in view.ready]
+
+    def ready(self) -> None:
+        self.state.send(m.Ready(self.node))
+        self._kick()
+
     def leave(self, why: str) -> None:
         if self.node != 0:  # node 0's stop ends the job (its ``end``): it hosts the plane
             self.state.send(m.Leaving(self.node, why))

@@ -280,6 +280,13 @@ class JobEvents:
         """Node 0: the nodes waiting to be admitted."""
         return []
 
+    def ready_to_join(self) -> list[int]:
+        """Node 0: the waiting nodes whose standbys are warm (they said ``ready``)."""
+        return []
+
+    def ready(self) -> None:
+        """A candidate: its standbys are warm; admitted now, its ranks start warm (no-op in process)."""
+
     def leave(self, why: str) -> None:
         """This node's mlaunch was stopped (SIGTERM): an elastic job goes on without it (no-op in process)."""
 

@@ -272,6 +272,9 @@ class Hub(threading.Thread):
         if regroup.node == 0:
             self._apply(self.membership.regroup(regroup.why))
 
+    def on_ready(self, ready: m.Ready) -> None:
+        self._apply(self.membership.on_ready(ready.node))
+
     def on_leaving(self, leaving: m.Leaving) -> None:
         self._apply(self.membership.on_leaving(leaving.node, leaving.why, self._now))
 

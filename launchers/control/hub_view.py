@@ -37,6 +37,7 @@ class HubView:
 
     members: frozenset[int] = frozenset()  # what exchanges and meetings wait for
     waiting: tuple[int, ...] = ()  # candidates, in admission order
+    ready: frozenset[int] = frozenset()  # the candidates that said ``ready`` (their ranks would start warm)
     said_bye: frozenset[int] = frozenset()
     left_out: frozenset[int] = frozenset()
     lost: frozenset[int] = frozenset()
@@ -107,6 +108,7 @@ def _with_roster(view: HubView, roster: Roster) -> HubView:
         view,
         members=roster.members,
         waiting=tuple(sorted(by[NodeStatus.CANDIDATE])),
+        ready=frozenset(roster.ready),
         said_bye=frozenset(by[NodeStatus.SAID_BYE]),
         left_out=frozenset(by[NodeStatus.LEFT_OUT]),
         lost=frozenset(by[NodeStatus.LOST]),

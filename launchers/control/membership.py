@@ -92,6 +92,11 @@ class Membership:
             welcome = replace(welcome, candidate=True, in_job=len(roster.members), max_nodes=self.span[1])
         return [Send(welcome, node)]
 
+    def on_ready(self, node: int) -> list[Effect]:
+        """A candidate's standbys are warm: node 0's grow may re-form for it now (``HubView.ready``)."""
+        self.roster.mark_ready(node)
+        return []
+
     # -- leaving ----------------------------------------------------------------------------------
     def expect_close(self, node: int, now: float) -> None:
         """``node``'s mlaunch said bye, is leaving or was left out: its connection will close, and says nothing.

@@ -181,6 +181,16 @@ class Leaving(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class Ready(Message):
+    KIND, SENDERS = "ready", (AGENT,)
+    WHEN = (
+        "elastic, a candidate: its warm standbys are ready (admitted now, its ranks start warm); said again "
+        "every half second while it waits, so a grow at a checkpoint waits for it, not the other way round"
+    )
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
 class Bye(Message):
     KIND, SENDERS, RELIABLE = "bye", (AGENT,), True
     WHEN = "leaving on purpose (not lost), with the mlaunch's exit code"
@@ -275,7 +285,7 @@ class Closing(Message):
 
 
 ALL: tuple[type[Message], ...] = (
-    Hello, Heartbeat, Status, Fail, Put, Ask, Summary, End, Meet, Regroup, Leaving, Bye,
+    Hello, Heartbeat, Status, Fail, Put, Ask, Summary, End, Meet, Regroup, Leaving, Ready, Bye,
     Welcome, Got, Lost, LeftOut, Left, Met, View, Closing,
 )  # fmt: skip
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in ALL}

@@ -56,6 +56,7 @@ class Roster:
         self.hosts: dict[int, str] = {}
         self.version = 0  # bumped by every transition
         self.heard_version = 0  # bumped by every node heard for the first time (or again after it was forgotten)
+        self.ready: set[int] = set()  # candidates that said ``ready`` (their ranks would start warm)
         self.members: frozenset[int] = frozenset()
         self.quiet: frozenset[int] = frozenset()  # told no broadcast: said bye, left out, lost
         self._derive()
@@ -70,6 +71,14 @@ class Roster:
         if node not in self.seen:
             self.heard_version += 1
         self.seen[node] = now
+
+    def mark_ready(self, node: int) -> bool:
+        """A candidate said ``ready``: True when that is news (the published view must change)."""
+        if self.status.get(node) is not NodeStatus.CANDIDATE or node in self.ready:
+            return False
+        self.ready.add(node)
+        self.version += 1
+        return True
 
     # -- the transitions --------------------------------------------------------------------------
     def wait(self, node: int) -> None:
@@ -109,6 +118,7 @@ class Roster:
         if now not in sources:
             names = " or ".join(s.describe() if s else "unknown" for s in sources)
             raise IllegalTransition(f"node {node} is {now.describe() if now else 'unknown'}, not {names}")
+        self.ready.discard(node)  # a candidate's readiness ends with it (a new hello starts over)
         if target is None:
             del self.status[node]
         else:

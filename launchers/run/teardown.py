@@ -14,6 +14,13 @@ the state it started from. After a peer's crash such a rank would otherwise sit 
 ``stop_timeout`` in its start-up (imports, a cold ``DistributedDataParallel``) or in a traceback's
 interpreter teardown.
 
+A graceful stop (a stop signal to mlaunch, a re-form) of ranks that have not reached a step
+boundary yet gives them ``STARTUP_STOP`` seconds, not the grace period: their dying checkpoint
+is saved at the first boundary all ranks agree on, which a rank stuck in start-up (waiting in
+``init_process_group`` for a peer that already left) never reaches, and what they would save is
+the state they started from. If one reaches a boundary within that time the whole grace period
+applies again.
+
 A stop caused by a failure (a rank crashed or hung) gives the others ``stop_timeout``
 (``restart.stop_timeout``), not the whole grace period: after a peer's crash the survivors
 cannot finish a collective, so a trainer whose SIGTERM handler waits in one would otherwise
@@ -35,6 +42,7 @@ from launchers.run.signal_router import FORWARD_SIGNALS
 from launchers.run.streams import Worker
 
 STOP_LIKE = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2}
+STARTUP_STOP = 1.0  # seconds a graceful stop waits for ranks that have not reached a step boundary
 
 
 class Teardown:
@@ -65,6 +73,7 @@ class Teardown:
         self.kill_at: float | None = None
         self.kill_after = grace_period
         self.after_failure_stop = False  # the stop follows a failure: ``stop_timeout`` applies
+        self.full_kill_at: float | None = None  # the grace period's end while a start-up stop is shorter
 
     def signal_groups(self, sig: int) -> None:
         """``sig`` to every live process's group (a stop signal spares what guarded ranks stop themselves)."""
@@ -80,6 +89,8 @@ class Teardown:
         if self.kill_at is None:
             self.kill_after = self.grace_period if kill_after is None else kill_after
             self.kill_at = time.monotonic() + self.kill_after
+            if sig in STOP_LIKE and self.kill_after > STARTUP_STOP and self._nothing_started():
+                self.full_kill_at, self.kill_at = self.kill_at, time.monotonic() + STARTUP_STOP
 
     def timeout(self, longest: float) -> float:
         """How long the loop may wait: ``longest``, or less when the grace period ends sooner."""
@@ -92,6 +103,18 @@ class Teardown:
         if self.kill_at is None or time.monotonic() < self.kill_at:
             return
         live = self.live()
+        if self.full_kill_at is not None:  # a start-up stop: still nobody at a step boundary?
+            self.kill_at, self.full_kill_at = self.full_kill_at, None
+            if live and not self._nothing_started():
+                return  # one reached a boundary: it may be saving the dying checkpoint
+            if live:
+                self.announce(
+                    f"no rank here has reached a step boundary {STARTUP_STOP:g}s into the stop "
+                    "(nothing newer than where they started to save); SIGKILL to " + ", ".join(w.label for w in live)
+                )
+            self.signal_groups(signal.SIGKILL)
+            self.kill_at = None
+            return
         if live:
             self.grace_expired = True
             if self.after_failure_stop:
@@ -106,6 +129,11 @@ class Teardown:
             self.announce(f"{what}; SIGKILL to " + ", ".join(w.label for w in live))
         self.signal_groups(signal.SIGKILL)
         self.kill_at = None
+
+    def _nothing_started(self) -> bool:
+        if self.unstarted is None:
+            return False
+        return nothing_started([w.pid for w in self.live()], self.unstarted()) is not None
 
     def on_signal(self, sig: int) -> None:
         """A signal to mlaunch: forward a notice; stop on the first stop signal; SIGINT twice kills."""
