@@ -49,7 +49,12 @@ class Run:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
 
     def finish(self, timeout: float = 240) -> int:
-        code = self.proc.wait(timeout=timeout)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # mlaunch's watchdog takes its ranks along: nothing left running for the next test
+            self.proc.wait(10)
+            raise
         time.sleep(0.2)
         return code
 
