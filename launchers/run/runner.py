@@ -25,6 +25,7 @@ from launchers.planning import resolve_engine_name as resolve_engine_name
 from launchers.platform.cluster import Cluster
 from launchers.preflight import check_launchable
 from launchers.procs import become_subreaper
+from launchers.run import shm_sweep
 from launchers.run.attempt import RunContext, attempt_exit_code, run_attempt, ticks
 from launchers.run.attempt import finished_summary as finished_summary
 from launchers.run.attempt import stop_exit_code as stop_exit_code
@@ -38,6 +39,14 @@ if TYPE_CHECKING:
     from launchers.engines.base import Engine
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
+
+
+def _sweep_dead_runs(run_id: str) -> None:
+    """Take this run's shared-memory lock; remove what runs that died unlocked left there (said, never silent)."""
+    shm_sweep.hold(run_id)  # the fd stays open for mlaunch's life: the lock is the run's sign of life
+    files, runs = shm_sweep.sweep(run_id)
+    if files:
+        say(f"removed {files} shared-memory file(s) that {runs} dead run(s) left in {shm_sweep.shm_dir()}")
 
 
 def run_job(
@@ -68,7 +77,8 @@ def run_job(
     events = open_job_events(job, cluster, REDUCERS)  # node 0's hub pairs the health check's links
     observer = JobObserver(job, plan, run_id, events)
     become_subreaper()
-    watchdog = Watchdog(run_id).start()
+    _sweep_dead_runs(run_id)
+    watchdog = Watchdog(run_id).start()  # after the run's lock is taken: the watchdog holds it too
     standbys = None
     if job.restart.max_restarts > 0 and (job.preload or job.preload_learning):
         standbys = StandbyPool(

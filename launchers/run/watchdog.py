@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from launchers.elastic.ipc import completion, progress, staging
 from launchers.procs import proc_files
+from launchers.run import shm_sweep
 from launchers.run.signal_router import FORWARD_SIGNALS
 from launchers.stop_signals import STOP_SIGNALS
 
@@ -100,6 +101,7 @@ def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
     staging.unlink_run(run_id)  # shared memory outlives processes: free it whatever happened
     progress.unlink_run(run_id)
     completion.clear(run_id)
+    shm_sweep.unlink_alive(run_id)  # last: until here a sweeper finds this run locked, not dead
 
 
 def kill_marked_processes(run_id: str, exclude: Iterable[int] = ()) -> list[int]:
