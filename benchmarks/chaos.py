@@ -61,7 +61,7 @@ def write_job(work: Path, name: str, args: argparse.Namespace, ckpt: Path) -> Pa
         f"preload: {PRELOAD}\n"
         f"checkpoint: {{dir: {ckpt}, grace_period: 10s, persist_every: {args.persist_every}, keep: 3}}\n"
         "restart: {max_restarts: 100000, backoff: 0s}\n"
-        f"monitor: {{node_timeout: {args.node_timeout:g}s, hang_timeout: {args.hang_timeout:g}s}}\n"
+        f"monitor: {{node_timeout: {args.node_timeout:g}s, hang_timeout: {args.hang_timeout:g}s, start_timeout: 30s}}\n"
         f"pytorch: {{nnodes: '{args.min_nodes}:{args.hosts}'}}\nelastic: {{grow: at_checkpoint, last_call: 10s}}\n"
     )
     return job

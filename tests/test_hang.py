@@ -339,6 +339,45 @@ def test_a_stop_before_the_first_step_does_not_wait_out_the_grace_period(tmp_pat
         assert f"{said} (nothing newer than where they started to save); SIGKILL to rank 0, rank 1" in run.text
 
 
+HUNG_BEFORE_THE_FIRST_STEP = """
+    import os, time
+    from launchers import elastic
+    rank = int(os.environ["RANK"])
+    elastic.install()  # uses launchers.elastic: its progress file exists, no report yet
+    print(f"rank {rank} loaded its checkpoint", flush=True)
+    time.sleep(3600)  # rank 1 HUNG HERE; rank 0 waits for it in the first step's collective
+"""
+
+
+def test_a_rank_hung_before_its_first_step_is_judged_after_the_start_timeout(tmp_path: Path) -> None:
+    """A rank that hangs before its first progress report (a chaos storm: right after loading its checkpoint).
+
+    ``hang_timeout`` judges only ranks that reported; before, such a job sat until something else
+    happened (44 s in the storm; forever without another fault). ``monitor.start_timeout`` judges
+    it like a hang: stacks, then a failure with the hang's exit code, naming the start timeout.
+    """
+    job = plain_job(tmp_path, HUNG_BEFORE_THE_FIRST_STEP, extra="monitor: {hang_timeout: 60s, start_timeout: 2s}\n")
+    run = Run(job)
+    code = run.finish(45)  # before: no judgement at all, the test's timeout
+    assert code == 137, run.text
+    assert "hung before its first step: no progress report 2s after the attempt started (monitor.start_timeout)" in (
+        run.text
+    ), run.text
+    assert "outside any collective wait, innermost frame rank.py:" in run.text, run.text  # its stacks were dumped
+
+
+def test_the_start_timeout_defaults_to_30_minutes_with_hang_timeout_and_is_off_without(tmp_path: Path) -> None:
+    from launchers.config.loader import load_job
+
+    for extra, expected in (
+        ("", None),
+        ("monitor: {hang_timeout: 60s}\n", 1800.0),
+        ("monitor: {start_timeout: 5m}\n", 300.0),
+    ):
+        job = load_job(plain_job(tmp_path, "print(1)\n", extra=extra))
+        assert job.monitor.first_report_within() == expected, extra
+
+
 # -- the DDP chaos training ---------------------------------------------------------------
 
 STEPS = 16

@@ -9,8 +9,17 @@ from launchers.config.fields import Duration, Section
 CONTROL_PORT_OFFSET = 1000  # the control plane's default port: the master (rendezvous) port + this
 
 
+DEFAULT_START_TIMEOUT = 1800.0  # seconds before a first progress report, when hang_timeout is set
+
+
 class MonitorOptions(Section):
     """``monitor:`` — how mlaunch notices a node that stopped answering, or a rank that stopped making progress."""
+
+    def first_report_within(self) -> float | None:
+        """``start_timeout``, or its default: 30 minutes once ``hang_timeout`` is set, else no limit."""
+        if self.start_timeout is not None:
+            return self.start_timeout
+        return DEFAULT_START_TIMEOUT if self.hang_timeout is not None else None
 
     node_timeout: Duration = Field(
         30.0,
@@ -27,6 +36,13 @@ class MonitorOptions(Section):
         description="a rank that reported progress (launchers.elastic: guard.should_stop, ckpt.stage, heartbeat) "
         "and then none for this long is hung: every rank dumps its Python stacks to its log, then it is a failure "
         "(flash save, restart or exit); off when unset; ranks that never report are not judged",
+    )
+    start_timeout: Duration | None = Field(
+        None,
+        description="a rank that uses launchers.elastic (installed the guard) but reports no progress this long "
+        "after its attempt started is hung before its first step (a deadlock in start-up or in the first step's "
+        "collectives): judged as a hang; default 30 minutes when hang_timeout is set (the first step may compile "
+        "and warm up for long), off otherwise",
     )
     straggler_factor: float | None = Field(
         None,

@@ -95,7 +95,9 @@ def run_attempt(
             output=Output(labels=process_labels(plan), log_mode="wb" if attempt == 0 else "ab"),
             watchers=Watchers(
                 job_events=run.events,
-                hang=HangMonitor.for_plan(job.monitor.hang_timeout, plan, run.run_id, attempt),
+                hang=HangMonitor.for_plan(
+                    job.monitor.hang_timeout, plan, run.run_id, attempt, job.monitor.first_report_within()
+                ),
                 on_failure=flash,
                 tick=ticks(
                     monitor, run.observer.tick, *_background_ticks(background, run.observer), *_replica_ticks(run)

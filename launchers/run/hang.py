@@ -1,5 +1,10 @@
 """Hang detection on one node: ranks that reported progress and then none for ``monitor.hang_timeout``.
 
+A rank that uses ``launchers.elastic`` (its progress file exists) but has reported nothing
+``monitor.start_timeout`` after the attempt started is hung before its first step (a chaos storm
+found one: a rank hung right after loading its checkpoint, its peers waited in the first step's
+collective, and nothing was judged for 44 s until another fault came); judged the same way.
+
 Ranks report progress through ``launchers.elastic`` (``guard.should_stop``, ``ckpt.stage``,
 ``elastic.heartbeat``) into per-process files in shared memory (``launchers.elastic.ipc.progress``);
 the supervisor polls a ``HangMonitor`` a few times a second. A rank that never reported is not
@@ -70,25 +75,46 @@ class HangMonitor:
     """Read the attempt's progress files; say which live ranks stopped reporting for ``timeout`` seconds."""
 
     def __init__(
-        self, run_id: str, attempt: int, timeout: float, hosts: dict[int, str] | None = None, defer: float = 0.0
+        self,
+        run_id: str,
+        attempt: int,
+        timeout: float | None,
+        hosts: dict[int, str] | None = None,
+        defer: float = 0.0,
+        start_timeout: float | None = None,
     ) -> None:
         self.run_id = run_id
         self.attempt = attempt
-        self.timeout = timeout
+        self.timeout = timeout  # after a report (None: only the start is judged)
+        self.start_timeout = start_timeout  # before the first report (None: not judged)
+        self.started = time.monotonic()  # the attempt's start (its ranks start now, or became ranks now)
         self.hosts = hosts or {}
         self.defer = defer  # > 0 on a node of a multi-node job (other nodes may hold the culprit)
-        self.every = min(0.25, max(timeout / 10, 0.05))
+        shortest = min(t for t in (timeout, start_timeout) if t is not None) if (timeout or start_timeout) else 1.0
+        self.every = min(0.25, max(shortest / 10, 0.05))
         self._next = 0.0
         self._only_waiters_since: float | None = None
 
     @classmethod
-    def for_plan(cls, timeout: float | None, plan: LaunchPlan, run_id: str, attempt: int) -> HangMonitor | None:
-        """The attempt's hang detection (``monitor.hang_timeout``), or None when it is off."""
-        if timeout is None:
+    def for_plan(
+        cls, timeout: float | None, plan: LaunchPlan, run_id: str, attempt: int, start_timeout: float | None = None
+    ) -> HangMonitor | None:
+        """The attempt's hang detection (``monitor.hang_timeout``, ``start_timeout``), or None when both are off."""
+        if timeout is None and start_timeout is None:
             return None
         hosts = {proc.rank: node.host for node in plan.nodes for proc in node.processes if node.host}
         defer = WAITER_DEFER if plan.nnodes > 1 and not plan.simulated else 0.0
-        return cls(run_id, attempt, timeout, hosts, defer)
+        return cls(run_id, attempt, timeout, hosts, defer, start_timeout)
+
+    def _age(self, report: progress.Progress, now: float) -> float | None:
+        """How long ``report``'s rank has been silent past its limit's start; None: within its limit."""
+        if report.count == 0:  # nothing reported yet: judged from the attempt's start
+            if self.start_timeout is None or now - self.started < self.start_timeout:
+                return None
+            return now - self.started
+        if self.timeout is None or now - report.monotonic < self.timeout:
+            return None
+        return now - report.monotonic
 
     def stale(self, workers: list[Worker], now: float | None = None) -> list[Stale]:
         """The hung ranks among ``workers`` (live ones), outside a collective wait first; [] between polls."""
@@ -98,13 +124,14 @@ class HangMonitor:
         self._next = now + self.every
         found = []
         for report in progress.read_run(self.run_id):
-            if report.attempt != self.attempt or report.count == 0 or now - report.monotonic < self.timeout:
+            age = self._age(report, now) if report.attempt == self.attempt else None
+            if age is None:
                 continue
             worker = _owner(report, workers)
             if worker is None or not _alive(report.pid):
                 continue
             host = self.hosts.get(worker.spec.rank) or socket.gethostname()
-            found.append(Stale(report, worker, host, now - report.monotonic))
+            found.append(Stale(report, worker, host, age))
         found.sort(key=lambda s: (s.in_collective, s.report.monotonic, s.report.step))
         if found and found[0].in_collective and self.defer > 0:  # every one waits: the culprit is elsewhere
             self._only_waiters_since = self._only_waiters_since or now
@@ -132,8 +159,13 @@ class HangMonitor:
             if marks and s.worker.pid in marks:
                 s.frame = innermost_frame(_read_from(*marks[s.worker.pid]))
         first = stale[0]
-        cause = f"hung: no progress for {format_duration(self.timeout)} (monitor.hang_timeout) on host {first.host}, "
-        cause += f"last step {first.report.step}, {_where(first)}"
+        if first.report.count == 0:
+            limit = format_duration(self.start_timeout or 0.0)
+            cause = f"hung before its first step: no progress report {limit} after the attempt started "
+            cause += f"(monitor.start_timeout) on host {first.host}, {_where(first)}"
+        else:
+            cause = f"hung: no progress for {format_duration(self.timeout or 0.0)} (monitor.hang_timeout) "
+            cause += f"on host {first.host}, last step {first.report.step}, {_where(first)}"
         outside = [s for s in stale[1:] if not s.in_collective]
         waiting = [s for s in stale[1:] if s.in_collective]
         if outside:
