@@ -38,6 +38,7 @@ SAMPLES: list[m.Message] = [
     m.End(2, 143, "h2", "node 2 is leaving"),
     m.Meet(3, "4", 4, 1, False),
     m.Regroup(0, "node 2 waits to join"),
+    m.Ready(2),
     m.Leaving(3, "SIGTERM"),
     m.Bye(3, 1),
     m.Welcome(4, 0.5, 1.0, 1.0, True, 2, 4, m.Fail(1, 0, "rank 0", 1), m.End(0, 0), {"phase": "x"}),
