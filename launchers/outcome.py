@@ -97,6 +97,7 @@ def outcome_of(
     stop_started: float | None,
     change: str = "",
     finished_aborts: list[str] | None = None,
+    finished: bool = False,
 ) -> Outcome:
     """A stop signal to mlaunch; else a membership change (the attempt re-forms); else the first failure; else success.
 
@@ -105,9 +106,12 @@ def outcome_of(
     node: re-forming would drop the platform's request, and its SIGKILL would follow the grace
     period. A failure keeps its own exit code with the signal beside it (the restart loop then
     does not restart: ``RestartLoop``).
+
+    ``finished``: this node's ranks finished the training on their own (one exited 0 before any
+    stop, all exited 0); a membership change that came as they did is moot: the job succeeded.
     """
     codes = {p.label: p.returncode for p in processes if p.returncode is not None}
-    if change and sig is None:
+    if change and sig is None and not finished:
         outcome = Outcome("reformed", 0, exit_codes=codes, change=change)
     elif sig is not None and failure is None:
         outcome = Outcome("signalled", 128 + sig, signal=sig, exit_codes=codes)

@@ -187,6 +187,39 @@ def test_a_rejoin_during_a_shrink_the_meeting_in_flight_ends_without_it_and_the_
     assert met(meet(plane, "2", [0, 1])).joined == (m.Joined(2, "h2"),)
 
 
+def test_a_member_that_finished_while_the_others_meet_ends_the_job_with_code_0() -> None:
+    """Found by the 300-fault storm: node 0 asked to regroup for a ready candidate as the job's
+    last step ended; a member's ranks had exited 0 and its mlaunch said bye, and node 0 waited
+    at the meeting for it until it failed the job ("not every node came to the meeting")."""
+
+    def regrouped() -> Membership:
+        plane = membership((2, 3))
+        plane.on_silent(2, 11.0, now=100.0)
+        meet(plane, "1", [0, 1])
+        plane.on_hello(m.Hello(2, "h2", "new"), BASE)
+        plane.regroup("node 2 waits to join")
+        return plane
+
+    def finished(effects: list) -> None:
+        (end,) = effects
+        assert isinstance(end, EndJob) and (end.message.node, end.message.exit_code) == (1, 0)
+        assert "node 1's training finished" in end.message.why
+
+    plane = regrouped()  # the bye comes while node 0 waits at the meeting
+    assert meet(plane, "2", [0]) == []
+    finished(plane.on_bye(1, 0, now=120.0))
+    assert plane.meetings == {}
+    plane = regrouped()  # the bye comes first
+    assert plane.on_bye(1, 0, now=120.0) == []
+    finished(meet(plane, "2", [0]))
+    assert plane.roster.nodes(NodeStatus.CANDIDATE) == [2]  # nobody was admitted to a finished job
+    plane = regrouped()  # a member that failed is left out, as before: the others re-form
+    plane.on_bye(1, 1, now=120.0)
+    assert met(meet(plane, "2", [0])).members == (0, 2)
+    fixed = membership(None)  # without a range a bye changes nothing: node 0's end ends the job
+    assert fixed.on_bye(1, 0, now=1.0) == [] and meet(fixed, "1", [0, 2]) == []
+
+
 def test_a_graceful_leave_a_waiting_candidate_fills_the_minimum() -> None:
     plane = membership((2, 3))
     plane.on_silent(1, 11.0, now=100.0)

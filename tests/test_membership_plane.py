@@ -193,6 +193,26 @@ def test_a_restarted_mlaunch_replaces_its_old_self_and_node_0_can_regroup_for_it
             again.close(0)
 
 
+def test_a_member_that_finished_while_node_0_regroups_ends_the_job_with_code_0_on_every_node() -> None:
+    """The storm's last fault: node 0 regrouped for a waiting node as the job's last step ended; node 1's
+    ranks had exited 0 and its mlaunch said bye. Node 0 and node 2 waited at the meeting for it until
+    "not every node came to the meeting in time" failed the job; now the meeting ends it with 0."""
+    port = free_port()
+    nodes = [agent(n, port, 10.0, (2, 3)) for n in range(3)]
+    try:
+        meet(nodes, "0", 0)
+        nodes[0].regroup("node 3 waits to join")
+        nodes[1].close(0)  # its ranks finished the training: its mlaunch ends with 0
+        for node in (nodes[0], nodes[2]):
+            with pytest.raises(ExchangeFailed, match="training finished"):  # before: "... in time", 8 s later
+                node.meet("1", 1, 0, time.monotonic() + 8)
+            assert node.ended is not None and node.ended.exit_code == 0, node.ended
+            assert "node 1's training finished" in node.ended.describe()
+    finally:
+        for events in (nodes[2], nodes[0]):
+            events.close(0)
+
+
 def test_a_preempted_member_leaves_gracefully_and_a_waiting_candidate_fills_the_minimum() -> None:
     """Issue 34's storm case: members 0 and 2 (MIN 2), node 1 waits; node 2's mlaunch gets SIGTERM.
 

@@ -214,6 +214,54 @@ def test_services_are_stopped_when_required_processes_finish() -> None:
     assert time.monotonic() - start < 5
 
 
+def _attempt_regrouped_after(first_exit: str | None, second: str, tmp_path: Path) -> str:
+    """One attempt of two real processes; node 0's regroup comes once the first has exited.
+
+    ``first_exit`` None: the first one does not exit (the regroup comes as it started), and
+    leaves with 0 when stopped.
+
+    The regroup is handed in as the control plane hands it to the supervisor (``JobEvents.poll``);
+    the plane itself, with real sockets, is tests/test_membership_plane.py.
+    """
+    from launchers.control import LocalEvents, Regroup
+    from launchers.plan import ProcessSpec
+    from launchers.run.signal_router import SignalRouter
+    from launchers.run.supervisor import Stopping, Supervisor, Watchers
+
+    marker = tmp_path / "first-exited"
+
+    class RegroupOnceTheFirstExited(LocalEvents):
+        said = False
+
+        def poll(self):  # type: ignore[no-untyped-def]
+            if self.said or not marker.exists() or time.time() - marker.stat().st_mtime < 0.5:
+                return None  # the regroup comes half a second after the first process ended
+            self.said = True
+            return Regroup("node 2 waits to join")
+
+    python = os.environ.get("PYTHON", "python3")
+    on_term = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit({code}))\n"
+    first = f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n"
+    first += f"raise SystemExit({first_exit})" if first_exit else on_term.format(code=0) + "time.sleep(60)"
+    procs = [
+        ProcessSpec(0, 0, [python, "-c", first], {}, str(ROOT)),
+        ProcessSpec(1, 1, [python, "-c", on_term.format(code=second) + "time.sleep(60)"], {}, str(ROOT)),
+    ]
+    with SignalRouter() as signals:
+        watchers = Watchers(job_events=RegroupOnceTheFirstExited())
+        return Supervisor(procs, signals=signals, stopping=Stopping(10), watchers=watchers).run().status
+
+
+def test_ranks_that_finish_training_as_node_0_regroups_end_the_job_instead_of_re_forming(tmp_path: Path) -> None:
+    """The 300-fault storm's last fault: node 0 regrouped for a waiting node as the job's last step
+    ended. A rank that exits 0 before any stop finished the training (a rank stopped for a re-form
+    leaves with 143): with every rank ending well, the attempt succeeded; re-forming would train
+    the last steps again, or wait for members that already finished."""
+    assert _attempt_regrouped_after("0", "0", tmp_path) == "succeeded"
+    assert _attempt_regrouped_after("0", "143", tmp_path) == "reformed"  # a rank still training stopped for it
+    assert _attempt_regrouped_after(None, "0", tmp_path) == "reformed"  # both ended 0 only when stopped
+
+
 def test_missing_interpreter_fails_cleanly(tmp_path: Path) -> None:
     """A missing interpreter is a user error found before anything starts (exit 2, not 127)."""
     job = tmp_path / "job.yaml"

@@ -16,6 +16,11 @@ range ``(MIN, MAX)`` (``pytorch.nnodes: "MIN:MAX"``), instead of ending the job:
   who left and who joined since the last meeting, and the job's restart count;
 - node 0 may ask every member to stop and re-form at once (``regroup``: a candidate waits and a
   checkpoint was just committed);
+- a member whose mlaunch ended with code 0 finished the job's training (its ranks exited 0 on
+  their own: every rank of a data-parallel job takes the last step together); a meeting that
+  would wait for it ends the job with code 0 on every node instead (torch's rendezvous closes the
+  same way once an agent succeeds). A storm found the race: node 0 asked to regroup for a
+  waiting node as the job's last step ended, and waited for a member that had already finished;
 - a member whose mlaunch got SIGTERM (a preemption) says it is **leaving** at once: it is left out
   *gracefully* — its ranks are writing the job's dying checkpoint with everyone else's, so the
   others stop theirs gracefully too, nobody waits for it at the next meeting, and that checkpoint
@@ -65,6 +70,7 @@ class Membership:
         self.regroup_asked = ""
         self.closed_at = -1e9  # when a connection closed that no departure explains (the hub's socket monitor)
         self.closing: dict[int, float] = {}  # node → until when its mlaunch's connection is expected to close
+        self.finished: set[int] = set()  # elastic: members whose mlaunch ended with code 0 (training complete)
 
     @property
     def elastic(self) -> bool:
@@ -86,6 +92,7 @@ class Membership:
         node, roster = hello.node, self.roster
         if roster.of(node) is NodeStatus.SAID_BYE:
             roster.rejoin(node)
+            self.finished.discard(node)
         if self.span is not None and roster.of(node) in (None, NodeStatus.LEFT_OUT):
             roster.wait(node)
         if roster.of(node) is NodeStatus.CANDIDATE and self.span is not None:
@@ -153,9 +160,13 @@ class Membership:
             departed = self.depart(node, f"its mlaunch ended with exit code {exit_code}", now)
             if departed is not None:
                 return departed
-        if status is NodeStatus.MEMBER:
-            roster.said_bye(node)
-        return []
+        if status is not NodeStatus.MEMBER:
+            return []
+        roster.said_bye(node)
+        if self.span is None or exit_code != 0:
+            return []
+        self.finished.add(node)
+        return [effect for key in list(self.meetings) for effect in self._check_meeting(key)]
 
     def on_leaving(self, node: int, why: str, now: float) -> list[Effect]:
         """A member's mlaunch was stopped (SIGTERM): left out gracefully; else the job ends on every node.
@@ -232,6 +243,8 @@ class Membership:
 
     def _check_meeting(self, key: str) -> list[Effect]:
         said, roster = self.meetings.get(key), self.roster
+        if said is not None and self.finished:
+            return self._finished_while_meeting(key)
         if said is None or len(said) < len(roster.members) or not roster.members <= said.keys():
             return []  # the count first: the subset test is O(N), and a meet comes from each of N nodes
         del self.meetings[key]
@@ -257,6 +270,17 @@ class Membership:
         while len(self.results) > KEEP_MEETINGS:
             self.results.popitem(last=False)
         return [Multicast(result, result.members)]  # one encoding of an O(N) result, not one per member
+
+    def _finished_while_meeting(self, key: str) -> list[Effect]:
+        """A member finished the job's training while the others meet: no meeting can include it; the job is done."""
+        self.meetings.pop(key, None)
+        self.quorum_since.pop(key, None)
+        node = min(self.finished)
+        why = (
+            f"node {node}'s training finished (its mlaunch ended with exit code 0) while the other nodes met to "
+            "re-form; every rank takes the last step together, so the job is complete"
+        )
+        return [EndJob(m.End(node, 0, self.roster.hosts.get(node, ""), why))]
 
     def on_tick(self, now: float) -> list[Effect]:
         """The first start's last call: members never heard from are left out once MIN met and ``last_call`` passed.

@@ -86,9 +86,9 @@ class ElasticMembership:
         _say_if_node0_lost(self.events)
 
     def gather(self, attempt: int, code: int) -> Gathered | int:
-        meeting = _meet(self, topics.meeting(attempt), attempt, _meeting_wait(self.job))
-        if meeting is None:
-            return code
+        meeting = _meet(self, topics.meeting(attempt), attempt, _meeting_wait(self.job), failed=code)
+        if isinstance(meeting, int):
+            return meeting
         return Gathered(reformed=bool(meeting.left or meeting.regroup), restarts=meeting.restarts, detail=meeting)
 
     def form(self, attempt: int, gathered: Gathered, code: int) -> Generation | int:
@@ -138,8 +138,7 @@ def _join(elastic: ElasticMembership) -> Meeting | int:
         if admitted is not None:  # welcomed as a candidate and admitted by a meeting before this line ran
             say(f"node {events.node}: admitted to the job at generation {admitted.generation}")
             return admitted
-        meeting = _meet(elastic, topics.meeting(0), 0, deadline - time.monotonic())
-        return meeting if meeting is not None else 1
+        return _meet(elastic, topics.meeting(0), 0, deadline - time.monotonic())
     when = "the job's next restart" if job.elastic.grow == "at_restart" else "the next committed checkpoint"
     say(
         f"node {events.node}: the job is already running; this node starts no ranks and waits to be admitted "
@@ -207,15 +206,25 @@ def _warm_standbys(elastic: ElasticMembership) -> None:
         elastic.run.standbys = None
 
 
-def _meet(elastic: ElasticMembership, key: str, generation: int, wait: float, admit: bool = True) -> Meeting | None:
-    """Every member's meeting before ``generation`` (None, said why, when it cannot happen)."""
+def _meet(
+    elastic: ElasticMembership, key: str, generation: int, wait: float, admit: bool = True, failed: int = 1
+) -> Meeting | int:
+    """Every member's meeting before ``generation``; else the exit code (``failed``), said why.
+
+    The job may end while the members meet: a member that finished the job's training (its
+    mlaunch ended with 0) cannot come, and the hub ends the job with code 0 instead.
+    """
     events = elastic.events
     try:
         with long_phase("waiting for every node before the restart" if generation else "waiting for every node"):
             return events.meet(key, generation, elastic.restarts, time.monotonic() + wait, admit=admit)
     except ExchangeFailed as exc:
+        ended = events.ended
+        if ended is not None and ended.exit_code == 0:
+            say(f"job finished: {ended.describe()}")
+            return 0
         say(f"job failed: cannot {'restart' if generation else 'start'} together: {exc}")
-        return None
+        return failed
 
 
 def _form(elastic: ElasticMembership, meeting: Meeting) -> Generation | int:
@@ -271,10 +280,7 @@ def _health(elastic: ElasticMembership, meeting: Meeting) -> Meeting | int:
         return refused
     if not bad:
         return meeting
-    again = _meet(elastic, topics.meeting_after_health(meeting.key), meeting.generation, _meeting_wait(job), False)
-    if again is None:
-        return 1
-    return again
+    return _meet(elastic, topics.meeting_after_health(meeting.key), meeting.generation, _meeting_wait(job), False)
 
 
 def _announce(elastic: ElasticMembership, meeting: Meeting, before: tuple[int, ...], plan: LaunchPlan) -> None:

@@ -137,6 +137,7 @@ class Supervisor(JobEventResponse):
         self._failure: Failure | None = None
         self._change = ""  # an elastic job's membership changed: the attempt ends re-formed, not failed
         self.finished_aborts: list[str] = []  # ranks that died after reporting completion (teardown aborts)
+        self.exited_first: list[str] = []  # processes that exited 0 before any stop: their training finished
         self._parent_pid = os.getpid()
         self.standbys = standbys
         if standbys is not None:
@@ -164,7 +165,22 @@ class Supervisor(JobEventResponse):
             stop_started=self.teardown.stop_started,
             change=self._change,
             finished_aborts=self.finished_aborts,
+            finished=self._finished_training(),
         )
+
+    def _finished_training(self) -> bool:
+        """This node's ranks finished the training: one exited 0 before any stop, and every required one ended well."""
+        required = [w for w in self.workers if w.spec.required]
+        if not self.exited_first or not required:
+            return False
+        if not all(w.returncode == 0 or w.label in self.finished_aborts for w in required):
+            return False
+        if self._change:
+            self.announce(
+                f"the training finished here ({', '.join(self.exited_first)} exited 0 before the stop) as the job "
+                f"was to re-form ({self._change}): the job is complete, nothing re-forms"
+            )
+        return True
 
     # -- starting --------------------------------------------------------------------------
     def _start_all(self) -> None:
@@ -312,6 +328,8 @@ class Supervisor(JobEventResponse):
         self.streams.drain(worker)
         if self.teardown.stopping:
             return
+        if code == 0 and worker.spec.required:
+            self.exited_first.append(worker.label)
         if code != 0 and self._finished_before(worker):
             self.finished_aborts.append(worker.label)
             how = f"was killed by {signal_name(sig)}" if sig is not None else f"exited with code {code}"
