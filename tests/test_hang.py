@@ -153,7 +153,17 @@ def test_ranks_that_never_report_are_not_judged(tmp_path: Path) -> None:
     assert "hung" not in result.stderr
 
 
-SURVIVOR = """
+PEER_CRASHES = """
+    open(os.path.join(os.environ["READY_DIR"], str(rank)), "w").close()
+    while len(os.listdir(os.environ["READY_DIR"])) < 4:  # all four ranks are up
+        time.sleep(0.01)
+    if rank == 3:
+        time.sleep(0.3)
+        os._exit(5)  # the peer's crash
+"""
+
+SURVIVOR = (
+    """
     import os, signal, sys, time
     rank = int(os.environ["RANK"])
     def on_term(signum, frame):
@@ -161,15 +171,13 @@ SURVIVOR = """
         while True:  # like a trainer's handler waiting in a collective with the dead peer
             time.sleep(1)
     signal.signal(signal.SIGTERM, on_term)
-    open(os.path.join(os.environ["READY_DIR"], str(rank)), "w").close()
-    while len(os.listdir(os.environ["READY_DIR"])) < 4:
-        time.sleep(0.01)
-    if rank == 3:
-        time.sleep(0.3)
-        os._exit(5)  # the peer's crash
+"""
+    + PEER_CRASHES
+    + """
     while True:
         time.sleep(1)
 """
+)
 
 
 def test_survivors_of_a_crash_do_not_hold_the_restart_for_the_grace_period(tmp_path: Path) -> None:
@@ -196,22 +204,21 @@ def test_survivors_of_a_crash_do_not_hold_the_restart_for_the_grace_period(tmp_p
     assert ended - crash[0] < 5, ended - crash[0]  # 1s, not the 60s grace period
 
 
-GUARDED_SURVIVOR = """
+GUARDED_SURVIVOR = (
+    """
     import os, sys, time
     from launchers import elastic
     rank = int(os.environ["RANK"])
     elastic.install()  # the guard: a SIGTERM only sets the flag, the save waits for a step boundary
     if os.environ["STEPPED"] == "1":
         elastic.heartbeat(0)  # this rank has reached a step boundary: it may have something to save
-    open(os.path.join(os.environ["READY_DIR"], str(rank)), "w").close()
-    while len(os.listdir(os.environ["READY_DIR"])) < 4:
-        time.sleep(0.01)
-    if rank == 3:
-        time.sleep(0.3)
-        os._exit(5)  # the peer's crash
+"""
+    + PEER_CRASHES
+    + """
     while True:  # still starting up (imports, a cold DDP), or stepping: the flag is read at the next boundary
         time.sleep(1)
 """
+)
 
 
 @pytest.mark.parametrize("stepped", [False, True], ids=["before-the-first-step", "after-a-step"])
@@ -332,6 +339,7 @@ def test_a_stop_before_the_first_step_does_not_wait_out_the_grace_period(tmp_pat
     run.proc.send_signal(signal.SIGTERM)
     code = run.finish(60)  # before the fix: the 120 s grace period
     assert code == 143, run.text
+    assert "SIGKILL in 1s: no rank here has reached a step boundary yet (the grace period of 120s" in run.text
     said = "no rank here has reached a step boundary 1s into the stop"
     if reaches:
         assert said not in run.text and "SIGKILL to" not in run.text, run.text

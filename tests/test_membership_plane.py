@@ -90,6 +90,21 @@ def next_event(events: Any, kind: type) -> Any:
     return until(lambda: next((e for e in iter(events.poll, None) if isinstance(e, kind)), None))
 
 
+@contextmanager
+def came_back(nodes: list[Any], port: int) -> Iterator[Any]:
+    """Node 2 vanished, the others met without it, and a new mlaunch there joined: a candidate."""
+    meet(nodes, "0", 0)
+    vanish(nodes[2])
+    next_event(nodes[0], Left)
+    meet(nodes[:2], "1", 1)
+    back = agent(2, port, 10.0, (2, 3))
+    try:
+        assert back.joined(time.monotonic() + 5) and back.candidate
+        yield back
+    finally:
+        back.close(0)
+
+
 def test_a_member_that_vanishes_is_left_out_and_the_others_meet_without_it() -> None:
     """Within the range the job goes on: a ``Left`` event, not ``Lost``; exchanges of the old membership are void."""
     with plane((2, 3)) as (nodes, _port):
@@ -126,24 +141,15 @@ def test_without_a_range_or_below_the_minimum_a_vanished_member_ends_the_job() -
 
 def test_a_node_that_comes_back_waits_and_is_admitted_at_the_next_meeting() -> None:
     """A new mlaunch on a node that was left out joins as a candidate: no ranks, admitted by the next meeting."""
-    with plane((2, 3)) as (nodes, port):
-        meet(nodes, "0", 0)
-        vanish(nodes[2])
-        next_event(nodes[0], Left)
-        meet(nodes[:2], "1", 1)
-        back = agent(2, port, 10.0, (2, 3))
-        try:
-            assert back.joined(time.monotonic() + 5) and back.candidate
-            assert back.admission(0.2) is None  # nobody met yet: it keeps waiting
-            assert until(lambda: nodes[0].waiting() == [2])
-            met = meet(nodes[:2], "2", 2)
-            admitted = back.admission(5)
-            assert isinstance(admitted, Meeting) and admitted == met[0]
-            assert admitted.members == (0, 1, 2) and admitted.joined == ((2, "h2"),) and admitted.generation == 2
-            assert not back.candidate and nodes[0].waiting() == []
-            assert count([nodes[0], nodes[1], back], "start/3") == [3, 3, 3]  # it counts with the others
-        finally:
-            back.close(0)
+    with plane((2, 3)) as (nodes, port), came_back(nodes, port) as back:
+        assert back.admission(0.2) is None  # nobody met yet: it keeps waiting
+        assert until(lambda: nodes[0].waiting() == [2])
+        met = meet(nodes[:2], "2", 2)
+        admitted = back.admission(5)
+        assert isinstance(admitted, Meeting) and admitted == met[0]
+        assert admitted.members == (0, 1, 2) and admitted.joined == ((2, "h2"),) and admitted.generation == 2
+        assert not back.candidate and nodes[0].waiting() == []
+        assert count([nodes[0], nodes[1], back], "start/3") == [3, 3, 3]  # it counts with the others
 
 
 def test_a_candidate_is_ready_to_join_only_once_it_says_so_and_not_after_it_is_admitted() -> None:
@@ -152,25 +158,16 @@ def test_a_candidate_is_ready_to_join_only_once_it_says_so_and_not_after_it_is_a
     A candidate still warming its standbys waits without holding the job; its ``ready`` (said
     again while it waits) puts it in ``ready_to_join``; admitted, it is a member and no longer there.
     """
-    with plane((2, 3)) as (nodes, port):
-        meet(nodes, "0", 0)
-        vanish(nodes[2])
-        next_event(nodes[0], Left)
-        meet(nodes[:2], "1", 1)
-        back = agent(2, port, 10.0, (2, 3))
-        try:
-            assert back.joined(time.monotonic() + 5) and back.candidate
-            assert until(lambda: nodes[0].waiting() == [2])
-            time.sleep(0.3)
-            assert nodes[0].ready_to_join() == []  # still warming: the job is not re-formed for it
-            back.ready()
-            back.ready()  # said again: no news
-            assert until(lambda: nodes[0].ready_to_join() == [2])
-            meet(nodes[:2], "2", 2)
-            assert isinstance(back.admission(5), Meeting)
-            assert until(lambda: nodes[0].waiting() == [] and nodes[0].ready_to_join() == [])
-        finally:
-            back.close(0)
+    with plane((2, 3)) as (nodes, port), came_back(nodes, port) as back:
+        assert until(lambda: nodes[0].waiting() == [2])
+        time.sleep(0.3)
+        assert nodes[0].ready_to_join() == []  # still warming: the job is not re-formed for it
+        back.ready()
+        back.ready()  # said again: no news
+        assert until(lambda: nodes[0].ready_to_join() == [2])
+        meet(nodes[:2], "2", 2)
+        assert isinstance(back.admission(5), Meeting)
+        assert until(lambda: nodes[0].waiting() == [] and nodes[0].ready_to_join() == [])
 
 
 def test_a_restarted_mlaunch_replaces_its_old_self_and_node_0_can_regroup_for_it() -> None:

@@ -147,11 +147,16 @@ class Teardown:
             self.signal = sig
             reserve = self._agent_reserve()
             kept = f" ({reserve:.3g}s of the grace period kept for the agent-side save)" if reserve else ""
-            self.announce(
-                f"received {signal_name(sig)}; forwarding it to {len(self.live())} processes, "
-                f"SIGKILL in {self.grace_period - reserve:.3g}s{kept}"
-            )
             self.stop_all(sig, kill_after=self.grace_period - reserve)
+            kill_in = f"{self.grace_period - reserve:.3g}s{kept}"
+            if self.full_kill_at is not None:  # the start-up stop (``STARTUP_STOP``)
+                kill_in = (
+                    f"{STARTUP_STOP:g}s: no rank here has reached a step boundary yet (the grace period of "
+                    f"{kill_in} applies if one reaches one by then)"
+                )
+            self.announce(
+                f"received {signal_name(sig)}; forwarding it to {len(self.live())} processes, SIGKILL in {kill_in}"
+            )
         elif self.signal is None:
             self.signal = sig  # already stopping after a failure: keep the failure's exit code
         elif sig == signal.SIGINT and self.kill_at is not None:
