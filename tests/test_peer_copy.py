@@ -116,3 +116,50 @@ def test_a_slow_buddy_makes_the_stream_skip_steps_never_the_ranks_wait(
     for step in held[0]:
         image = store.image(0, 0, step)
         assert image is not None and bytes(image) == expected(step), step
+
+
+PACED_WRITER = WRITER.replace("for step", "import time\nfor step").replace(
+    'seg.stage(step, shardfile.encode({"x": np.full(1 << 18, step, dtype=np.float32)}, {"step": step}))',
+    'seg.stage(step, shardfile.encode({"x": np.full(1 << 18, step, dtype=np.float32)}, {"step": step}))\n'
+    "    time.sleep(0.03)",
+)
+
+
+def test_buffers_reused_for_later_steps_never_change_a_copy_someone_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ends copy each step into the buffer of a copy that aged out (a fresh 64 MiB buffer costs as
+    much CPU again as the copy); an image the survivors' save took from the store, and every copy
+    kept, must still be the bytes staged at its step after many later steps went through."""
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
+    store = ReplicaStore(SECRET, bind="127.0.0.1")
+    run_id = "reuse"
+    sender = PeerCopy(run_id, 0, 0, {0}, ("127.0.0.1", store.port), SECRET, "peer").start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLAUNCH_SHM_DIR": str(tmp_path)}
+    lent: tuple[int, bytearray] | None = None
+    sent_then = 0
+    try:
+        writer = subprocess.Popen(
+            [sys.executable, "-c", PACED_WRITER, run_id, str(tmp_path / "ckpt"), str(STEPS)], env=env, text=True
+        )
+        deadline = time.monotonic() + 60
+        while lent is None and time.monotonic() < deadline:
+            held = store.holding(0).get(0, [])
+            image = store.image(0, 0, held[-1]) if held and held[-1] >= 3 else None
+            lent = (held[-1], image) if image is not None else None
+            sent_then = sender.stats.sent_steps
+            time.sleep(0.01)
+        assert writer.wait(60) == 0
+        while sender.stats.last_sent < STEPS - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        sender.stop()
+        store.close()
+    assert lent is not None and sender.stats.last_sent == STEPS - 1, sender.stats
+    assert sender.stats.sent_steps - sent_then >= 5, sender.stats  # steps enough went through after it was taken
+    assert bytes(lent[1]) == expected(lent[0]), lent[0]
+    for step in store.holding(0)[0]:
+        image = store.image(0, 0, step)
+        assert image is not None and bytes(image) == expected(step), step
+    kept = sender.retained_images()[0]
+    assert len(kept) == 2 and all(bytes(image) == expected(step) for step, image in kept.items()), sorted(kept)

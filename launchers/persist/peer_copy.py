@@ -92,6 +92,7 @@ class PeerCopy:
         self.sharded: bool | None = None
         self.world = 0
         self.retained: dict[int, OrderedDict[int, bytearray]] = {}
+        self._spare: dict[int, bytearray] = {}  # rank → a retained copy that aged out, reused for the next copy
         self.messages: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
@@ -114,6 +115,17 @@ class PeerCopy:
         with self._lock:
             return {r: sorted(s) for r, s in self.retained.items()}
 
+    def bytes_held(self) -> int:
+        """The memory the stream holds: the copies kept, and the buffers it copies the next steps into."""
+        with self._lock:
+            kept = sum(len(i) for s in self.retained.values() for i in s.values())
+        return kept + sum(len(i) for i in list(self._spare.values()))
+
+    def retained_images(self) -> dict[int, dict[int, bytearray]]:
+        """rank → step → the copies kept of the last steps sent (read once the stream stopped)."""
+        with self._lock:
+            return {r: dict(s) for r, s in self.retained.items()}
+
     # -- the thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
         segments: dict[int, LiveSegment] = {}
@@ -135,6 +147,7 @@ class PeerCopy:
                     self._send(target, images)
                     said_error = False
                 except OSError as exc:
+                    self._recycle(images)
                     self._drop_socket()
                     if not said_error and not self._stop.is_set():
                         said_error = True
@@ -170,10 +183,21 @@ class PeerCopy:
         images: dict[int, bytearray] = {}
         for rank, (head, slot) in slots.items():
             try:
-                images[rank] = segments[rank].copy(head, slot)
+                images[rank] = segments[rank].copy(head, slot, into=self._spare.pop(rank, None))
             except Torn:
+                self._recycle(images)
                 return None  # the rank is already writing the next-but-one step: take the newest next time
         return images
+
+    def _recycle(self, images: dict[int, bytearray]) -> None:
+        """Copies nobody will read again: the next copy of the same rank goes into them (this thread only).
+
+        Once the stream is told to stop, the survivors' save may hold any copy: none is reused.
+        """
+        if self._stop.is_set():
+            return
+        for rank, image in images.items():
+            self._spare.setdefault(rank, image)
 
     def _connect(self) -> socket.socket:
         with self._lock:
@@ -211,12 +235,14 @@ class PeerCopy:
             ack = replica_store.read_exact(sock, 1)
             if ack is None or ack != b"\x01":
                 raise OSError("the buddy refused or dropped a slot")
+        aged: dict[int, bytearray] = {}
         with self._lock:
             for rank, image in images.items():
                 kept = self.retained.setdefault(rank, OrderedDict())
                 kept[step] = image
                 while len(kept) > RETAIN:
-                    kept.popitem(last=False)
+                    aged[rank] = kept.popitem(last=False)[1]
+        self._recycle(aged)  # read after this thread stops only (``replication._capture``): never in use
         stats = self.stats
         if stats.last_sent >= 0:
             stats.skipped_steps += max(0, step - stats.last_sent - 1)

@@ -49,9 +49,9 @@ def seal_header(secret: bytes, header: Mapping[str, Any]) -> bytes:
     return _LEN.pack(len(raw)) + raw + hmac.digest(secret, raw, hashlib.sha256)
 
 
-def read_exact(sock: socket.socket, n: int) -> bytearray | None:
-    """``n`` bytes from ``sock`` (None when it closed first)."""
-    buf = bytearray(n)
+def read_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray | None:
+    """``n`` bytes from ``sock`` (None when it closed first), into ``into`` when it is ``n`` long."""
+    buf = into if into is not None and len(into) == n else bytearray(n)
     view = memoryview(buf)
     done = 0
     try:
@@ -91,6 +91,10 @@ class ReplicaStore:
         self._lock = threading.Lock()
         self._slots: dict[tuple[int, int], OrderedDict[int, bytearray]] = {}
         self._meta: dict[tuple[int, int], dict[str, Any]] = {}
+        # (attempt, rank) → an image that aged out, received into again: a fresh buffer's pages fault in
+        # zero-filled on the copy, as much CPU again as the copy. Never one ``image`` handed out (``_lent``).
+        self._spare: dict[tuple[int, int], bytearray] = {}
+        self._lent: set[int] = set()
         self.messages: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.received_bytes = 0
         self._server = socket.create_server((bind, 0), backlog=16)
@@ -107,7 +111,10 @@ class ReplicaStore:
 
     def image(self, attempt: int, rank: int, step: int) -> bytearray | None:
         with self._lock:
-            return self._slots.get((attempt, rank), OrderedDict()).get(step)
+            image = self._slots.get((attempt, rank), OrderedDict()).get(step)
+            if image is not None:
+                self._lent.add(id(image))  # the survivors' save may write it out: never received into again
+            return image
 
     def newest(self) -> dict[int, int]:
         """rank → the newest step held (any attempt's newest), for ``mlaunch status``."""
@@ -116,15 +123,20 @@ class ReplicaStore:
             return {r: max(s) for (a, r), s in self._slots.items() if a == newest_attempt and s}
 
     def bytes_held(self) -> int:
+        """The memory the store holds: its slots, and the buffers it receives the next ones into."""
         with self._lock:
-            return sum(len(b) for s in self._slots.values() for b in s.values())
+            spare = sum(len(b) for b in self._spare.values())
+            return spare + sum(len(b) for s in self._slots.values() for b in s.values())
 
     def drop_before(self, attempt: int) -> None:
         """Forget slots of attempts before ``attempt`` (their generation is over and its save done)."""
         with self._lock:
             for key in [k for k in self._slots if k[0] < attempt]:
-                del self._slots[key]
+                for image in self._slots.pop(key).values():
+                    self._lent.discard(id(image))
                 self._meta.pop(key, None)
+            for key in [k for k in self._spare if k[0] < attempt]:
+                del self._spare[key]
 
     def put(self, attempt: int, rank: int, step: int, image: bytearray, meta: Mapping[str, Any]) -> None:
         with self._lock:
@@ -132,8 +144,19 @@ class ReplicaStore:
             slots[step] = image
             slots.move_to_end(step)
             while len(slots) > KEEP:
-                slots.popitem(last=False)
+                self._recycle((attempt, rank), slots.popitem(last=False)[1])
             self._meta[(attempt, rank)] = dict(meta)
+
+    def _recycle(self, key: tuple[int, int], image: bytearray) -> None:
+        """An image no slot holds any more: the next one of ``key`` is received into it (under the lock)."""
+        if id(image) in self._lent:
+            self._lent.discard(id(image))
+        else:
+            self._spare.setdefault(key, image)
+
+    def _take_spare(self, key: tuple[int, int]) -> bytearray | None:
+        with self._lock:
+            return self._spare.pop(key, None)
 
     def meta(self, attempt: int) -> dict[int, dict[str, Any]]:
         with self._lock:
@@ -160,12 +183,14 @@ class ReplicaStore:
                 header = open_header(self.secret, conn)
                 if header is None:
                     return
-                length = int(header["length"])
-                image = read_exact(conn, length)
+                length, key = int(header["length"]), (int(header["attempt"]), int(header["rank"]))
+                image = read_exact(conn, length, into=self._take_spare(key))
                 if image is None:
                     return
                 if shardfile.image_size(image[: min(length, 1 << 16)]) != length:
                     self.messages.put(f"replica store: rank {header.get('rank')}'s image is not a whole shard")
+                    with self._lock:
+                        self._recycle(key, image)
                     conn.sendall(b"\x00")
                     continue
                 self.received_bytes += length

@@ -163,7 +163,7 @@ class Replication:
             for seg in segments.values():
                 seg.close()
         if sender is not None:
-            for rank, kept in sender.retained.items():
+            for rank, kept in sender.retained_images().items():
                 for step, image in kept.items():
                     images.setdefault(rank, {}).setdefault(step, image)
         if not root or not any(images.values()):
@@ -176,7 +176,7 @@ class Replication:
         stats = sender.stats
         if not stats.sent_steps:
             return
-        held = self.store.bytes_held() + sum(len(i) for s in sender.retained.values() for i in s.values())
+        held = self.store.bytes_held() + sender.bytes_held()
         say(
             f"replication: {stats.sent_steps} step(s) streamed to {sender.buddy[0]} ({stats.slot_bytes / 1e6:.1f} MB "
             f"on the wire per step), {stats.skipped_steps} skipped while the link was busy; "
