@@ -175,6 +175,8 @@ def main() -> int:
     report["work"] = str(work)
     print(table(report), flush=True)
     out = args.out or work / "chaos.json"
+    if out.is_dir():  # a folder given for the report: the report goes in it (a 30-minute storm ended on this)
+        out = out / "chaos.json"
     raw = {"storm": storm, "baseline": baseline}
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out.with_suffix(".raw.json")).write_text(json.dumps(raw, default=lambda o: getattr(o, "__dict__", str(o))) + "\n")
