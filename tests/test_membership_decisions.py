@@ -220,6 +220,19 @@ def test_a_member_that_finished_while_the_others_meet_ends_the_job_with_code_0()
     assert fixed.on_bye(1, 0, now=1.0) == [] and meet(fixed, "1", [0, 2]) == []
 
 
+def test_a_meeting_said_again_gets_its_answer_again_but_never_by_a_node_no_longer_in_it() -> None:
+    """A member whose answer was lost asks again and gets the same one; a node that was left out and came
+    back (a candidate now) never gets an old generation's answer: it would start that generation's ranks
+    beside the running job's (a storm found that on the agent side: generation 0 beside generation 5)."""
+    plane = membership((2, 3))
+    first = met(meet(plane, "0", [0, 1, 2], generation=0))
+    assert plane.on_meet(m.Meet(1, "0", 0, 0, True)) == [Send(first, 1)]
+    plane.on_silent(2, 11.0, now=100.0)
+    plane.on_hello(m.Hello(2, "h2", "new"), BASE)
+    assert plane.roster.of(2) is NodeStatus.CANDIDATE
+    assert plane.on_meet(m.Meet(2, "0", 0, 0, True)) == []
+
+
 def test_a_graceful_leave_a_waiting_candidate_fills_the_minimum() -> None:
     plane = membership((2, 3))
     plane.on_silent(1, 11.0, now=100.0)

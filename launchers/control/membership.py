@@ -234,8 +234,10 @@ class Membership:
     # -- meeting ----------------------------------------------------------------------------------
     def on_meet(self, meet: m.Meet) -> list[Effect]:
         done = self.results.get(meet.key)
-        if done is not None:
-            return [Send(done, meet.node)]  # said again after a rejoin
+        if done is not None:  # said again (its answer was lost on a link that came back): the same answer
+            if meet.node in done.members and self.roster.of(meet.node) is NodeStatus.MEMBER:
+                return [Send(done, meet.node)]
+            return []  # never an old generation's answer to a node that is not in it now (a candidate)
         if meet.node not in self.roster.members:
             return []
         self.meetings.setdefault(meet.key, {})[meet.node] = meet
