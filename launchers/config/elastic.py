@@ -15,6 +15,8 @@ from pydantic import Field
 from launchers.config.engine_sections import PytorchOptions
 from launchers.config.fields import Duration, Section
 
+LAST_CALL = 30.0  # elastic.last_call's default, seconds (torchrun's last call); the hub's default too
+
 
 class WithPytorch(Protocol):
     """A job (``config.model.Job``, which imports this module: named by what is read of it)."""
@@ -34,7 +36,7 @@ class ElasticOptions(Section):
         "their dying save) and all restart with it; never beyond pytorch.nnodes' MAX",
     )
     last_call: Duration = Field(
-        30.0,
+        LAST_CALL,
         description="at the job's first start, once MIN nodes are there: how long to wait for the others before "
         "starting without them (torchrun's last call); a node that never joined is left out and is admitted "
         "like any node that joins later. Without a range every node is waited for (monitor.join_timeout)",

@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq
 
+from launchers.config.elastic import LAST_CALL
 from launchers.control import messages as m
 from launchers.control.agent_core import AgentState
 from launchers.control.driver import Driver
@@ -34,7 +35,6 @@ from launchers.control.events import (
     RemoteFailure,
 )
 from launchers.control.hub import Hub
-from launchers.control.membership import LAST_CALL
 from launchers.control.reductions import BUILTIN, How, Reducers
 from launchers.log import say
 

@@ -25,12 +25,13 @@ from typing import Any
 
 import zmq
 
+from launchers.config.elastic import LAST_CALL
 from launchers.control import messages as m
 from launchers.control.cadence import Cadence, cadence
 from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.gathers import Done, Gathers
 from launchers.control.hub_view import HubView, Publisher
-from launchers.control.membership import LAST_CALL, Membership
+from launchers.control.membership import Membership
 from launchers.control.reductions import BUILTIN, Reducers
 from launchers.control.roster import IllegalTransition, NodeStatus, Roster
 from launchers.control.wire import seal, unseal

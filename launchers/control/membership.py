@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
+from launchers.config.elastic import LAST_CALL
 from launchers.control import messages as m
 from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.roster import NodeStatus, Roster
@@ -50,7 +51,6 @@ from launchers.control.roster import NodeStatus, Roster
 KEEP_MEETINGS = 64  # meeting results kept for a node that says its part again (a rejoin)
 SUSPECT_AFTER_CLOSE = 1.5  # seconds of silence that make a member lost just after a peer's connection closed
 LEAVING_CODE = 143  # the job's exit code when a node leaving ends it (128 + SIGTERM)
-LAST_CALL = 30.0  # default elastic.last_call: the first start waits this long for nodes beyond MIN (torchrun's)
 
 
 class Membership:
