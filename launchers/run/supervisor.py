@@ -170,10 +170,7 @@ class Supervisor(JobEventResponse):
 
     def _finished_training(self) -> bool:
         """This node's ranks finished the training: one exited 0 before any stop, and every required one ended well."""
-        required = [w for w in self.workers if w.spec.required]
-        if not self.exited_first or not required:
-            return False
-        if not all(w.returncode == 0 or w.label in self.finished_aborts for w in required):
+        if not self.exited_first or not self._required_ended_well():
             return False
         if self._change:
             self.announce(
@@ -348,11 +345,15 @@ class Supervisor(JobEventResponse):
                 self.announce(f"{self._failure.describe()}; stopping the other {len(others)} processes")
             self.teardown.after_failure(self._failure, self.on_failure)
             return
-        if all(w.returncode == 0 or w.label in self.finished_aborts for w in self.workers if w.spec.required):
+        if self._required_ended_well():
             services = [w for w in self._live() if not w.spec.required]
             if services:
                 self.announce("every required process finished; stopping " + ", ".join(w.label for w in services))
                 self.teardown.stop_all(signal.SIGTERM)
+
+    def _required_ended_well(self) -> bool:
+        """Every required process exited 0, or died in teardown after reporting its training finished."""
+        return all(w.returncode == 0 or w.label in self.finished_aborts for w in self.workers if w.spec.required)
 
     def _finished_before(self, worker: Worker) -> bool:
         """The rank reported completion in this attempt (``launchers.elastic.ipc.completion``) before it exited."""
