@@ -83,6 +83,37 @@ def test_a_killed_members_own_close_is_not_expected_again() -> None:
     assert plane.silence_limit(now=101.5, heartbeat=0.5) < 2.0
 
 
+def test_only_a_node_silent_since_before_an_unexplained_close_is_on_the_short_fuse() -> None:
+    """A node heard after the close is not the one whose connection closed: it keeps ``node_timeout``."""
+    plane = membership((2, 4), nnodes=4)
+    plane.roster.heard(2, 99.0)  # node 2's last message; its mlaunch is killed and its connection closes
+    plane.on_close(now=100.0)
+    plane.roster.heard(1, 100.2)  # node 1 still beats
+    assert plane.silence_limit(now=101.0, heartbeat=0.5, heard=99.0) < 2.0
+    assert plane.silence_limit(now=101.0, heartbeat=0.5, heard=100.2) == 10.0
+    effects = plane.on_silent(2, 1.6, now=100.6)
+    assert "after a connection to the control plane closed" in effects[1].message.departure.why
+
+
+@pytest.mark.parametrize("close_first", [True, False], ids=["close-then-hello", "hello-then-close"])
+def test_a_restarted_mlaunchs_old_connection_closing_puts_nobody_on_the_short_fuse(close_first: bool) -> None:
+    """CI: node 2's mlaunch started again; its old connection's close, unexplained, judged node 1 (heartbeats
+    late on a loaded machine) after 1.5 s, and node 2's restart then found too few members to leave it out."""
+    plane = membership((2, 3))
+    plane.on_hello(m.Hello(2, "h2", "old", 0), BASE)
+    plane.restarted(m.Hello(2, "h2", "old", 0), now=1.0)
+    plane.roster.heard(1, 99.0)
+    plane.roster.heard(2, 99.5)
+    if close_first:
+        plane.on_close(now=100.0)
+    effects = plane.restarted(m.Hello(2, "h2", "new", 0), now=100.1)
+    assert [type(e) for e in effects] == [Drop, Broadcast, VoidExchanges]
+    assert "started again" in effects[1].message.departure.why
+    if not close_first:
+        plane.on_close(now=100.2)
+    assert plane.silence_limit(now=101.0, heartbeat=0.5, heard=99.0) == 10.0  # node 1 keeps node_timeout
+
+
 def test_first_start_a_node_never_heard_is_left_out_after_the_last_call_once_min_met() -> None:
     """A 300-fault storm killed a node's mlaunch before its hello reached the hub: the others waited 81 s.
 

@@ -334,10 +334,10 @@ class Hub(threading.Thread):
             self.membership.on_close(now)
 
     def _check_lost(self, now: float) -> None:
-        limit = self.membership.silence_limit(now, self.cadence.heartbeat)
-        roster = self.roster
+        limit, heartbeat, roster = self.membership.silence_limit, self.cadence.heartbeat, self.roster
+        judged = (NodeStatus.MEMBER, NodeStatus.CANDIDATE)
         for node, seen in list(roster.seen.items()):
-            if now - seen > limit and roster.of(node) in (NodeStatus.MEMBER, NodeStatus.CANDIDATE):
+            if now - seen > limit(now, heartbeat, seen) and roster.of(node) in judged:
                 self._apply(self.membership.on_silent(node, now - seen, now))
 
     def _lost_message(self, node: int, now: float) -> m.Lost:

@@ -68,7 +68,7 @@ class Membership:
         self.meetings: dict[str, dict[int, m.Meet]] = {}
         self.results: OrderedDict[str, m.Met] = OrderedDict()
         self.regroup_asked = ""
-        self.closed_at = -1e9  # when a connection closed that no departure explains (the hub's socket monitor)
+        self.unexplained: list[float] = []  # when connections closed that no departure explains (the socket monitor)
         self.closing: dict[int, float] = {}  # node → until when its mlaunch's connection is expected to close
         self.finished: set[int] = set()  # elastic: members whose mlaunch ended with code 0 (training complete)
 
@@ -85,6 +85,7 @@ class Membership:
         self.incarnations[node] = hello.incarnation
         if known is None or known == hello.incarnation or node == 0 or self.roster.of(node) is not NodeStatus.MEMBER:
             return []
+        self.expect_close(node, now)  # the old mlaunch's connection: closed already, or about to
         return self.depart(node, "its mlaunch started again (the one before it ended)", now) or []
 
     def on_hello(self, hello: m.Hello, welcome: m.Welcome) -> list[Effect]:
@@ -106,42 +107,54 @@ class Membership:
 
     # -- leaving ----------------------------------------------------------------------------------
     def expect_close(self, node: int, now: float) -> None:
-        """``node``'s mlaunch said bye, is leaving or was left out: its connection will close, and says nothing.
+        """``node``'s mlaunch said bye, is leaving, was left out or restarted: its connection closes, saying nothing.
 
         The socket monitor does not say whose connection closed. A close that a departure explains must
-        not put every other member on the short fuse of ``silence_limit``: a storm lost a member 1.6 s
+        not put the other members on the short fuse of ``silence_limit``: a storm lost a member 1.6 s
         into node 0's own 1.1 s link flap because a left-out node's mlaunch had just closed its
         connection. When an unexplained close came after the node's last message, that close was
-        likely its own (killed): nothing more is expected of it.
+        likely its own (killed, or replaced by a new mlaunch): it is explained now, and nothing more
+        is expected of it. CI found the second case: a restarted mlaunch's old connection closed just
+        before its new hello, and that close, left unexplained, judged a member whose heartbeats were
+        late on a loaded machine after 1.5 s instead of ``node_timeout``.
         """
-        if self.closed_at >= self.roster.seen.get(node, -1e9):
+        heard = self.roster.seen.get(node, -1e9)
+        own = next((close for close in sorted(self.unexplained) if close >= heard), None)
+        if own is not None:
+            self.unexplained.remove(own)
             return
         self.closing[node] = now + max(30.0, 10 * self.node_timeout)  # its FIN waits for a link back up
 
     def on_close(self, now: float) -> None:
-        """A peer's TCP connection closed: explained by an expected one, or silent members are judged sooner."""
+        """A peer's TCP connection closed: explained by an expected one, or nodes silent since are judged sooner."""
         self.closing = {node: until for node, until in self.closing.items() if until >= now}
         if self.closing:
             del self.closing[min(self.closing, key=self.closing.__getitem__)]
             return
-        self.closed_at = now
+        self.unexplained = [close for close in self.unexplained if now - close <= self.node_timeout] + [now]
 
-    def silence_limit(self, now: float, heartbeat: float) -> float:
-        """``node_timeout``; just after a close no departure explains (``on_close``), a few heartbeats."""
-        if self.span is None or now - self.closed_at > self.node_timeout:
+    def _last_unexplained_close(self, now: float) -> float:
+        return max((close for close in self.unexplained if now - close <= self.node_timeout), default=-1e9)
+
+    def silence_limit(self, now: float, heartbeat: float, heard: float = -1e9) -> float:
+        """``node_timeout``; a few heartbeats for a node ``heard`` last before a close no departure explains.
+
+        A node heard after that close is not the one whose connection closed: it keeps ``node_timeout``.
+        """
+        if self.span is None or heard >= self._last_unexplained_close(now):
             return self.node_timeout
         return min(self.node_timeout, max(SUSPECT_AFTER_CLOSE, 2 * heartbeat + 0.5))
 
     def on_silent(self, node: int, seconds: float, now: float) -> list[Effect]:
         """A node silent past the limit: a candidate is dropped, a member left out, or it is lost (the job ends)."""
         roster = self.roster
+        why = f"its mlaunch sent nothing for {seconds:.1f}s"
+        if seconds < self.node_timeout and now - seconds < self._last_unexplained_close(now):
+            why += " after a connection to the control plane closed"
         self.expect_close(node, now)  # a cut-off mlaunch gives up on the hub, or learns it is out, and ends
         if roster.of(node) is NodeStatus.CANDIDATE:
             roster.drop(node)
             return [Drop(node)]
-        why = f"its mlaunch sent nothing for {seconds:.1f}s"
-        if now - self.closed_at <= self.node_timeout and seconds < self.node_timeout:
-            why += " after a connection to the control plane closed"
         departed = self.depart(node, why, now, seconds)
         if departed is not None:
             return departed
