@@ -46,11 +46,18 @@ def job_yaml(
         f"name: {framework}-test\nengine: pytorch\nentry: train.py\npython: {python}\n"
         f"code_dir: {ROOT / 'examples' / framework}\nargs: [{quoted}]\nnodes: 2\nprocs_per_node: {procs_per_node}\n"
         f"log_dir: {workdir / 'logs'}\n"
-        "env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: '1', DS_ACCELERATOR: cpu}\n"
+        "env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: '1', DS_ACCELERATOR: cpu,"
+        f" TORCH_EXTENSIONS_DIR: {extensions_dir(python)}}}\n"
         f"checkpoint: {{dir: {workdir / 'mlaunch-ckpt'}, grace_period: {grace}}}\n"
         f"restart: {{max_restarts: {restarts}, backoff: 0s, stop_timeout: 2s}}\n"
     )
     return job
+
+
+def extensions_dir(python: Path) -> Path:
+    """Where DeepSpeed builds its C++ op (shm_comm, at start-up): beside the cached venv, so a machine whose
+    test cache survives (``$MLAUNCH_TEST_CACHE``) builds it once, as it installs the venv once."""
+    return python.parent.parent / "torch_extensions"
 
 
 @dataclass
