@@ -334,10 +334,10 @@ class Hub(threading.Thread):
             self.membership.on_close(now)
 
     def _check_lost(self, now: float) -> None:
-        limit, heartbeat, roster = self.membership.silence_limit, self.cadence.heartbeat, self.roster
-        judged = (NodeStatus.MEMBER, NodeStatus.CANDIDATE)
+        close, short = self.membership.fuse(now, self.cadence.heartbeat)  # ``silence_limit``, said once
+        timeout, roster, judged = self.membership.node_timeout, self.roster, (NodeStatus.MEMBER, NodeStatus.CANDIDATE)
         for node, seen in list(roster.seen.items()):
-            if now - seen > limit(now, heartbeat, seen) and roster.of(node) in judged:
+            if now - seen > (short if seen < close else timeout) and roster.of(node) in judged:
                 self._apply(self.membership.on_silent(node, now - seen, now))
 
     def _lost_message(self, node: int, now: float) -> m.Lost:
