@@ -24,6 +24,7 @@ from launchers.elastic.format import layout
 
 STALL = 150.0  # seconds without a step (outside a whole-job restart) that count as a stalled job
 UNENDED = 60.0  # seconds past node_timeout + grace that node 0 may still run after a fault that ends the job
+RETARGET_AFTER = 5.0  # seconds a rank or standby fault waits for its host to have one before it hits another host
 
 
 @dataclass
@@ -170,6 +171,9 @@ class Storm:
     def fire(self, fault: Fault, planned: float) -> None:
         now = time.monotonic()
         entry: dict[str, Any] = {**fault.as_dict(), "planned": planned, "stamp": now}
+        drawn = self.faults[fault.index].host
+        if fault.host != drawn:
+            entry["retargeted_from"] = drawn
         entry["committed"] = layout.newest_step(self.ckpt)
         entry["frontier"] = self.frontier
         try:
@@ -180,6 +184,8 @@ class Storm:
         if time.monotonic() - now > 1.0:  # it blocked (a comeback waits for the old mlaunch to end)
             self.free = time.monotonic()
         said = entry.get("done") or f"not injected: {entry.get('skipped')}"
+        if "retargeted_from" in entry:
+            said += f" (drawn for host {drawn}, which had none for {RETARGET_AFTER:.0f}s)"
         print(f"  {now:.3f} fault {fault.index} {fault.kind}: {said} (committed {entry['committed']})", flush=True)
         if fault.kind in WHOLE_JOB:
             self.whole_job, self.whole_job_at = fault.kind, time.monotonic()
@@ -216,6 +222,8 @@ class Storm:
                 self.free = 0.0
             if index < len(self.faults) and now >= due and self.whole_job is None:
                 fault = self.faults[index]
+                if not self.injector.target_ready(fault) and now - due > RETARGET_AFTER:
+                    fault = self.injector.retarget(fault) or fault
                 if self.injector.target_ready(fault) or now - due > 60:
                     self.fire(fault, due)
                     index += 1

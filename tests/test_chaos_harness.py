@@ -106,3 +106,25 @@ def test_the_report_counts_classes_and_compares_final_parameters() -> None:
     assert report["committed_steps_lost"] == 0 and report["step_time_s"] == 0.5
     assert report["same_membership"] and report["final_equal_to_fault_free"] is True
     assert 0.0 < report["step_efficiency"] <= 1.0
+
+
+def test_a_rank_fault_whose_host_has_no_rank_hits_a_host_that_has_one() -> None:
+    """CI: kill_rank was drawn for a node that had just come back and waited as a candidate (no rank) for 60 s
+    on a loaded machine; the fault was never injected. Now it hits a host whose rank lives (this process
+    stands in for that rank: ``live_ranks`` asks the kernel whether the pid exists)."""
+    import os
+    import random
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from chaos_inject import Injector
+    from chaos_schedule import Fault
+
+    injector = Injector(SimpleNamespace(hosts=[None] * 3), Path("/nonexistent"), Path("/nonexistent"), random.Random(1))
+    drawn = Fault(3, 1.0, "kill_rank", 1, 0.0, False)
+    assert not injector.target_ready(drawn) and injector.retarget(drawn) is None  # no rank anywhere: it waits
+    injector.saw_pid(2, 0, os.getpid())
+    moved = injector.retarget(drawn)
+    assert moved is not None and (moved.kind, moved.host, moved.index) == ("kill_rank", 2, 3)
+    assert injector.target_ready(moved)
+    assert injector.retarget(Fault(4, 1.0, "kill_mlaunch", 1, 0.0, False)) is None  # a node's fault stays on it
