@@ -119,7 +119,7 @@ class Membership:
         late on a loaded machine after 1.5 s instead of ``node_timeout``.
         """
         heard = self.roster.seen.get(node, -1e9)
-        own = next((close for close in sorted(self.unexplained) if close >= heard), None)
+        own = next((close for close in self.unexplained if close >= heard), None)  # in time order: the earliest
         if own is not None:
             self.unexplained.remove(own)
             return
