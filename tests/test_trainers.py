@@ -86,7 +86,11 @@ def _faults_lose_nothing(
     where = f"(kill -9 at step {kill_at}, SIGTERM {term_after} steps after the restart)\n{run.tail()}"
     # ≤ 0: a rank killed between staging a step and printing it finished a step the output does not show
     assert steps_lost(run.attempts[0], restarted_from) <= 0, f"kill -9 lost steps {where}"
-    assert restarted_from <= max(run.attempts[0].steps.values()), f"resumed past every rank {where}"
+    # + 1: each rank stages a step (the integration's callback) before the example prints it, and kill -9 or
+    # the SIGKILL after the flash save can land between the two on every rank: the resume is then one step past
+    # every printed line, and the checksum at the end says whether that step was really finished
+    newest_printed = max(run.attempts[0].steps.values())
+    assert restarted_from <= newest_printed + 1, f"resumed past every rank {where}"
     assert code == 143, where
     assert not any("SIGKILL to" in line and "grace period" in line for line in run.lines), f"SIGTERM hung {where}"
 
