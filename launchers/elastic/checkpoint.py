@@ -35,7 +35,7 @@ from typing import Any
 from launchers.elastic import resume
 from launchers.elastic.errors import CheckpointError as CheckpointError
 from launchers.elastic.format import layout, plain, shardfile
-from launchers.elastic.ipc import commit_tail, progress, staging
+from launchers.elastic.ipc import commit_tail, progress, rank_segment
 from launchers.elastic.ranks import collective, env
 from launchers.elastic.storage import durable
 
@@ -79,6 +79,7 @@ class Checkpointer:
         replicas: Sequence[int] | None = None,
         trusted: bool = False,
         on_unreadable: str | None = None,
+        stage_overlap: bool = False,
     ) -> None:
         chosen = dir if dir is not None else os.environ.get("MLAUNCH_CHECKPOINT_DIR") or DEFAULT_DIR
         self.dir = Path(chosen).expanduser().absolute()
@@ -99,6 +100,11 @@ class Checkpointer:
         if chosen_policy not in ("fail", "start_over"):
             raise ValueError(f"on_unreadable must be 'fail' or 'start_over', got {chosen_policy!r}")
         self.on_unreadable = chosen_policy
+        # accelerator state: stage() queues its copy to pinned memory and returns; the compute stream waits for
+        # the copy before its next kernel, or — stage_overlap=True — only at the next optimizer.step(), so the
+        # copy overlaps the next forward and backward (for states nothing else changes in place before the
+        # optimizer step; BatchNorm's running statistics in train mode do). See ipc.device_stage.
+        self.stage_overlap = stage_overlap
         self._fresh = f"fresh-{env.run_id()[:12]}-{uuid.uuid4().hex[:12]}"
         self.loaded: layout.Committed | None = None  # what load_latest() resumed from
         self.last_saved: Path | None = None
@@ -154,8 +160,11 @@ class Checkpointer:
     def stage(self, step: int, state: Any) -> bool:
         """Copy ``state`` to shared memory for mlaunch's agent-side save; False when not staged.
 
-        Not collective and cheap (one memcpy of the tensors). It is a no-op outside mlaunch
-        (nobody would read it) and after a failure to reserve shared memory (warned once).
+        Not collective and cheap (one memcpy of the tensors). Tensors on an accelerator are
+        copied to pinned memory on a side stream and published to the slot when the copy is done
+        (``ipc.device_stage``): the call waits only for the previous step's copy, if still going.
+        It is a no-op outside mlaunch (nobody would read it) and after a failure to reserve
+        shared memory (warned once).
         """
         progress.report(step)  # hang detection (monitor.hang_timeout)
         started = time.monotonic()
@@ -167,15 +176,15 @@ class Checkpointer:
     def _stage(self, step: int, state: Any) -> bool:
         coll = self._coll()
         rank, world = coll.rank(), coll.world_size()
-        if staging.process_segment(rank, world) is None:
+        if rank_segment.process_segment(rank, world) is None:
             return False  # not under mlaunch, or staging is off: encode nothing
         try:
-            enc = shardfile.encode(state, self._meta(step, rank, world, "stage"), trusted=self.trusted)
+            enc = shardfile.encode(state, self._meta(step, rank, world, "stage"), trusted=self.trusted, on_device=True)
         except plain.UnsafeState as exc:  # a value the format cannot hold safely: the user's to fix
             raise CheckpointError(f"cannot stage step {step}: {exc}") from None
-        if not commit_tail.stage_image(rank, world, self.dir, self.keep, step, enc):
+        if not commit_tail.stage_image(rank, world, self.dir, self.keep, step, enc, overlap=self.stage_overlap):
             return False
-        staging.update_status(rank, world, state_bytes=enc.size)
+        rank_segment.update_status(rank, world, state_bytes=enc.size)
         return True
 
     # -- save --------------------------------------------------------------------------
@@ -191,7 +200,7 @@ class Checkpointer:
         name = layout.step_name(step)
         job = _Save(coll, step, ext, coll.rank(), coll.world_size(), self.dir / name, self.dir / (name + ".tmp"))
         started = time.monotonic()
-        staging.update_status(job.rank, job.world, saving_step=step)
+        rank_segment.update_status(job.rank, job.world, saving_step=step)
         if not self._agree_to_start(job):
             return job.final
         error, size = self._write_shard(job, state, writer)
@@ -256,7 +265,7 @@ class Checkpointer:
         if not self._agree_committed(job, committed_path is not None, error):
             if job.rank == 0:
                 layout.remove_tree(job.tmp)
-            staging.update_status(job.rank, job.world, saving_step=-1)
+            rank_segment.update_status(job.rank, job.world, saving_step=-1)
             why = error or commit_error or (f"rank(s) {failed} failed to write" if failed else "rank 0 did not commit")
             raise CheckpointError(f"checkpoint of step {job.step} was not committed: {why}")
         return committed_path
@@ -353,7 +362,7 @@ class Checkpointer:
         persist the last staged step if a process dies while shutting down.
         """
         coll = self._coll()
-        staging.forget(coll.rank(), coll.world_size())
+        rank_segment.forget(coll.rank(), coll.world_size())
         if coll.rank() == 0:
             for item in self.committed():
                 layout.remove_tree(item.path)

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
-from launchers.elastic.ipc import progress, staging
+from launchers.elastic.ipc import progress, rank_segment
 from launchers.elastic.ranks import collective
 
 EXIT_CODE = 143
@@ -131,7 +131,7 @@ class Guard:
         if self._checks >= 3 and now - self._status_at > 1.0:
             self._status_at = now
             coll_rank, coll_world = _rank_world()
-            staging.update_status(coll_rank, coll_world, step_time=self._step_time, steps_seen=self._checks)
+            rank_segment.update_status(coll_rank, coll_world, step_time=self._step_time, steps_seen=self._checks)
 
     # -- exit --------------------------------------------------------------------------
     def exit(self, code: int = EXIT_CODE) -> None:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from launchers.elastic import replicated
 from launchers.elastic.errors import CheckpointError
 from launchers.elastic.format import layout, shardfile
-from launchers.elastic.ipc import progress, staging
+from launchers.elastic.ipc import progress, rank_segment
 from launchers.elastic.ranks import collective
 
 ON_UNREADABLE_ENV = "MLAUNCH_ON_UNREADABLE"  # "fail" (the default) | "start_over": job.yaml's checkpoint.on_unreadable
@@ -92,7 +92,7 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
             raise CheckpointError(f"cannot load step {item.step}: {why}")
         if ok:
             ckpt.loaded = item
-            staging.update_status(rank, world, committed_step=item.step)
+            rank_segment.update_status(rank, world, committed_step=item.step)
             return got.value
         why = got.error or "another rank cannot read its part (see its message)"
         tried.append(f"step {item.step}: {why}")
@@ -126,7 +126,7 @@ def _start_over(ckpt: Checkpointer, rank: int, world: int, newest: int, tried: l
         f"start_over) — {reasons}"
     )
     progress.started_over(newest)
-    staging.update_status(rank, world, committed_step=-1)
+    rank_segment.update_status(rank, world, committed_step=-1)
     return None
 
 

@@ -32,7 +32,7 @@ from torch.futures import Future
 
 from launchers.elastic.dcp.reader import checkpoint_root, step_of
 from launchers.elastic.format import layout, shardfile, tensors
-from launchers.elastic.ipc import commit_tail, staging
+from launchers.elastic.ipc import commit_tail, rank_segment
 from launchers.elastic.ranks import collective, env
 from launchers.elastic.storage import durable
 
@@ -96,7 +96,7 @@ class MlaunchStorageWriter(StorageWriter):
                 layout.remove_tree(self.tmp)  # a stale partial save of this step: never reuse it
             self.tmp.mkdir()
             durable.fsync_dir(self.root)
-        staging.update_status(self.rank, self.world, saving_step=self._step())
+        rank_segment.update_status(self.rank, self.world, saving_step=self._step())
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan

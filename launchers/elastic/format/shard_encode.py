@@ -43,6 +43,9 @@ class Encoded:
     views: list[memoryview]
     data_size: int
     keepalive: list[Any] = field(default_factory=list)  # contiguous copies the views point into
+    # blob index → its tensor still on an accelerator (``encode(on_device=True)``; its view is empty):
+    # only the device stager (``ipc.device_stage``) writes such an image, after copying these to host memory
+    on_device: dict[int, Any] = field(default_factory=dict)
 
     @property
     def data_start(self) -> int:
@@ -69,8 +72,10 @@ def _numpy_bytes(array: Any) -> tensors.TensorBytes | None:
 class _Encoder:
     """Collects the blobs of one state while ``plain.to_json`` walks it (``leaf`` is called per non-plain value)."""
 
-    def __init__(self, trusted: bool) -> None:
+    def __init__(self, trusted: bool, on_device: bool = False) -> None:
         self.trusted = trusted
+        self.keep_on_device = on_device
+        self.on_device: dict[int, Any] = {}
         self.torch = sys.modules.get("torch")
         self.np = sys.modules.get("numpy")
         self.dtensor = tensors.dtensor_class() if self.torch is not None else None
@@ -80,10 +85,12 @@ class _Encoder:
         self.offset = 0
 
     def add(self, kind: str, got: tensors.TensorBytes) -> dict[str, Any]:
-        self.blobs.append(Blob(kind, got.dtype, got.shape, self.offset, got.view.nbytes))
+        if got.device is not None:
+            self.on_device[len(self.blobs)] = got.device
+        self.blobs.append(Blob(kind, got.dtype, got.shape, self.offset, got.nbytes))
         self.views.append(got.view)
         self.keep.append(got.keep)
-        self.offset = align(self.offset + got.view.nbytes)
+        self.offset = align(self.offset + got.nbytes)
         return {"$ref": len(self.blobs) - 1}
 
     def leaf(self, obj: Any, where: str) -> Any:
@@ -107,7 +114,7 @@ class _Encoder:
         """A DTensor's piece: its bytes (unless another replica stores them) and where it lies in the whole."""
         if shard.local is None:
             return {"$ref": None, "dtensor": shard.meta}
-        local = tensors.plain_bytes(shard.local, f"{where}.to_local()")
+        local = tensors.plain_bytes(shard.local, f"{where}.to_local()", on_device=self.keep_on_device)
         if local is None:
             raise tensors.UnsupportedTensor(f"{where}: the DTensor's local shard is not a dense strided tensor")
         return {**self.add("torch", local), "dtensor": shard.meta}
@@ -117,7 +124,7 @@ class _Encoder:
         if self.dtensor is not None and isinstance(obj, self.dtensor):
             return self.piece(tensors.dtensor_shard(obj, where), where)
         try:
-            got = tensors.plain_bytes(obj, where)
+            got = tensors.plain_bytes(obj, where, on_device=self.keep_on_device)
         except tensors.UnsupportedTensor:
             if not self.trusted:
                 raise
@@ -125,13 +132,17 @@ class _Encoder:
         return self.add("torch", got) if got is not None else None
 
 
-def encode(state: Any, meta: dict[str, Any] | None = None, *, trusted: bool = False) -> Encoded:
+def encode(
+    state: Any, meta: dict[str, Any] | None = None, *, trusted: bool = False, on_device: bool = False
+) -> Encoded:
     """Split ``state`` into a header (skeleton + blob table + meta) and the blobs' memory.
+
+    ``on_device``: accelerator tensors are not copied to host memory here (``Encoded.on_device``).
 
     Raises ``plain.UnsafeState`` (a TypeError; ``tensors.UnsupportedTensor`` for tensors) for
     a value that is not plain data, unless ``trusted``: then it is pickled into a blob.
     """
-    encoder = _Encoder(trusted)
+    encoder = _Encoder(trusted, on_device)
     skeleton = plain.to_json(state, encoder.leaf)
     table = [[b.kind, b.dtype, list(b.shape), b.offset, b.nbytes] for b in encoder.blobs]
     header = json.dumps(
@@ -141,4 +152,4 @@ def encode(state: Any, meta: dict[str, Any] | None = None, *, trusted: bool = Fa
         separators=(",", ":"),
     ).encode()
     prefix = PREFIX.pack(MAGIC, len(header), encoder.offset)
-    return Encoded(prefix + header, encoder.blobs, encoder.views, encoder.offset, encoder.keep)
+    return Encoded(prefix + header, encoder.blobs, encoder.views, encoder.offset, encoder.keep, encoder.on_device)

@@ -100,6 +100,8 @@ def _map_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:
 
 def _pieces(enc: Encoded) -> Iterator[tuple[int, memoryview]]:
     """(absolute offset, bytes) of everything in the image, in order."""
+    if enc.on_device:  # its views of those blobs are empty: writing it here would write zeros
+        raise ValueError("an image with tensors still on an accelerator is written by the device stager only")
     yield 0, memoryview(enc.prefix_and_header)
     for blob, view in zip(enc.blobs, enc.views, strict=True):
         if view.nbytes:

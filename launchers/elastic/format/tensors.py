@@ -39,20 +39,35 @@ class UnsupportedTensor(plain.UnsafeState):
 
 @dataclass(frozen=True)
 class TensorBytes:
-    """A tensor's dtype name, shape and memory (a view kept valid by ``keep``)."""
+    """A tensor's dtype name, shape and memory (a view kept valid by ``keep``).
+
+    ``device``: the tensor still on its accelerator (contiguous), its bytes not yet copied to
+    host memory; ``view`` is then empty and ``nbytes`` says how many bytes the copy will be
+    (``plain_bytes(..., on_device=True)``: the device stager copies them without blocking).
+    """
 
     dtype: str
     shape: tuple[int, ...]
     view: memoryview
     keep: Any
+    device: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        if self.device is not None:
+            return int(self.device.numel() * self.device.element_size())
+        return self.view.nbytes
 
 
 def _type_name(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
-def plain_bytes(tensor: Any, where: str) -> TensorBytes | None:
+def plain_bytes(tensor: Any, where: str, *, on_device: bool = False) -> TensorBytes | None:
     """The raw bytes of a plain dense tensor (copied to CPU/contiguous only when needed).
+
+    ``on_device``: a tensor on an accelerator stays there (``TensorBytes.device``), made
+    contiguous on the device; the caller copies it to host memory on a stream of its own.
 
     None for layouts the shard format does not store as bytes (sparse, quantized, nested):
     those are pickled when the checkpoint is trusted, refused otherwise. Raises
@@ -73,7 +88,8 @@ def plain_bytes(tensor: Any, where: str) -> TensorBytes | None:
         )
     if t.layout != torch.strided or t.is_quantized or getattr(t, "is_nested", False):
         return None
-    if t.device.type != "cpu":
+    kept_on_device = on_device and t.device.type != "cpu"
+    if t.device.type != "cpu" and not kept_on_device:
         t = t.cpu()
     if t.is_conj():
         t = t.resolve_conj()
@@ -81,6 +97,8 @@ def plain_bytes(tensor: Any, where: str) -> TensorBytes | None:
         t = t.resolve_neg()
     t = t.contiguous()
     dtype = str(t.dtype).removeprefix("torch.")
+    if kept_on_device:
+        return TensorBytes(dtype, tuple(t.shape), memoryview(b""), t, device=t)
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
         return TensorBytes(dtype, tuple(t.shape), memoryview(b""), t)

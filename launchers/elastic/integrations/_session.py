@@ -33,7 +33,7 @@ from typing import Any
 from launchers.elastic import guard as guard_mod
 from launchers.elastic.checkpoint import Checkpointer
 from launchers.elastic.format import layout, shardfile
-from launchers.elastic.ipc import completion, staging
+from launchers.elastic.ipc import completion, rank_segment
 from launchers.elastic.ranks import collective, env
 
 _WAIT = 600.0  # how long a rank waits for rank 0 to write a native checkpoint
@@ -73,7 +73,7 @@ class Session:
     def stop(self) -> None:
         """After the framework saved the agreed step: tell mlaunch, end the group, exit 143."""
         step = self.stop_step if self.stop_step is not None else -1
-        staging.update_status(*rank_world(), committed_step=step)
+        rank_segment.update_status(*rank_world(), committed_step=step)
         collective.say(f"stopped at step {step}, saved in the framework's own format; exiting with 143")
         (self.guard or self.install()).exit()
 
@@ -120,7 +120,7 @@ class Session:
             return
         self._finished = True
         rank, world = rank_world()
-        staging.forget(rank, world)
+        rank_segment.forget(rank, world)
         completion.mark_finished(rank)
         atexit.register(end_process_group)
 

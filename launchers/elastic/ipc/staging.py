@@ -28,13 +28,12 @@ import glob
 import mmap
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from launchers.elastic.format import shardfile
 from launchers.elastic.ranks import env
-from launchers.log import say
 
 MAGIC = b"MLSTAGE1"
 HEADER_SIZE = 4096
@@ -93,6 +92,16 @@ class Status:
     updated: float = 0.0
 
 
+@dataclass(frozen=True)
+class SlotWrite:
+    """A slot being written: its index, its odd sequence number, where its bytes start, the image's size."""
+
+    index: int
+    seq: int
+    data_at: int
+    size: int
+
+
 @dataclass
 class Slot:
     index: int
@@ -125,6 +134,7 @@ class Segment:
         self._mm: mmap.mmap | None = None
         self.ckpt_dir = ""
         self.keep = 0
+        self.in_flight: threading.Thread | None = None  # a write to a slot on another thread (device copies)
 
     # -- lifecycle ---------------------------------------------------------------------
     def _open(self, capacity: int) -> None:
@@ -164,6 +174,7 @@ class Segment:
             self.set_status(status)
 
     def close(self) -> None:
+        self.settle()
         if self._mm is not None:
             self._mm.close()
             self._mm = None
@@ -213,28 +224,52 @@ class Segment:
 
     def stage(self, step: int, enc: shardfile.Encoded) -> None:
         """Copy ``enc`` into the slot that does not hold the newest complete step."""
-        if self._mm is None or enc.size > self.capacity:
-            self.ensure(enc.size + enc.size // 4 + (1 << 20))  # head-room: states grow a little
+        write = self.begin(enc.size)
+        view = self.slot_memory(write)
+        try:
+            shardfile.write_into(view, enc)
+        finally:
+            view.release()
+        self.publish(write, step)
+
+    def begin(self, size: int) -> SlotWrite:
+        """Choose the slot for a ``size``-byte image and mark it being written (its seqlock odd).
+
+        A reader keeps trusting the other slot, the newest complete step, until ``publish``.
+        A copy still in flight (``in_flight``, the device copies' writer) is waited for first.
+        """
+        self.settle()
+        if self._mm is None or size > self.capacity:
+            self.ensure(size + size // 4 + (1 << 20))  # head-room: states grow a little
         assert self._mm is not None
         slots = self.slots()
         complete = [s for s in slots if s.complete]
         newest = max(complete, key=lambda s: (s.step, s.seq), default=None)
         target = next((s for s in slots if newest is None or s.index != newest.index), slots[0])
-        at = _SLOTS_AT + target.index * _SLOT_STRIDE
         seq = target.seq + 1 if target.seq % 2 == 0 else target.seq + 2
-        # seqlock: odd while writing, then data, then the slot's fields, then even
-        struct.pack_into("<Q", self._mm, at, seq)
-        data_at = HEADER_SIZE + target.index * self.capacity
-        view = memoryview(self._mm)[data_at : data_at + self.capacity]
-        try:
-            shardfile.write_into(view, enc)
-        finally:
-            view.release()
-        _SLOT.pack_into(self._mm, at, seq, step, enc.size, time.time(), self.attempt)
-        struct.pack_into("<Q", self._mm, at, seq + 1)
+        struct.pack_into("<Q", self._mm, _SLOTS_AT + target.index * _SLOT_STRIDE, seq)  # odd while writing
+        return SlotWrite(target.index, seq, HEADER_SIZE + target.index * self.capacity, size)
+
+    def slot_memory(self, write: SlotWrite) -> memoryview:
+        assert self._mm is not None
+        return memoryview(self._mm)[write.data_at : write.data_at + write.size]
+
+    def publish(self, write: SlotWrite, step: int) -> None:
+        """The slot's fields, then its seqlock even: from now on a reader may persist ``step``."""
+        assert self._mm is not None
+        at = _SLOTS_AT + write.index * _SLOT_STRIDE
+        _SLOT.pack_into(self._mm, at, write.seq, step, write.size, time.time(), self.attempt)
+        struct.pack_into("<Q", self._mm, at, write.seq + 1)
+
+    def settle(self) -> None:
+        """Wait for the slot write in flight on another thread, if any (nothing is unmapped under it)."""
+        if self.in_flight is not None:
+            self.in_flight.join()
+            self.in_flight = None
 
     def forget(self) -> None:
         """Invalidate every slot (nothing staged any more: the agent must not persist an old step)."""
+        self.settle()
         if self._mm is None:
             return
         for index in range(NSLOTS):
@@ -329,60 +364,3 @@ def read_run(run_id: str) -> list[SegmentInfo]:
         except (OSError, ValueError):
             continue
     return infos
-
-
-# ----------------------------------------------------------------------------------------
-# The process-wide segment of a worker started by mlaunch
-# ----------------------------------------------------------------------------------------
-
-_segment: Segment | None = None
-_disabled_reason: str | None = None
-
-
-def process_segment(rank: int, world: int) -> Segment | None:
-    """This worker's segment, or None when not run by mlaunch (no agent would read it) or disabled."""
-    global _segment
-    if _disabled_reason is not None:
-        return None
-    run_id = env.run_id()
-    if not run_id:
-        return None
-    if _segment is None or _segment.rank != rank:
-        attempt = env.attempt()
-        _segment = Segment(segment_path(run_id, rank), rank, world, attempt)
-    return _segment
-
-
-def disable(reason: str) -> None:
-    """Stop staging in this process (e.g. /dev/shm is too small) and say so once."""
-    global _disabled_reason, _segment
-    if _disabled_reason is None:
-        _disabled_reason = reason
-        say(f"staging to shared memory is off: {reason}", who="mlaunch.elastic")
-    if _segment is not None:
-        _segment.close()
-        with contextlib.suppress(OSError):
-            os.unlink(_segment.path)
-        _segment = None
-
-
-def forget(rank: int, world: int) -> None:
-    """Drop what this process staged (after ``Checkpointer.clear()``: training is over)."""
-    seg = process_segment(rank, world)
-    if seg is not None:
-        with contextlib.suppress(OSError, ValueError):
-            seg.forget()
-
-
-def update_status(rank: int, world: int, **fields: Any) -> None:
-    """Record status for mlaunch's grace-budget monitor (no-op when not under mlaunch)."""
-    seg = process_segment(rank, world)
-    if seg is None:
-        return
-    try:
-        status = seg.status() if seg._mm is not None else Status()
-        for name, value in fields.items():
-            setattr(status, name, value)
-        seg.set_status(status)
-    except (OSError, ValueError) as exc:
-        disable(str(exc))
