@@ -151,6 +151,7 @@ def stall_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     saves: list[Any] = []
     dcp_waits: list[float] = []
     to_slot: list[float] = []
+    off_device: list[float] = []
 
     def dcp_async(step: int) -> None:
         import torch.distributed.checkpoint as dcp
@@ -170,6 +171,7 @@ def stall_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             ckpt.stage(step, snapshot(model, optimizer, step))
             if stager.to_slot != before:
                 to_slot.append(stager.to_slot)
+                off_device.append(stager.off_device)
 
         return stage
 
@@ -183,6 +185,7 @@ def stall_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for name, checkpoint in modes:
         dcp_waits.clear()
         to_slot.clear()
+        off_device.clear()
         stager = device_stage.process_stager()
         waited_before = stager.waited
         try:
@@ -203,12 +206,13 @@ def stall_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             if name.startswith("stage"):
                 rows[name]["waited_for_previous_s"] = (stager.waited - waited_before) / max(count, 1)
                 rows[name]["stage_to_slot_s"] = statistics.median(to_slot) if to_slot else None
+                rows[name]["off_device_s"] = statistics.median(off_device) if off_device else None
             if name == "dcp.async_save":
                 rows[name]["waited_for_previous_s"] = sum(dcp_waits) / max(count, 1)
             extras = "".join(
                 f"   {key} {value * 1000:.1f} ms"
                 for key, value in rows[name].items()
-                if key in ("waited_for_previous_s", "stage_to_slot_s") and value is not None
+                if key in ("waited_for_previous_s", "stage_to_slot_s", "off_device_s") and value is not None
             )
             print(
                 f"{name:15} step {rows[name]['step_s'] * 1000:8.1f} ms   inside the call "
@@ -353,7 +357,7 @@ def e2e_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     job.write_text(
         f"name: device-stage\nengine: pytorch\nentry: {HERE.name}\npython: {sys.executable}\ncode_dir: {HERE.parent}\n"
         f"args: [{quoted}]\nnodes: 1\nprocs_per_node: 2\nlog_dir: {work / 'logs'}\n"
-        "env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: '4'}\n"
+        "env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: '1'}\n"
         f"checkpoint: {{dir: {ckpt}, grace_period: 30s}}\n"
         "restart: {max_restarts: 1, backoff: 0s}\n"
         "preload: [torch, torch.distributed, launchers.elastic]\n"
@@ -434,11 +438,17 @@ def drive(args: argparse.Namespace, lines: list[tuple[float, str]]) -> dict[str,
     if kill_at >= args.e2e_steps - 3:
         raise RuntimeError(f"the standbys were ready only at step {kill_at - 3} of {args.e2e_steps}: raise --e2e-steps")
     wait_for(lines, step_seen, f"step {kill_at}")
-    holders = {pid: device_holders(pid) for pid in standby_processes(set(pids.values()))}
+    waiting = standby_processes(set(pids.values()))
+    holders = {pid: device_holders(pid) for pid in waiting}
+    out["warm_parent"] = any("warm_parent" in cmd for cmd in waiting.values())
     out["standbys_checked"] = len(holders)
-    out["standbys_touching_the_gpu"] = {str(pid): found for pid, found in holders.items() if found}
+    # an open device file is an initialised CUDA (unsafe to fork); libcuda.so mapped by `import torch` is not
+    opened = {str(p): [f for f in found if f.startswith("/dev/")] for p, found in holders.items()}
+    out["standbys_with_a_gpu_device_open"] = {p: files for p, files in opened.items() if files}
+    out["standbys_with_libcuda_mapped"] = sum(1 for found in holders.values() if any("libcuda" in f for f in found))
     print(
-        f"warm parent and standbys checked: {len(holders)}; touching the GPU: {out['standbys_touching_the_gpu']}",
+        f"warm parent: {out['warm_parent']}; waiting processes checked: {len(holders)}; with a GPU device open: "
+        f"{out['standbys_with_a_gpu_device_open']}; with libcuda.so mapped: {out['standbys_with_libcuda_mapped']}",
         flush=True,
     )
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib
+import os
 import sys
 import threading
 import time
@@ -46,7 +48,7 @@ from launchers.elastic.format import shardfile
 from launchers.elastic.ipc import staging
 
 PARALLEL_COPY_FROM = 64 << 20  # bytes: above this the host copy into the slot runs in COPY_THREADS threads
-COPY_THREADS = 4
+COPY_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
 class Ready(Protocol):
@@ -91,6 +93,7 @@ class _Write:
     keep: list[Any]  # the device tensors: alive until their copy has finished
     started: float = field(default_factory=time.monotonic)
     error: BaseException | None = None
+    copied: float = 0.0  # when the device copies had finished (the event)
     published: float = 0.0
 
 
@@ -103,6 +106,7 @@ class DeviceStager:
     allocations: int = 0  # how many pinned buffers were allocated (1 unless the state outgrew it)
     waited: float = 0.0  # seconds ``stage`` waited for the previous write (the stall beyond enqueueing)
     to_slot: float = 0.0  # seconds from the last published step's ``stage`` call to its slot's publication
+    off_device: float = 0.0  # of which: until its device copies had finished
     current: _Write | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -141,6 +145,7 @@ class DeviceStager:
         self.waited += time.monotonic() - started
         if write.published:
             self.to_slot = write.published - write.started
+            self.off_device = write.copied - write.started
         if write.error is not None:
             raise OSError(f"copying step {write.step} from the device failed: {write.error}") from write.error
 
@@ -156,6 +161,7 @@ def _write_slot(write: _Write) -> None:
     """The writer thread: the event, then the bytes into the slot, then — only then — the slot published."""
     try:
         write.ready.wait()
+        write.copied = time.monotonic()
         write.keep.clear()  # the copies are done: the device tensors may go
         memory = write.segment.slot_memory(write.slot)
         try:
@@ -250,7 +256,8 @@ class TorchCopies:
             return
         self.pending = ready
         if not self._hooked:
-            self.torch.optim.optimizer.register_optimizer_step_pre_hook(self._before_optimizer_step)
+            hooks = importlib.import_module("torch.optim.optimizer")  # every torch.optim optimizer's step
+            hooks.register_optimizer_step_pre_hook(self._before_optimizer_step)
             self._hooked = True
 
     def _before_optimizer_step(self, *_args: Any) -> None:
