@@ -28,6 +28,10 @@ cpu`` runs the same code paths on a small state, to check the harness anywhere.
    group trains, the warm parent and the standbys are checked for an open GPU device file or a
    mapped ``libcuda``: they must not touch the GPU before they fork.
 
+0. **Rate** (``--phase rate``): ``--gib`` in 16 tensors off an idle device — one copy into pinned
+   memory, one into pageable memory, and ``stage()`` of the same tensors (until its copies left
+   the device, and until its slot was published): is a stage limited by the machine or by mlaunch?
+
     python benchmarks/device_stage.py [--device cuda] [--gib 4.5] [--out results.json]
     python benchmarks/device_stage.py --device cpu --gib 0.05 --e2e-mib 8      # the harness, anywhere
 """
@@ -181,6 +185,10 @@ def stall_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ("stage-overlap", staged(overlapped)),
         ("dcp.async_save", dcp_async),
     ]
+    # once, untimed: the shared-memory segment (two slots, fallocated) and the pinned buffer exist before any
+    # mode is timed — otherwise the first mode to stage pays them in its first checkpoint
+    plain.stage(0, snapshot(model, optimizer, 0))
+    device_stage.process_stager().wait()
     rows = {}
     for name, checkpoint in modes:
         dcp_waits.clear()
@@ -270,6 +278,64 @@ def check_slots(
     return verdicts
 
 
+def rate_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Device-to-host rates on an idle device: a plain pinned copy, a pageable one, and a stage() of the same bytes.
+
+    Tells whether a stage is limited by the machine's path to the device or by mlaunch: the
+    stage's time until its copies left the device, against one pinned copy of the same size.
+    """
+    import torch
+
+    from launchers.elastic import Checkpointer
+    from launchers.elastic.ipc import device_stage
+
+    os.environ["MLAUNCH_RUN_ID"] = f"devrate{os.getpid()}"
+    os.environ["MLAUNCH_SHM_DIR"] = str(args.shm)
+    nbytes = int(args.gib * (1 << 30)) // 4 * 4
+    tensors = [torch.randn(nbytes // 4 // 16, device=args.device) for _ in range(16)]  # 16 tensors, as a state
+    whole = torch.cat(tensors)
+    pinned = torch.empty(whole.numel(), dtype=whole.dtype, pin_memory=args.device.startswith("cuda"))
+    pageable = torch.empty(whole.numel(), dtype=whole.dtype)
+
+    def copy_seconds(target: Any) -> float:
+        times = []
+        for _ in range(3):
+            synchronize(args.device)
+            t0 = time.perf_counter()
+            target.copy_(whole, non_blocking=True)
+            synchronize(args.device)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    pinned_s, pageable_s = copy_seconds(pinned), copy_seconds(pageable)
+    ckpt = Checkpointer(work / "ckpt")
+    stager = device_stage.process_stager()
+    off, to_slot = [], []
+    for step in range(1, 5):
+        synchronize(args.device)
+        ckpt.stage(step, {"tensors": tensors})
+        stager.wait()
+        off.append(stager.off_device)
+        to_slot.append(stager.to_slot)
+    gb = nbytes / 1e9
+    result = {
+        "gib": nbytes / (1 << 30),
+        "pinned_copy_s": pinned_s,
+        "pinned_gb_per_s": gb / pinned_s,
+        "pageable_copy_s": pageable_s,
+        "pageable_gb_per_s": gb / pageable_s,
+        "stage_off_device_s": min(off[1:]),
+        "stage_to_slot_s": min(to_slot[1:]),
+    }
+    print(
+        f"{result['gib']:.2f} GiB device → host: one pinned copy {pinned_s * 1000:.0f} ms ({gb / pinned_s:.1f} GB/s), "
+        f"pageable {pageable_s * 1000:.0f} ms ({gb / pageable_s:.1f} GB/s); stage(): off the device "
+        f"{result['stage_off_device_s'] * 1000:.0f} ms, in the slot {result['stage_to_slot_s'] * 1000:.0f} ms",
+        flush=True,
+    )
+    return result
+
+
 # ----------------------------------------------------------------------------------------
 # 2. kill -9 on a GPU job under mlaunch
 # ----------------------------------------------------------------------------------------
@@ -281,19 +347,28 @@ def worker(args: argparse.Namespace) -> None:
 
     from launchers import elastic
 
+    began = time.monotonic()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    marks = {"process_group": time.monotonic() - began}
     guard = elastic.install()
     ckpt = elastic.Checkpointer(os.environ["MLAUNCH_CHECKPOINT_DIR"])
     args.gib = args.e2e_mib / 1024
     model, optimizer, x = build(args)
+    synchronize(args.device)
+    marks["model_on_device"] = time.monotonic() - began
     print(f"rank {rank} pid {os.getpid()}", flush=True)
     start = 0
     loaded = ckpt.load_latest()
+    marks["load_latest"] = time.monotonic() - began
     if loaded is not None:
         model.load_state_dict(loaded["model"])
         optimizer.load_state_dict(loaded["optim"])
         start = int(loaded["step"])
+    synchronize(args.device)
+    marks["state_on_device"] = time.monotonic() - began
+    shown = ", ".join(f"{name} {at:.2f}s" for name, at in marks.items())
+    print(f"timing rank {rank}: {shown} after the script began", flush=True)
     print(f"rank {rank} start {start} checksum {checksum(model, optimizer)}", flush=True)
     for step in range(start + 1, args.steps + 1):
         train_step(model, optimizer, x)
@@ -511,7 +586,7 @@ def main() -> None:
     parser.add_argument("--e2e-mib", type=float, default=1024.0, help="state per rank in the kill -9 phase")
     parser.add_argument("--e2e-steps", type=int, default=60)
     parser.add_argument("--step-sleep", type=float, default=0.05)
-    parser.add_argument("--phase", choices=["all", "stall", "e2e"], default="all")
+    parser.add_argument("--phase", choices=["all", "stall", "e2e", "rate"], default="all")
     parser.add_argument("--shm", default="/dev/shm")
     parser.add_argument("--dir", default=None, help="where checkpoints go (default: a temporary directory)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
@@ -529,6 +604,9 @@ def main() -> None:
             results["gpu"] = torch.cuda.get_device_name()
         results["torch"] = torch.__version__
         del torch
+        if args.phase in ("all", "rate"):
+            (work / "rate").mkdir()
+            results["rate"] = rate_phase(args, work / "rate")
         if args.phase in ("all", "stall"):
             (work / "stall").mkdir()
             results["stall"] = stall_phase(args, work / "stall")

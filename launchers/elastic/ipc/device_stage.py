@@ -41,7 +41,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from launchers.elastic.format import shardfile
@@ -91,7 +91,7 @@ class _Write:
     host: HostMemory
     ready: Ready
     keep: list[Any]  # the device tensors: alive until their copy has finished
-    started: float = field(default_factory=time.monotonic)
+    started: float  # when ``stage`` began queueing it (after waiting for the write before)
     error: BaseException | None = None
     copied: float = 0.0  # when the device copies had finished (the event)
     published: float = 0.0
@@ -108,7 +108,6 @@ class DeviceStager:
     to_slot: float = 0.0  # seconds from the last published step's ``stage`` call to its slot's publication
     off_device: float = 0.0  # of which: until its device copies had finished
     current: _Write | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def stage(self, segment: staging.Segment, step: int, enc: shardfile.Encoded) -> None:
         """Start staging ``enc`` as ``step`` into ``segment``; returns once the copies are queued.
@@ -117,6 +116,7 @@ class DeviceStager:
         whatever the slot's reservation raises (a full ``/dev/shm``).
         """
         self.wait()
+        called = time.monotonic()
         host = self._buffer(enc.data_size)
         slot = segment.begin(enc.size)
         start = enc.data_start
@@ -129,7 +129,7 @@ class DeviceStager:
         ready = self.engine.record()
         self.engine.fence(ready)
         keep = [*enc.on_device.values(), *enc.keepalive]
-        write = _Write(segment, slot, step, enc.prefix_and_header, start, enc.data_size, host, ready, keep)
+        write = _Write(segment, slot, step, enc.prefix_and_header, start, enc.data_size, host, ready, keep, called)
         thread = threading.Thread(target=_write_slot, args=(write,), name="mlaunch-stage-write", daemon=True)
         self.current = write
         segment.in_flight = thread
