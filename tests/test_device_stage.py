@@ -112,6 +112,18 @@ def equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def stage(stager: device_stage.DeviceStager, segment: staging.Segment, step: int, values: Any = None) -> None:
+    """Stage ``values`` (default ``state(step)``) as ``step``, its torch tensors as if on a device."""
+    stager.stage(segment, step, on_device(shardfile.encode(state(step) if values is None else values)))
+
+
+def assert_newest(segment: staging.Segment, step: int, expected: Any = None) -> None:
+    """The flash save would persist ``step``, holding ``expected`` (default ``state(step)``)."""
+    got = newest(Path(segment.path))
+    assert got is not None and got[0] == step, got and got[0]
+    assert equal(got[1], state(step) if expected is None else expected)
+
+
 @pytest.fixture
 def segment(tmp_path: Path) -> staging.Segment:
     seg = staging.Segment(str(tmp_path / "mlaunch.run.rank0"), 0, 1, 0)
@@ -123,21 +135,18 @@ def segment(tmp_path: Path) -> staging.Segment:
 def test_a_step_is_published_only_after_its_device_copy_finished(segment: staging.Segment) -> None:
     engine = HeldCopies()
     stager = device_stage.DeviceStager(engine)
-    stager.stage(segment, 1, on_device(shardfile.encode(state(1))))
+    stage(stager, segment, 1)
     stager.wait()
-    got = newest(Path(segment.path))
-    assert got is not None and got[0] == 1 and equal(got[1], state(1))
+    assert_newest(segment, 1)
 
     engine.hold = True
-    stager.stage(segment, 2, on_device(shardfile.encode(state(2))))
+    stage(stager, segment, 2)
     assert engine.fenced == engine.recorded, "the compute stream must be fenced on every step's copies"
     # the copy of step 2 is still on its way: a flash save now persists step 1, whole
-    got = newest(Path(segment.path))
-    assert got is not None and got[0] == 1 and equal(got[1], state(1))
+    assert_newest(segment, 1)
     engine.recorded[-1].release.set()
     stager.wait()
-    got = newest(Path(segment.path))
-    assert got is not None and got[0] == 2 and equal(got[1], state(2))
+    assert_newest(segment, 2)
 
 
 def test_host_values_are_taken_when_staged_not_when_the_copy_ends(segment: staging.Segment) -> None:
@@ -145,39 +154,37 @@ def test_host_values_are_taken_when_staged_not_when_the_copy_ends(segment: stagi
     engine.hold = True
     stager = device_stage.DeviceStager(engine)
     values = state(3)
-    stager.stage(segment, 3, on_device(shardfile.encode(values)))
+    stage(stager, segment, 3, values)
     values["rng"] += 100  # the next step changes host state while the device copy is still going
     engine.recorded[-1].release.set()
     stager.wait()
-    got = newest(Path(segment.path))
-    assert got is not None and equal(got[1], state(3))
+    assert_newest(segment, 3)  # state(3): the rng as it was at stage()
 
 
 def test_one_pinned_buffer_allocated_once_and_again_only_when_the_state_outgrows_it(segment: staging.Segment) -> None:
     stager = device_stage.DeviceStager(HeldCopies())
     for step in range(1, 9):
-        stager.stage(segment, step, on_device(shardfile.encode(state(step))))
+        stage(stager, segment, step)
     stager.wait()
     assert stager.allocations == 1
     first = stager.host
     assert first is not None and first.nbytes <= segment.capacity, "at most the slot's size of pinned memory"
-    stager.stage(segment, 9, on_device(shardfile.encode(state(9, size=4096 * 3))))
-    stager.stage(segment, 10, on_device(shardfile.encode(state(10))))
+    stage(stager, segment, 9, state(9, size=4096 * 3))
+    stage(stager, segment, 10)
     stager.wait()
     assert stager.allocations == 2
-    got = newest(Path(segment.path))
-    assert got is not None and got[0] == 10 and equal(got[1], state(10))
+    assert_newest(segment, 10)
 
 
 def test_the_next_stage_waits_for_the_copy_in_flight(segment: staging.Segment) -> None:
     engine = HeldCopies()
     engine.hold = True
     stager = device_stage.DeviceStager(engine)
-    stager.stage(segment, 1, on_device(shardfile.encode(state(1))))
+    stage(stager, segment, 1)
     timer = threading.Timer(0.3, engine.recorded[-1].release.set)
     timer.start()
     engine.hold = False
-    stager.stage(segment, 2, on_device(shardfile.encode(state(2))))  # must not take step 1's buffer under it
+    stage(stager, segment, 2)  # must not take step 1's buffer under it
     stager.wait()
     assert stager.waited >= 0.2  # it waited for step 1's copy (released 0.3 s after it was queued)
     with staging.SegmentReader(segment.path) as reader:
@@ -185,27 +192,25 @@ def test_the_next_stage_waits_for_the_copy_in_flight(segment: staging.Segment) -
         assert sorted(slots) == [1, 2]
         first, _meta = shardfile.decode(bytearray(reader.data(slots[1])))
     assert equal(first, state(1)), "step 2 was copied into the pinned buffer before step 1 had left it"
-    got = newest(Path(segment.path))
-    assert got is not None and got[0] == 2 and equal(got[1], state(2))
+    assert_newest(segment, 2)
 
 
 def test_a_failed_copy_keeps_the_previous_step_and_is_reported(segment: staging.Segment) -> None:
     engine = HeldCopies()
     stager = device_stage.DeviceStager(engine)
-    stager.stage(segment, 1, on_device(shardfile.encode(state(1))))
+    stage(stager, segment, 1)
     engine.fail = True
-    stager.stage(segment, 2, on_device(shardfile.encode(state(2))))
+    stage(stager, segment, 2)
     with pytest.raises(OSError, match="copying step 2 from the device failed: an illegal memory access"):
         stager.wait()
-    got = newest(Path(segment.path))
-    assert got is not None and got[0] == 1 and equal(got[1], state(1))
+    assert_newest(segment, 1)
 
 
 def test_forget_waits_for_the_write_in_flight_so_no_old_step_reappears(segment: staging.Segment) -> None:
     engine = HeldCopies()
     engine.hold = True
     stager = device_stage.DeviceStager(engine)
-    stager.stage(segment, 1, on_device(shardfile.encode(state(1))))
+    stage(stager, segment, 1)
     threading.Timer(0.2, engine.recorded[-1].release.set).start()
     segment.forget()  # training is over: nothing staged may be persisted after this
     assert newest(Path(segment.path)) is None

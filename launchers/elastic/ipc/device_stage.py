@@ -128,7 +128,7 @@ class DeviceStager:
                 memory[blob.offset : blob.offset + view.nbytes] = view
         ready = self.engine.record()
         self.engine.fence(ready)
-        keep = [*enc.on_device.values(), *enc.keepalive]
+        keep = list(enc.keepalive)  # the device tensors among them: alive until their copy has finished
         write = _Write(segment, slot, step, enc.prefix_and_header, start, enc.data_size, host, ready, keep, called)
         thread = threading.Thread(target=_write_slot, args=(write,), name="mlaunch-stage-write", daemon=True)
         self.current = write
