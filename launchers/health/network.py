@@ -10,8 +10,9 @@ every node with a node other than both of its earlier partners, so each node has
 independent links to judge by.
 
 Each pair builds its own two-rank ``ProcessGroupGloo`` on a prefix of one TCPStore hosted
-by node 0 (no job-wide group: a pair connects only its two nodes), warms up with a tiny
-all-reduce, then times ``REPEATS`` all-reduces of ``PAYLOAD_BYTES`` and keeps the fastest.
+by node 0 (no job-wide group: a pair connects only its two nodes), warms up, then times
+all-reduces of ``PAYLOAD_BYTES`` (``REPEATS`` to ``MAX_REPEATS``, spread over
+``SAMPLE_SECONDS``, see ``more_samples``) and keeps the fastest.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ from datetime import timedelta
 from typing import Any
 
 from launchers.control.reductions import Reducer, Reduction
+from launchers.health.priority import raised_priority
 
 ALL_PAIRS_MAX = 8
 PAYLOAD_BYTES = 512 << 10  # 0.2 s through a 20 Mbit/s link, about a millisecond through a healthy one
-REPEATS = 3
+REPEATS = 3  # samples at least; a fast link gets more (``more_samples``)
+MAX_REPEATS = 20
+SAMPLE_SECONDS = 0.15  # the span a fast link's samples are spread over
+SAMPLE_GAP = 0.005  # seconds between two samples
 ROUND_BUDGET = 5.0  # seconds a round may take: a pair through a 20 Mbit/s link needs about 1
 
 Pair = tuple[int, int]
@@ -100,21 +105,51 @@ def _gloo(store: Any, rank: int, timeout: float, ifnames: list[str] | None) -> A
     return dist.ProcessGroupGloo(store, rank, 2, options)
 
 
+def more_samples(taken: int, spent: float, best: float, left: float) -> bool:
+    """This end's vote, before a timed all-reduce, for one more after it (pure).
+
+    At least ``REPEATS`` samples; then more while they span less than ``SAMPLE_SECONDS`` and
+    fewer than ``MAX_REPEATS``, and while one more fits before the round's end. A fast link
+    is sampled ~20 times spread over the span, so a burst of load on a busy host (node 0's
+    hub, another container) cannot cover every sample and make a healthy link look slow; a
+    slow link (hundreds of ms a sample) is still sampled only ``REPEATS`` times.
+    ``taken`` counts the samples including the one about to run.
+    """
+    if taken < REPEATS:
+        return True
+    return taken < MAX_REPEATS and spent < SAMPLE_SECONDS and left > 2 * best + SAMPLE_GAP
+
+
 def time_pair(store: Any, key: str, rank: int, deadline: float, ifnames: list[str] | None = None) -> float | None:
-    """Seconds of the fastest timed all-reduce with the peer of this pair; None when it failed."""
+    """Seconds of the fastest timed all-reduce with the peer of this pair; None when it failed.
+
+    Both ends must run the same number of all-reduces, yet each decides from its own clock:
+    each end's vote for another sample rides in the payload's first element, and the sum
+    both ends see after the all-reduce decides for both (another only when both voted for
+    one). The pair runs at a raised priority (``raised_priority``; gloo's threads, started
+    inside, inherit it), as the compute probe does.
+    """
     import torch
     import torch.distributed as dist
 
     try:
-        group = _gloo(dist.PrefixStore(key, store), rank, deadline - time.monotonic(), ifnames)
-        group.allreduce([torch.zeros(1)]).wait()
-        payload = torch.ones(PAYLOAD_BYTES // 4)
-        best = float("inf")
-        for _ in range(REPEATS):
-            start = time.perf_counter()
-            group.allreduce([payload]).wait()
-            best = min(best, time.perf_counter() - start)
-        return best
+        with raised_priority():
+            group = _gloo(dist.PrefixStore(key, store), rank, deadline - time.monotonic(), ifnames)
+            group.allreduce([torch.zeros(1)]).wait()
+            payload = torch.ones(PAYLOAD_BYTES // 4)
+            group.allreduce([payload]).wait()  # warm-up at full size: gloo sizes its buffers on first use
+            best, taken, began = float("inf"), 0, time.perf_counter()
+            while True:
+                taken += 1
+                payload.fill_(1.0)
+                vote = more_samples(taken, time.perf_counter() - began, best, deadline - time.monotonic())
+                payload[0] = float(vote)
+                start = time.perf_counter()
+                group.allreduce([payload]).wait()
+                best = min(best, time.perf_counter() - start)
+                if payload[0].item() < 2:
+                    return best
+                time.sleep(SAMPLE_GAP)
     except RuntimeError:  # connect or collective timed out, peer gone
         return None
 

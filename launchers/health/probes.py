@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launchers.health.priority import raised_priority
+
 COMPUTE_SECONDS = 0.3  # wall time of the compute probe (after one warm-up matmul)
 CPU_SIZE = 256  # matmul size on a CPU: ~34 MFLOP, a few ms per matmul
 DEVICE_SIZE = 4096  # on a GPU: ~137 GFLOP, well under a millisecond on an H100
@@ -69,20 +71,8 @@ def _numpy_compute() -> dict[str, Any]:
 
 
 def _time_box(step: Any) -> tuple[float, int]:
-    """(seconds, matmuls) of a loop of about COMPUTE_SECONDS, at a raised priority where allowed.
-
-    The figure is meant to measure the machine, not whatever else is queued on it before
-    training (a log shipper, another container): a raised nice value (root or CAP_SYS_NICE;
-    silently skipped otherwise) wins the CPU from ordinary processes for these 0.3 s. A CPU
-    quota (a cgroup limit, a throttled VM) still caps it, which is what the probe should see.
-    """
-    try:
-        old = os.getpriority(os.PRIO_PROCESS, 0)  # this thread (Linux), the one running the matmuls
-        os.setpriority(os.PRIO_PROCESS, 0, -10)
-    except OSError:
-        old = None
-    group = _raise_autogroup()
-    try:
+    """(seconds, matmuls) of a loop of about COMPUTE_SECONDS, at a raised priority where allowed."""
+    with raised_priority():
         step()  # warm-up: allocation, kernels, thread pool
         ops = 0
         start = time.perf_counter()
@@ -92,27 +82,6 @@ def _time_box(step: Any) -> tuple[float, int]:
             elapsed = time.perf_counter() - start
             if elapsed >= COMPUTE_SECONDS:
                 return elapsed, ops
-    finally:
-        if old is not None:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, 0, old)
-        if group is not None:
-            with contextlib.suppress(OSError):
-                AUTOGROUP.write_text(group)
-
-
-AUTOGROUP = Path("/proc/self/autogroup")
-
-
-def _raise_autogroup() -> str | None:
-    """Raise this session's autogroup nice (kernels with sched_autogroup split the CPU between
-    sessions first, so a thread's own nice value counts only inside its session); the old value."""
-    try:
-        old = AUTOGROUP.read_text().split("nice")[-1].strip()
-        AUTOGROUP.write_text("-10")
-    except (OSError, IndexError):
-        return None
-    return old
 
 
 def _figures(framework: str, device: str, size: int, seconds: float, ops: int) -> dict[str, Any]:
