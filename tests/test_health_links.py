@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, needs_torch
@@ -138,3 +139,44 @@ def test_a_healthy_link_on_a_busy_core_still_measures_fast() -> None:
     with competing(cpu=0, nice=-5):
         outs = run_pair((SAMPLE_SECONDS, SAMPLE_SECONDS), cpu=0)
     assert all(o["best"] < LINK_SLACK for o in outs), f"{outs}: the verdict would name a healthy host"
+
+
+OVERLAP = textwrap.dedent(
+    """
+    import json
+    from launchers.health.priority import AUTOGROUP, raised_priority
+
+    def nice():
+        return int(AUTOGROUP.read_text().split("nice")[-1])
+
+    first, second = raised_priority(), raised_priority()
+    before = nice()
+    first.__enter__()
+    second.__enter__()  # another prober of this session starts while the first runs
+    during = nice()
+    first.__exit__(None, None, None)
+    second.__exit__(None, None, None)
+    print(json.dumps({"before": before, "during": during, "after": nice()}))
+    """
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="this kernel has no sched_autogroup")
+def test_probes_that_overlap_in_one_session_leave_its_priority_as_it_was() -> None:
+    """Simulated nodes share a session, so their probes raise and restore one autogroup at
+    overlapping moments: the last to finish must not put back the value the first one raised
+    (that left the session — a user's shell, CI's workers — at nice -10 for good)."""
+    result = subprocess.run(
+        [sys.executable, "-c", OVERLAP],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,  # a session (and autogroup) of its own, not pytest's
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    if seen["during"] == seen["before"]:
+        pytest.skip("raising the autogroup's priority is not allowed here (needs root or CAP_SYS_NICE)")
+    assert seen["after"] == seen["before"], seen
