@@ -2,8 +2,7 @@
 
 Root only (it makes 3 network-namespace hosts with ``tests/netns.py``). Every host's ``eth0`` is
 shaped with ``tc tbf`` to ``--rate``; one mlaunch per host (ModelArts-style arguments), one rank
-each, ``pytorch.nnodes: "2:3"``, ``monitor.node_timeout: 3s``; each host's processes in a cpu
-cgroup of their own, as a container's are (``--no-cgroups``: bare sessions). The job is
+each, ``pytorch.nnodes: "2:3"``, ``monitor.node_timeout: 3s``. The job is
 ``tests/scripts/replica_train.py`` (DDP or FSDP2 over gloo, ``--state-mib`` of parameters and AdamW
 moments per rank, every step staged, never saved by the ranks; it prints an exact digest of every
 staged state and of the state it resumed with).
@@ -36,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,9 +74,8 @@ class Lines:
         self.queue: queue.Queue[tuple[float, int, str]] = queue.Queue()
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, host: Host, argv: list[str], env: dict[str, str], cgroup: Path | None = None) -> None:
-        preexec = None if cgroup is None else join_cgroup(cgroup)
-        proc = host.popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=preexec)
+    def start(self, host: Host, argv: list[str], env: dict[str, str]) -> None:
+        proc = host.popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         threading.Thread(target=self._pump, args=(host.index, proc), daemon=True).start()
 
@@ -92,43 +89,6 @@ class Lines:
             with contextlib.suppress(queue.Empty):
                 return self.queue.get(timeout=0.2)
         raise TimeoutError("no progress")
-
-
-CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
-
-
-@contextlib.contextmanager
-def host_cgroups(count: int, enabled: bool) -> Iterator[list[Path | None]]:
-    """A cpu cgroup per host, as a container runtime gives each pod (default weights, no limit).
-
-    It matters for what replication costs: outside any cgroup a kernel with ``sched_autogroup``
-    splits the CPU between sessions first, and every rank is a session of its own, so mlaunch's
-    copying threads would compete with the ranks as equals whatever their nice value. Inside a
-    container's cgroup (every platform mlaunch targets) the threads' nice values weigh.
-    """
-    if not enabled or not (CGROUP_V1 / "cgroup.procs").exists():
-        yield [None] * count
-        return
-    groups = [CGROUP_V1 / f"mlaunch-nodeloss-{os.getpid()}-{i}" for i in range(count)]
-    for group in groups:
-        group.mkdir()
-    try:
-        yield list(groups)
-    finally:
-        for group in groups:
-            for _ in range(100):  # removable once its processes are gone
-                try:
-                    group.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-
-
-def join_cgroup(group: Path) -> Callable[[], None]:
-    def preexec() -> None:
-        (group / "cgroup.procs").write_text(str(os.getpid()))
-
-    return preexec
 
 
 def shape(hosts: list[Host], rate: str, qos: bool) -> None:
@@ -185,7 +145,7 @@ def job_file(work: Path, args: argparse.Namespace, mode: str, replicate: str) ->
     return job
 
 
-def one(hosts: list[Host], work: Path, args: argparse.Namespace, run: Run, cgroups: list[Path | None]) -> Run:
+def one(hosts: list[Host], work: Path, args: argparse.Namespace, run: Run) -> Run:
     """Start the job on the 3 hosts, cut host 3's link at ``run.cut_at``, follow until the 2-host job steps."""
     job = job_file(work, args, run.mode, run.replicate)
     lines = Lines()
@@ -199,8 +159,7 @@ def one(hosts: list[Host], work: Path, args: argparse.Namespace, run: Run, cgrou
             "VC_TASK_INDEX": str(host.index),
             "GLOO_SOCKET_IFNAME": "eth0",
         }
-        env_all = {**env, **extra, "VC_WORKER_HOSTS": ",".join(h.name for h in hosts)}
-        lines.start(host, argv, env_all, cgroups[host.index])
+        lines.start(host, argv, {**env, **extra, "VC_WORKER_HOSTS": ",".join(h.name for h in hosts)})
     try:
         follow(lines, hosts, run, time.monotonic() + args.timeout, [p.pid for p in lines.procs])
     finally:
@@ -262,11 +221,7 @@ def median(values: list[float]) -> float | None:
 
 def report(runs: list[Run], args: argparse.Namespace) -> None:
     qos = "one class" if args.no_qos else "replication in a low-priority class"
-    where = "bare sessions" if args.no_cgroups else "a cpu cgroup per host"
-    print(
-        f"\n3 netns hosts × 1 rank ({where}), links {args.rate} ({qos}), {args.state_mib:g} MiB of state per rank, "
-        "host 3 cut"
-    )
+    print(f"\n3 netns hosts × 1 rank, links {args.rate} ({qos}), {args.state_mib:g} MiB of state per rank, host 3 cut")
     for run in runs:
         print(
             f"  {run.mode:5} replicate={run.replicate:4} cut at {run.cut_at:3}: newest staged {run.newest}, "
@@ -303,9 +258,6 @@ def main() -> int:
     parser.add_argument("--cut", default="8:16", help="the link is cut at a random step in MIN:MAX")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--no-cgroups", action="store_true", help="hosts' processes outside cgroups (bare sessions, not containers)"
-    )
     args = parser.parse_args()
     reason = netns_unavailable_reason()
     if reason:
@@ -314,7 +266,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     low, high = (int(x) for x in args.cut.split(":"))
     runs: list[Run] = []
-    with NetnsHosts(3) as net, host_cgroups(3, not args.no_cgroups) as cgroups:
+    with NetnsHosts(3) as net:
         shape(net.hosts, args.rate, not args.no_qos)
         for trial in range(args.trials):
             for mode in args.modes:
@@ -323,7 +275,7 @@ def main() -> int:
                 for replicate in order:
                     work = Path(tempfile.mkdtemp(prefix="node-loss-"))
                     try:
-                        runs.append(one(net.hosts, work, args, Run(mode, replicate, cut_at), cgroups))
+                        runs.append(one(net.hosts, work, args, Run(mode, replicate, cut_at)))
                     except TimeoutError:
                         print(f"  {mode} replicate={replicate}: no progress before the timeout", flush=True)
                     finally:

@@ -163,37 +163,3 @@ def test_buffers_reused_for_later_steps_never_change_a_copy_someone_holds(
         assert image is not None and bytes(image) == expected(step), step
     kept = sender.retained_images()[0]
     assert len(kept) == 2 and all(bytes(image) == expected(step) for step, image in kept.items()), sorted(kept)
-
-
-def thread_nice(native_id: int) -> int:
-    """A thread's nice value, from the kernel's own record (field 19 of /proc/self/task/<tid>/stat)."""
-    stat = Path(f"/proc/self/task/{native_id}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[16])
-
-
-def test_the_copying_threads_yield_the_cpu_to_the_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Replication copies every step's state on the cores the ranks train on: its sender and the
-    receivers run at the lowest priority (nice 19) so a rank that wants a core gets it; the rest of
-    mlaunch (the control plane's threads, here the test's) keeps its own."""
-    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    store = ReplicaStore(SECRET, bind="127.0.0.1")
-    sender = PeerCopy("nice", 0, 0, {0}, ("127.0.0.1", store.port), SECRET, "peer").start()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLAUNCH_SHM_DIR": str(tmp_path)}
-    try:
-        writer = subprocess.run(
-            [sys.executable, "-c", WRITER, "nice", str(tmp_path / "ckpt"), "3"], env=env, timeout=60, check=True
-        )
-        deadline = time.monotonic() + 30
-        while sender.stats.sent_steps < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert writer.returncode == 0 and sender.stats.sent_steps >= 1, sender.stats
-        receivers = [t for t in threading.enumerate() if t.name == "mlaunch-replica-recv" and t.native_id]
-        assert receivers, "no receiving thread"
-        assert sender._thread.native_id is not None
-        assert thread_nice(sender._thread.native_id) == 19
-        assert all(thread_nice(int(t.native_id or 0)) == 19 for t in receivers)
-        assert os.getpriority(os.PRIO_PROCESS, 0) == before, "only the copying threads are lowered"
-    finally:
-        sender.stop()
-        store.close()

@@ -11,8 +11,7 @@ It never blocks training and never queues: while a copy is on the wire the ranks
 staging, and the next copy takes the newest step then (``replica_plan.next_send``); the steps
 in between are skipped and counted. A buddy that is slow or unreachable costs this thread
 time, not the ranks. On the wire the stream is marked low priority (``low_priority``), so a
-link that carries the training's collectives too gives them precedence; on the CPU its thread
-runs in the lowest class (``background_cpu``), so the cores' idle time carries the copying.
+link that carries the training's collectives too gives them precedence.
 
 It also keeps the two newest slots it sent (``retained``): if its buddy is the node that is
 lost, the survivors' commit needs this node's own shards of the step the lost node's copies
@@ -35,7 +34,6 @@ from dataclasses import dataclass
 from launchers.elastic.format import shardfile
 from launchers.elastic.ipc.staging import Slot
 from launchers.persist import replica_store
-from launchers.persist.background_cpu import yield_to_training
 from launchers.persist.replica_plan import next_send
 from launchers.persist.slot_copy import Header, LiveSegment, Torn, open_ranks
 
@@ -130,7 +128,6 @@ class PeerCopy:
 
     # -- the thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
-        yield_to_training()
         segments: dict[int, LiveSegment] = {}
         said_error = False
         try:

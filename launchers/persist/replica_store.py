@@ -35,7 +35,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from launchers.elastic.format import shardfile
-from launchers.persist.background_cpu import yield_to_training
 
 KEEP = 2  # slots per (attempt, rank): the newest and the one before
 _LEN = struct.Struct("<I")
@@ -178,7 +177,6 @@ class ReplicaStore:
             threading.Thread(target=self._serve, args=(conn,), name="mlaunch-replica-recv", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        yield_to_training()  # receiving a neighbour's copy must not slow this node's ranks
         with contextlib.suppress(OSError, ValueError), conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while not self._closed.is_set():
