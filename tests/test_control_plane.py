@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from launchers.control import ExchangeFailed, JobEnded, LocalEvents, Lost, RemoteFailure
+from launchers.control.cadence import FASTEST_HEARTBEAT
 from launchers.control.wire import job_secret, seal, unseal
 from launchers.outcome import Failure, remote_failure
 from launchers.plan import ProcessSpec
@@ -59,7 +60,8 @@ def test_a_failure_reaches_the_other_node_fast_and_both_agree_who_was_first() ->
         while event is None and time.monotonic() - sent < 2:
             event = a.poll()
             time.sleep(0.001)
-        assert isinstance(event, RemoteFailure) and time.monotonic() - sent < 0.2
+        # pushed, not found at the next heartbeat: faster than one, with room for a loaded machine (was < 0.2 s)
+        assert isinstance(event, RemoteFailure) and time.monotonic() - sent < 0.8 * FASTEST_HEARTBEAT
         assert a.first_failure(0, 1) == b.first_failure(0, 1) == event
         assert "node 1" in event.describe() and "SIGKILL" in event.describe()
         got: list[Any] = []
