@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from launchers.persist.peer_copy import PeerCopy
+from launchers.persist.peer_copy import LAG_WARN, PeerCopy
 from launchers.persist.replica_store import ReplicaStore
 
 SECRET = b"test-secret"
@@ -163,3 +163,38 @@ def test_buffers_reused_for_later_steps_never_change_a_copy_someone_holds(
         assert image is not None and bytes(image) == expected(step), step
     kept = sender.retained_images()[0]
     assert len(kept) == 2 and all(bytes(image) == expected(step) for step, image in kept.items()), sorted(kept)
+
+
+def test_a_stream_too_far_behind_says_a_loss_may_fall_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy that arrives more than ``LAG_WARN`` steps behind the newest staged one may have nothing to go
+    with at a loss (the survivors keep their own shards of only the last few steps): mlaunch says so once,
+    when it happens, and ``mlaunch status`` shows how far behind — it is not learnt at the loss."""
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
+    store = ReplicaStore(SECRET, bind="127.0.0.1")
+    port = slow_link(store.port, 2e6)  # ~0.5 s a copy; the rank stages a step every ~30 ms
+    sender = PeerCopy("behind", 0, 0, {0}, ("127.0.0.1", port), SECRET, "peer").start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLAUNCH_SHM_DIR": str(tmp_path)}
+    try:
+        writer = subprocess.run(
+            [sys.executable, "-c", PACED_WRITER, "behind", str(tmp_path / "ckpt"), str(STEPS)], env=env, timeout=60
+        )
+        assert writer.returncode == 0
+    finally:
+        sender.stop()
+        store.close()
+    said = []
+    while not sender.messages.empty():
+        said.append(sender.messages.get())
+    assert sender.stats.most_behind > LAG_WARN, sender.stats
+    assert sum("steps behind" in m and "may fall back to the last commit" in m for m in said) == 1, said
+
+
+def test_status_names_a_node_whose_copies_are_too_far_behind() -> None:
+    from launchers.cli.commands.status import replica_line
+
+    nodes = [
+        {"index": 0, "replica": "buddy", "replicated_step": 40, "replica_behind": 1, "replica_at_risk": False},
+        {"index": 1, "replica": "buddy", "replicated_step": 31, "replica_behind": 9, "replica_at_risk": True},
+    ]
+    line = replica_line({"nodes": nodes}) or ""
+    assert "node 0: step 40," in line and "node 1: step 31 (9 steps behind: a loss may fall back" in line, line

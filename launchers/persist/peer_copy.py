@@ -41,6 +41,7 @@ POLL = 0.01  # seconds between looks at the slots
 RETRY = 0.5  # after a failed connection
 SEND_TIMEOUT = 30.0  # a buddy that takes no byte for this long is given up (reconnect)
 RETAIN = 2
+LAG_WARN = RETAIN  # steps a copy may arrive behind the newest staged one before a loss risks the fallback
 
 
 def is_sharded(image: bytearray | bytes) -> bool:
@@ -71,6 +72,8 @@ class CopyStats:
     busy_seconds: float = 0.0
     last_sent: int = -1
     slot_bytes: int = 0  # one step of this node's ranks
+    behind: int = 0  # steps the newest staged one was ahead of the copy that just arrived
+    most_behind: int = 0
 
 
 class PeerCopy:
@@ -95,6 +98,7 @@ class PeerCopy:
         self._spare: dict[int, bytearray] = {}  # rank → a retained copy that aged out, reused for the next copy
         self.messages: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._said_lag = False
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="mlaunch-peer-copy", daemon=True)
@@ -146,6 +150,7 @@ class PeerCopy:
                 try:
                     self._send(target, images)
                     said_error = False
+                    self._note_lag(segments, target)
                 except OSError as exc:
                     self._recycle(images)
                     self._drop_socket()
@@ -159,6 +164,25 @@ class PeerCopy:
             self._drop_socket()
             for seg in segments.values():
                 seg.close()
+
+    def _note_lag(self, segments: dict[int, LiveSegment], sent: int) -> None:
+        """How far the copy that just arrived is behind the newest staged step; said once when it is too far.
+
+        The survivors keep their own shards of only the last few steps (shared memory, the two
+        copies they last sent): a copy of this node that is more than ``LAG_WARN`` steps old may
+        have nothing to go with, and a loss of this node then falls back to the last commit. That
+        must not be learnt at the loss.
+        """
+        newest, _ = self._newest(segments)
+        self.stats.behind = behind = 0 if newest is None else max(0, newest - sent)
+        self.stats.most_behind = max(self.stats.most_behind, behind)
+        if behind > LAG_WARN and not self._said_lag:
+            self._said_lag = True
+            self.messages.put(
+                f"replication: the copy of step {sent} reached {self.buddy[0]}:{self.buddy[1]} when step {newest} "
+                f"was staged ({behind} steps behind): a copy takes longer than {LAG_WARN} steps, so a loss of this "
+                "node may fall back to the last commit (a faster link, fewer bytes per step, or slower steps help)"
+            )
 
     def _newest(self, segments: dict[int, LiveSegment]) -> tuple[int | None, dict[int, tuple[Header, Slot]]]:
         """The newest step every local rank staged in this attempt, and each rank's (header, slot) of it."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from launchers.log import say
 from launchers.outcome import Outcome
-from launchers.persist.peer_copy import PeerCopy, is_sharded
+from launchers.persist.peer_copy import LAG_WARN, PeerCopy, is_sharded
 from launchers.persist.replica_store import ReplicaStore
 from launchers.persist.slot_copy import Torn, open_ranks
 from launchers.persist.survivor_save import Captured, Exchange, start_generation
@@ -126,6 +126,8 @@ class Replication:
         return {
             "replica": "replicated state" if replicated else "buddy" if sender is not None else "none",
             "replicated_step": sender.stats.last_sent if sender is not None and sender.stats.last_sent >= 0 else None,
+            "replica_behind": sender.stats.behind if sender is not None else None,
+            "replica_at_risk": sender is not None and sender.stats.behind > LAG_WARN,
             "holds_step": max(held.values()) if held else None,
             "replica_bytes": self.store.bytes_held(),
         }
@@ -180,13 +182,15 @@ class Replication:
         say(
             f"replication: {stats.sent_steps} step(s) streamed to {sender.buddy[0]} ({stats.slot_bytes / 1e6:.1f} MB "
             f"on the wire per step), {stats.skipped_steps} skipped while the link was busy; "
-            f"{held / 1e6:.1f} MB of slots held in this mlaunch"
+            f"{held / 1e6:.1f} MB of slots held in this mlaunch; a copy arrived at most {stats.most_behind} step(s) "
+            "behind the newest staged"
         )
         self.record(
             "replication",
             attempt=sender.attempt,
             steps_sent=stats.sent_steps,
             steps_skipped=stats.skipped_steps,
+            most_behind=stats.most_behind,
             bytes_per_step=stats.slot_bytes,
             bytes_sent=stats.sent_bytes,
             busy_s=round(stats.busy_seconds, 3),

@@ -172,7 +172,9 @@ def _replica(node: dict[str, Any]) -> str:
         return "replicated state (no copy needed)"
     if node.get("replica") == "none":
         return "no buddy (a job of one node)"
-    return f"step {_or_dash(node.get('replicated_step'))}"
+    behind = node.get("replica_behind")
+    lag = f" ({behind} steps behind: a loss may fall back to the last commit)" if node.get("replica_at_risk") else ""
+    return f"step {_or_dash(node.get('replicated_step'))}{lag}"
 
 
 def _node(entry: dict[str, Any]) -> str:
