@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,9 +19,11 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, needs_torch
+from health_faults import finish
 
 from launchers.health.network import MAX_REPEATS, REPEATS, SAMPLE_GAP, SAMPLE_SECONDS, more_samples
 from launchers.health.verdict import LINK_SLACK
+from launchers.platform.cluster import free_port
 
 FAST, SLOW = 0.001, 0.2
 
@@ -70,12 +71,6 @@ PAIR = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run_pair(spans: tuple[float, float], cpu: int = -1) -> list[dict[str, float]]:
     """Both ends of a real pair over loopback (pinned to ``cpu`` when ≥ 0); what each measured and ran."""
     port = free_port()
@@ -90,15 +85,13 @@ def run_pair(spans: tuple[float, float], cpu: int = -1) -> list[dict[str, float]
         )
         for rank, span in enumerate(spans)
     ]
+    try:
+        results = finish(procs, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a pair end hung: the two ends disagreed on the number of all-reduces")
     outs = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            pytest.fail("a pair end hung: the two ends disagreed on the number of all-reduces")
-        assert proc.returncode == 0, err
+    for code, out, err in results:
+        assert code == 0, err
         outs.append(json.loads(out.strip().splitlines()[-1]))
     return outs
 
