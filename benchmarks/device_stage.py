@@ -33,7 +33,7 @@ cpu`` runs the same code paths on a small state, to check the harness anywhere.
    the device, and until its slot was published): is a stage limited by the machine or by mlaunch?
 
     python benchmarks/device_stage.py [--device cuda] [--gib 4.5] [--out results.json]
-    python benchmarks/device_stage.py --device cpu --gib 0.05 --e2e-mib 8      # the harness, anywhere
+    python benchmarks/device_stage.py --device cpu --gib 0.05 --width 1024 --batch 512 --e2e-mib 8   # the harness, anywhere (~20 s)
 """
 
 from __future__ import annotations
