@@ -33,7 +33,7 @@ cpu`` runs the same code paths on a small state, to check the harness anywhere.
    the device, and until its slot was published): is a stage limited by the machine or by mlaunch?
 
     python benchmarks/device_stage.py [--device cuda] [--gib 4.5] [--out results.json]
-    python benchmarks/device_stage.py --device cpu --gib 0.05 --width 1024 --batch 512 --e2e-mib 8   # the harness, anywhere (~20 s)
+    python benchmarks/device_stage.py --device cpu --gib 0.05 --width 1024 --batch 512 --e2e-mib 8  # anywhere, ~20 s
 """
 
 from __future__ import annotations
@@ -621,7 +621,18 @@ def main() -> None:
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
         shutil.rmtree(work, ignore_errors=True)
+        drop_own_segments(args.shm)
     print(json.dumps(results, indent=2), flush=True)
+
+
+def drop_own_segments(shm: str) -> None:
+    """Remove the shared memory the rate and stall phases staged into: no mlaunch ran them, so none sweeps it."""
+    from launchers.elastic.ipc import progress, staging
+
+    os.environ["MLAUNCH_SHM_DIR"] = str(shm)
+    for prefix in ("devrate", "devstage"):
+        staging.unlink_run(f"{prefix}{os.getpid()}")
+        progress.unlink_run(f"{prefix}{os.getpid()}")
 
 
 if __name__ == "__main__":
