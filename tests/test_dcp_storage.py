@@ -74,3 +74,23 @@ def test_dcp_staging_writer_is_flash_saved_after_a_kill_9(tmp_path: Path) -> Non
     step = re.search(r"flash save after .*rank 3.*: committed step (\d+) from shared memory", output)
     assert step, output
     assert loaded(output) == [(step.group(1), "4", "equal")], output
+
+
+def test_each_ranks_own_values_survive_checkpointer_save_where_dcps_planner_keeps_one(tmp_path: Path) -> None:
+    """Why ``Checkpointer.save`` is not built on DCP's planner (issue 33 item 5): a rank's own values.
+
+    A training script keeps per-rank values beside its sharded state (RNG state, data cursor).
+    ``Checkpointer.save`` writes each rank's whole state and ``load_latest(into=)`` gives each rank
+    its own back. DCP's global plan deduplicates every value that is not a DTensor to one rank, so
+    through ``dcp.save`` every rank loads the same one: the second half asserts DCP's behaviour that
+    the decision rests on, and fails the day it changes.
+    """
+    ckpt = tmp_path / "ckpt"
+    output = run(tmp_path, ["per-rank", str(ckpt), str(tmp_path / "ref")], nodes=1)
+    lines = re.findall(r"per-rank (\w+): rank (\d) saved (\(.*?\)) loaded (\(.*?\))", output)
+    got = {(how, int(rank)): (saved, loaded) for how, rank, saved, loaded in lines}
+    assert set(got) == {("save", 0), ("save", 1), ("dcp", 0), ("dcp", 1)}, output
+    for rank in (0, 1):
+        saved, loaded = got[("save", rank)]
+        assert loaded == saved, f"Checkpointer lost rank {rank}'s own values: {output}"
+    assert got[("dcp", 0)][1] == got[("dcp", 1)][1], f"DCP kept each rank's own values: {output}"

@@ -138,6 +138,31 @@ def stage_dcp(root: Path, ref: Path, model: nn.Module, opt: torch.optim.Optimize
         dist.barrier()
 
 
+def per_rank(root: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """FSDP2 state beside each rank's own values, saved by ``Checkpointer.save`` and by ``dcp.save``, loaded back.
+
+    Prints what each rank got back of its own values: ``Checkpointer`` keeps every rank's;
+    DCP's planner keeps one value per key (its global plan deduplicates what is not a DTensor).
+    """
+    for step in (1, 2):
+        train(model, opt, step)
+    rank = dist.get_rank()
+
+    def with_own(rng: int, cursor: int) -> dict[str, object]:
+        return {**state(model, opt, 2), "rng": torch.tensor([rng]), "cursor": cursor}
+
+    Checkpointer(root / "save").save(2, with_own(100 + rank, 7 * rank))
+    dcp.save(with_own(100 + rank, 7 * rank), storage_writer=MlaunchStorageWriter(root / "dcp", step=2))
+    for how in ("save", "dcp"):
+        loaded = with_own(-1, -1)
+        if how == "save":
+            assert Checkpointer(root / "save").load_latest(into=loaded) == 2
+        else:
+            dcp.load(loaded, storage_reader=MlaunchStorageReader(root / "dcp"))
+        got = (int(loaded["rng"].item()), loaded["cursor"])  # type: ignore[attr-defined]
+        print(f"per-rank {how}: rank {rank} saved {(100 + rank, 7 * rank)} loaded {got}", flush=True)
+
+
 def main() -> None:
     mode, root, ref = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     dist.init_process_group("gloo")
@@ -151,6 +176,8 @@ def main() -> None:
         write_ref(ref, 5, state(model, opt, 5))
     elif mode == "stage-dcp":
         stage_dcp(root, ref, model, opt)
+    elif mode == "per-rank":
+        per_rank(root, model, opt)
     elif mode == "load":
         loads = [None, 2] if sys.argv[4] == "dcp" and (root / "step_00000002").exists() else [None]
         for step in loads:
