@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from launchers.control.events import (
     ExchangeFailed,
+    ExchangeTimedOut,
     JobEnded,
     JobEvents,
     Left,
@@ -97,6 +98,7 @@ def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None
 __all__ = [
     "Exchange",
     "ExchangeFailed",
+    "ExchangeTimedOut",
     "How",
     "JobEnded",
     "JobEvents",

@@ -32,7 +32,17 @@ import zmq
 
 from launchers.control import messages as m
 from launchers.control.cadence import Cadence, cadence
-from launchers.control.events import ExchangeFailed, JobEnded, JobEvent, Left, LocalFailure, Lost, Meeting, Regroup
+from launchers.control.events import (
+    ExchangeFailed,
+    ExchangeTimedOut,
+    JobEnded,
+    JobEvent,
+    Left,
+    LocalFailure,
+    Lost,
+    Meeting,
+    Regroup,
+)
 from launchers.control.life import AgentPhase, Life
 from launchers.control.reductions import How, wire
 from launchers.control.status_mirror import StatusMirror
@@ -137,7 +147,7 @@ class AgentState:
                 if self.final is not None:
                     raise ExchangeFailed(self.final.describe())
                 if time.monotonic() >= deadline:
-                    raise ExchangeFailed(f"not every node answered {feature(topic)!r} in time")
+                    raise ExchangeTimedOut(f"not every node answered {feature(topic)!r} in time")
                 self.cond.wait(max(0.0, deadline - time.monotonic()))  # an answer, a loss or the end notifies
             value, error = self.results[topic]
         if error is not None:

@@ -34,6 +34,11 @@ class ExchangeFailed(RuntimeError):
     """Not every node contributed before the deadline, or a node was lost."""
 
 
+class ExchangeTimedOut(ExchangeFailed):
+    """Not every node contributed before the deadline: nothing else went wrong, so the same exchange may be asked
+    again (a contribution said twice is taken once)."""
+
+
 @dataclass(frozen=True)
 class RemoteFailure:
     """The first failure of a generation, as every node learns it."""

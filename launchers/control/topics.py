@@ -60,3 +60,14 @@ def background(key: str, step: str) -> str:
 def health(generation: int, step: str) -> str:
     """One step of the health check before ``generation``: hello, ready, partners, result, verdict."""
     return f"health/{generation}/{step}"
+
+
+# -- machine-loss replication -------------------------------------------------------------------------
+def replica_round(attempt: int, number: int) -> str:
+    """One round of the nodes' copies to their buddies: which step all send, which all keep (``newest``/``kept``)."""
+    return f"rep/{attempt}/round/{number}"
+
+
+def replica_save(attempt: int, step: str) -> str:
+    """One step of the survivors' commit after a node loss: have, plan, done, committed."""
+    return f"rep/{attempt}/{step}"

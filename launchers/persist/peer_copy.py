@@ -8,14 +8,18 @@ never waits, it never takes a lock) and sends it to the next node of the ring
 (``replica_plan.ring``) on a TCP connection of its own (``replica_store``).
 
 It never blocks training and never queues: while a copy is on the wire the ranks go on
-staging, and the next copy takes the newest step then (``replica_plan.next_send``); the steps
-in between are skipped and counted. A buddy that is slow or unreachable costs this thread
-time, not the ranks. On the wire the stream is marked low priority (``low_priority``), so a
-link that carries the training's collectives too gives them precedence.
+staging, and the next copy takes a newer step; the steps in between are skipped and counted.
+Which step is agreed with the other nodes' streams, round by round, through the control plane
+(``replica_plan.round_of``): every node sends the same steps, so whatever one node's buddy holds,
+the others kept their own shards of it. A buddy that is slow or unreachable costs this thread
+time, not the ranks; it slows every node's rounds, so a loss costs more steps, never all since
+the last commit. On the wire the stream is marked low priority (``low_priority``), so a link
+that carries the training's collectives too gives them precedence.
 
-It also keeps the two newest slots it sent (``retained``): if its buddy is the node that is
-lost, the survivors' commit needs this node's own shards of the step the lost node's copies
-are of, and the ranks' shared memory may have moved past it.
+It also keeps copies of what it sent (``retained``): the round's anchor (the newest step every
+node kept, ``replica_plan.keep_after``) and the newest. If its buddy is the node that is lost,
+the survivors' commit needs this node's own shards of the step the lost node's copies are of,
+and the ranks' shared memory may have moved past it.
 
 With ``checkpoint.replicate: auto`` it stops after the first slot when the state holds no
 DTensor slice (DDP: every rank has the same bytes, the survivors need no copy).
@@ -29,19 +33,23 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from launchers.elastic.format import shardfile
 from launchers.elastic.ipc.staging import Slot
 from launchers.persist import replica_store
-from launchers.persist.replica_plan import next_send
+from launchers.persist.replica_plan import ROUND_HOW, Round, keep_after, round_of, round_offer
 from launchers.persist.slot_copy import Header, LiveSegment, Torn, open_ranks
 
 POLL = 0.01  # seconds between looks at the slots
 RETRY = 0.5  # after a failed connection
 SEND_TIMEOUT = 30.0  # a buddy that takes no byte for this long is given up (reconnect)
-RETAIN = 2
-LAG_WARN = RETAIN  # steps a copy may arrive behind the newest staged one before a loss risks the fallback
+RETAIN = 2  # copies kept of what was sent: the anchor and the newest
+LAG_WARN = RETAIN  # steps a copy may arrive behind the newest staged one before it is said
+Agree = Callable[[int, Mapping[str, Any], threading.Event], Mapping[str, Any]]
+"""``(round, this node's offer, stop)`` → every node's offer reduced by ``ROUND_HOW`` (ExchangeFailed: none)."""
 
 
 def is_sharded(image: bytearray | bytes) -> bool:
@@ -74,6 +82,8 @@ class CopyStats:
     slot_bytes: int = 0  # one step of this node's ranks
     behind: int = 0  # steps the newest staged one was ahead of the copy that just arrived
     most_behind: int = 0
+    rounds: int = 0  # rounds agreed with the other nodes
+    anchor: int = -1  # the newest step every node's buddy holds (what a loss falls back to at worst)
 
 
 class PeerCopy:
@@ -88,9 +98,12 @@ class PeerCopy:
         buddy: tuple[str, int],
         secret: bytes,
         mode: str,
+        agree: Agree | None = None,
     ) -> None:
+        """``agree``: the rounds' reduction across the nodes (the control plane's exchange); None: this node alone."""
         self.run_id, self.attempt, self.node, self.ranks = run_id, attempt, node, ranks
         self.buddy, self.secret, self.mode = buddy, secret, mode
+        self.agree = agree
         self.stats = CopyStats()
         self.sharded: bool | None = None
         self.world = 0
@@ -134,23 +147,28 @@ class PeerCopy:
     def _run(self) -> None:
         segments: dict[int, LiveSegment] = {}
         said_error = False
+        last_round = -1
         try:
             while not self._stop.wait(POLL):
-                step, slots = self._newest(segments)
-                target = next_send(step, self.stats.last_sent)
-                if target is None:
+                newest, _ = self._newest(segments)
+                if newest is None or newest <= last_round:
+                    continue  # nothing staged since the last round
+                agreed = self._round(newest)
+                if agreed is None or self._stop.is_set():
                     continue
-                images = self._copy(segments, slots)
+                last_round = agreed.step
+                slots = self._slots_of(segments, agreed.step)
+                images = self._copy(segments, slots) if slots else None
                 if images is None:
-                    continue
+                    continue  # the ranks staged past the round's step first: its anchor stays
                 if self.sharded is None:
                     self.sharded = any(is_sharded(i) for i in images.values())
                     if self.mode == "auto" and not self.sharded:
                         return  # replicated state: the survivors already hold every byte
                 try:
-                    self._send(target, images)
+                    self._send(agreed, images)
                     said_error = False
-                    self._note_lag(segments, target)
+                    self._note_lag(segments, agreed.step)
                 except OSError as exc:
                     self._recycle(images)
                     self._drop_socket()
@@ -165,13 +183,51 @@ class PeerCopy:
             for seg in segments.values():
                 seg.close()
 
+    def _round(self, newest: int) -> Round | None:
+        """The next round, agreed with every node (None: they could not agree this time; the next round tries)."""
+        offer = round_offer(newest, self._kept())
+        number = self.stats.rounds
+        self.stats.rounds += 1  # a round that failed here may have been decided without this node: never reused
+        try:
+            if self.agree is None:
+                from launchers.control.reductions import local
+
+                reduced = local(ROUND_HOW, self.node, offer)
+            else:
+                reduced = self.agree(number, offer, self._stop)
+        except RuntimeError as exc:  # ExchangeFailed: a node lost, the generation over, or a stream stuck
+            if not self._stop.is_set():
+                self.messages.put(f"replication: round {number} not agreed: {exc}")
+            return None
+        agreed = round_of(reduced)
+        if self._stop.is_set():
+            return None  # the survivors' save may read the copies kept: none is dropped any more
+        self.stats.anchor = -1 if agreed.anchor is None else agreed.anchor
+        self._prune(agreed.anchor)
+        return agreed
+
+    def _kept(self) -> list[int]:
+        """The steps every local rank's sent copy is kept of (this node's part of the anchor)."""
+        with self._lock:
+            if not self.retained or set(self.retained) != self.ranks:
+                return []
+            return sorted(set.intersection(*(set(kept) for kept in self.retained.values())))
+
+    def _prune(self, anchor: int | None, newest: int | None = None) -> None:
+        """Drop the sent copies no loss can need any more (``keep_after``); their buffers take the next copies."""
+        aged: dict[int, bytearray] = {}
+        with self._lock:
+            for rank, kept in self.retained.items():
+                for step in sorted(set(kept) - keep_after(kept, anchor, newest)):
+                    aged[rank] = kept.pop(step)
+        self._recycle(aged)  # read after this thread stops only (``replication._capture``): never in use
+
     def _note_lag(self, segments: dict[int, LiveSegment], sent: int) -> None:
         """How far the copy that just arrived is behind the newest staged step; said once when it is too far.
 
-        The survivors keep their own shards of only the last few steps (shared memory, the two
-        copies they last sent): a copy of this node that is more than ``LAG_WARN`` steps old may
-        have nothing to go with, and a loss of this node then falls back to the last commit. That
-        must not be learnt at the loss.
+        The rounds keep every node's copies of the same steps, so a slow stream no longer makes a
+        loss fall back to the last commit; but a loss costs the steps since the round's anchor,
+        and every node's rounds go at the slowest stream's pace. That must not be learnt at the loss.
         """
         newest, _ = self._newest(segments)
         self.stats.behind = behind = 0 if newest is None else max(0, newest - sent)
@@ -180,9 +236,21 @@ class PeerCopy:
             self._said_lag = True
             self.messages.put(
                 f"replication: the copy of step {sent} reached {self.buddy[0]}:{self.buddy[1]} when step {newest} "
-                f"was staged ({behind} steps behind): a copy takes longer than {LAG_WARN} steps, so a loss of this "
-                "node may fall back to the last commit (a faster link, fewer bytes per step, or slower steps help)"
+                f"was staged ({behind} steps behind): copies take longer than {LAG_WARN} steps, so a node loss "
+                f"would cost about {behind} steps (a faster link, fewer bytes per step, or slower steps help)"
             )
+
+    def _slots_of(self, segments: dict[int, LiveSegment], step: int) -> dict[int, tuple[Header, Slot]] | None:
+        """Each local rank's (header, slot) of ``step`` (None: a rank no longer holds it)."""
+        found = {}
+        for rank in self.ranks:
+            seg = segments.get(rank)
+            head = seg.header() if seg is not None else None
+            slot = head.complete(self.attempt).get(step) if head is not None else None
+            if head is None or slot is None:
+                return None
+            found[rank] = (head, slot)
+        return found
 
     def _newest(self, segments: dict[int, LiveSegment]) -> tuple[int | None, dict[int, tuple[Header, Slot]]]:
         """The newest step every local rank staged in this attempt, and each rank's (header, slot) of it."""
@@ -239,9 +307,10 @@ class PeerCopy:
                     self._sock.close()
                 self._sock = None
 
-    def _send(self, step: int, images: dict[int, bytearray]) -> None:
-        """Every local rank's image of ``step`` to the buddy, each acknowledged once stored there."""
+    def _send(self, agreed: Round, images: dict[int, bytearray]) -> None:
+        """Every local rank's image of the round's step to the buddy, each acknowledged once stored there."""
         started = time.monotonic()
+        step = agreed.step
         sock = self._connect()
         for rank, image in sorted(images.items()):
             header = {
@@ -252,6 +321,7 @@ class PeerCopy:
                 "length": len(image),
                 "world": self.world,
                 "sharded": bool(self.sharded),
+                "anchor": agreed.anchor,  # the buddy keeps it beside the newest
             }
             sock.sendall(replica_store.seal_header(self.secret, header))
             sock.sendall(image)
@@ -259,14 +329,10 @@ class PeerCopy:
             ack = replica_store.read_exact(sock, 1)
             if ack is None or ack != b"\x01":
                 raise OSError("the buddy refused or dropped a slot")
-        aged: dict[int, bytearray] = {}
         with self._lock:
             for rank, image in images.items():
-                kept = self.retained.setdefault(rank, OrderedDict())
-                kept[step] = image
-                while len(kept) > RETAIN:
-                    aged[rank] = kept.popitem(last=False)[1]
-        self._recycle(aged)  # read after this thread stops only (``replication._capture``): never in use
+                self.retained.setdefault(rank, OrderedDict())[step] = image
+        self._prune(agreed.anchor, step)
         stats = self.stats
         if stats.last_sent >= 0:
             stats.skipped_steps += max(0, step - stats.last_sent - 1)

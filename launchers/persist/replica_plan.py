@@ -21,11 +21,21 @@ Two kinds of state survive a machine differently (``checkpoint.replicate``):
 The ring (who streams to whom) is the members' sorted platform indexes: each node sends to the
 next, the last to the first, so every node holds one neighbour's copy; it re-forms with every
 generation's membership.
+
+**Rounds.** The survivors can commit a step only if every shard of it is still held — the lost
+node's by its buddy, theirs by themselves — so the nodes must copy *the same* steps. Each chose
+its own (its newest when its link was free) before, and one slow stream then held steps nobody
+else kept: a loss of that node fell back to the last commit. Now the nodes stream in rounds
+agreed through the control plane (``round_of``): in each, every node offers its newest staged
+step and the steps it sent and still keeps; all send the oldest newest step, and the newest step
+that every node kept becomes the round's **anchor**, which every sender and every buddy keeps
+(``keep_after``) until a newer one is agreed. A loss then costs at most the steps since the
+anchor, however slow one stream is; rounds go at the pace of the slowest stream.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -40,15 +50,40 @@ def ring(members: Sequence[int]) -> dict[int, int]:
     return {node: order[(i + 1) % len(order)] for i, node in enumerate(order)}
 
 
-def next_send(newest_staged: int | None, last_sent: int) -> int | None:
-    """The step to stream now: the newest every local rank staged, if newer than the last one sent.
+ROUND_HOW = {"newest": "min", "kept": "intersect"}  # how the nodes' offers for a round are reduced
 
-    Steps staged while a copy was on the wire are skipped (never queued): training never waits
-    for the link, and the buddy gets the newest state the link can carry.
+
+def round_offer(newest_staged: int, kept: Iterable[int]) -> dict[str, Any]:
+    """This node's part of a round: its newest staged step, and the steps it sent, had stored, and keeps."""
+    return {"newest": newest_staged, "kept": sorted(kept)}
+
+
+@dataclass(frozen=True)
+class Round:
+    """What a round's reduction decided for every node alike."""
+
+    step: int  # the step every node copies and sends now: the oldest of the nodes' newest staged steps
+    anchor: int | None  # the newest step every node's buddy holds and every node kept (None: none yet)
+
+
+def round_of(reduced: Mapping[str, Any]) -> Round:
+    """Every node's offers reduced (``ROUND_HOW``) → the round: no step is skipped by one node and sent by another."""
+    kept = [int(s) for s in reduced.get("kept") or ()]
+    return Round(int(reduced["newest"]), max(kept) if kept else None)
+
+
+def keep_after(held: Iterable[int], anchor: int | None, newest: int | None = None) -> set[int]:
+    """Of the steps ``held`` (a sender's sent copies, or a buddy's slots of one sender), the ones to keep.
+
+    The anchor (every node holds it: what a loss falls back to at worst) and the newest (what a
+    loss costs when every node got as far); never more than two, so memory stays two slots.
+    Before the first anchor is agreed, the two newest.
     """
-    if newest_staged is None or newest_staged <= last_sent:
-        return None
-    return newest_staged
+    held = set(held)
+    newest = max(held, default=None) if newest is None else newest
+    if anchor is None:
+        return set(sorted(s for s in held if newest is None or s <= newest)[-2:])
+    return {s for s in held if s in (anchor, newest)}
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,12 @@ there would hold up every failure report behind it. So each node's mlaunch liste
 port of its own (an ephemeral one, announced through the control plane once per generation)
 and its ring predecessor streams to it directly (``peer_copy``).
 
-What it keeps: per (attempt, rank) the two newest complete images received — never more, so
-a node holds at most two slots of each rank it is buddy to — in this process's anonymous
-memory (``bytearray``). A slot is stored only once every byte arrived and its shard prefix
-says it is whole; the sender is acknowledged then (it counts the slot as replicated).
+What it keeps: per (attempt, rank) two complete images received — the newest, and the round's
+anchor the sender names (``replica_plan.keep_after``: the step every node kept, what a loss
+falls back to at worst) — never more, so a node holds at most two slots of each rank it is
+buddy to, in this process's anonymous memory (``bytearray``). A slot is stored only once every
+byte arrived and its shard prefix says it is whole; the sender is acknowledged then (it counts
+the slot as replicated).
 
 Trust: every transfer starts with a JSON header sealed with the job's control-plane secret
 (HMAC-SHA256); a connection whose header does not verify is closed, so only the job's own
@@ -35,8 +37,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from launchers.elastic.format import shardfile
+from launchers.persist.replica_plan import keep_after
 
-KEEP = 2  # slots per (attempt, rank): the newest and the one before
+KEEP = 2  # slots per (attempt, rank) at most: the newest and the anchor (before one is agreed: the one before)
 _LEN = struct.Struct("<I")
 _MAC = 32
 MAX_HEADER = 1 << 16
@@ -84,7 +87,7 @@ def open_header(secret: bytes, sock: socket.socket) -> dict[str, Any] | None:
 
 
 class ReplicaStore:
-    """Slots other nodes streamed here: (attempt, rank) → step → image, the two newest of each."""
+    """Slots other nodes streamed here: (attempt, rank) → step → image, the newest and the anchor of each."""
 
     def __init__(self, secret: bytes, bind: str = "0.0.0.0") -> None:
         self.secret = secret
@@ -138,13 +141,17 @@ class ReplicaStore:
             for key in [k for k in self._spare if k[0] < attempt]:
                 del self._spare[key]
 
-    def put(self, attempt: int, rank: int, step: int, image: bytearray, meta: Mapping[str, Any]) -> None:
+    def put(
+        self, attempt: int, rank: int, step: int, image: bytearray, meta: Mapping[str, Any], anchor: int | None = None
+    ) -> None:
+        """Hold ``image`` as the newest of (attempt, rank); keep beside it only ``anchor`` (else the one before)."""
         with self._lock:
             slots = self._slots.setdefault((attempt, rank), OrderedDict())
             slots[step] = image
             slots.move_to_end(step)
-            while len(slots) > KEEP:
-                self._recycle((attempt, rank), slots.popitem(last=False)[1])
+            keep = keep_after(slots, anchor, step)
+            for old in [s for s in slots if s not in keep]:
+                self._recycle((attempt, rank), slots.pop(old))
             self._meta[(attempt, rank)] = dict(meta)
 
     def _recycle(self, key: tuple[int, int], image: bytearray) -> None:
@@ -195,5 +202,7 @@ class ReplicaStore:
                     continue
                 self.received_bytes += length
                 meta = {"world": int(header["world"]), "sharded": bool(header.get("sharded")), "node": header["node"]}
-                self.put(int(header["attempt"]), int(header["rank"]), int(header["step"]), image, meta)
+                anchor = header.get("anchor")
+                step = int(header["step"])
+                self.put(key[0], key[1], step, image, meta, None if anchor is None else int(anchor))
                 conn.sendall(b"\x01")

@@ -22,13 +22,17 @@ from __future__ import annotations
 import contextlib
 import queue
 import socket
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launchers.control import ExchangeTimedOut, topics
 from launchers.log import say
 from launchers.outcome import Outcome
-from launchers.persist.peer_copy import LAG_WARN, PeerCopy, is_sharded
+from launchers.persist.peer_copy import LAG_WARN, Agree, PeerCopy, is_sharded
+from launchers.persist.replica_plan import ROUND_HOW
 from launchers.persist.replica_store import ReplicaStore
 from launchers.persist.slot_copy import Torn, open_ranks
 from launchers.persist.survivor_save import Captured, Exchange, start_generation
@@ -53,6 +57,31 @@ def own_address(master_addr: str, port: int) -> str:
         probe.connect((master_addr, port or 9))
         return str(probe.getsockname()[0])
     return socket.gethostbyname(socket.gethostname())
+
+
+ROUND_WAIT = 60.0  # a round waits this long for the slowest stream's node (then the next round is tried)
+ROUND_SLICE = 0.5  # ... asking again this often, so a stream told to stop lets go of its mappings at once
+
+
+def rounds(exchange: Exchange, attempt: int) -> Agree:
+    """The streams' rounds of ``attempt`` agreed through the control plane (``replica_plan.round_of``).
+
+    A round waits for the slowest stream's node, up to ``ROUND_WAIT``. It asks in slices so that a
+    stream stopped at the end of its generation (the others may never contribute) ends at once:
+    a blocked thread would keep the old attempt's shared memory mapped.
+    """
+
+    def agree(number: int, offer: Mapping[str, Any], stop: threading.Event) -> Mapping[str, Any]:
+        topic = topics.replica_round(attempt, number)
+        end = time.monotonic() + ROUND_WAIT
+        while True:
+            try:
+                return dict(exchange(topic, dict(offer), min(end, time.monotonic() + ROUND_SLICE), ROUND_HOW))
+            except ExchangeTimedOut:
+                if stop.is_set() or time.monotonic() >= end:
+                    raise
+
+    return agree
 
 
 class Replication:
@@ -93,7 +122,9 @@ class Replication:
         if buddy and self.local:
             host, _, port = buddy.rpartition(":")
             ranks = set(self.local)
-            self.sender = PeerCopy(self.run_id, attempt, self.node, ranks, (host, int(port)), self.secret, self.mode)
+            agree = rounds(exchange, attempt)
+            address = (host, int(port))
+            self.sender = PeerCopy(self.run_id, attempt, self.node, ranks, address, self.secret, self.mode, agree)
             self.sender.start()
 
     def end(self, outcome: Outcome) -> None:

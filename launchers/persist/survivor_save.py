@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from launchers.control import topics
 from launchers.elastic.format import layout
 from launchers.elastic.ranks.env import DEFAULT_KEEP
 from launchers.persist import agent_commit
@@ -86,9 +87,9 @@ def start_generation(
     started = time.monotonic()
     deadline = started + WAIT
     mine = captured.holding(node, renumber).to_wire() if captured is not None else None
-    gathered = exchange(f"rep/{attempt}/have", {"addr": addr, "have": mine}, deadline, "gather0")
+    gathered = exchange(topics.replica_save(attempt, "have"), {"addr": addr, "have": mine}, deadline, "gather0")
     decided = _decide(gathered or {}, captured) if node == 0 else {}
-    got = exchange(f"rep/{attempt}/plan", decided, deadline, "scatter0") or {}
+    got = exchange(topics.replica_save(attempt, "plan"), decided, deadline, "scatter0") or {}
     shared, own = got.get("all") or {}, got.get("mine") or {}
     buddy = str(own.get("buddy") or "")
     if not shared:
@@ -102,9 +103,13 @@ def start_generation(
         sizes = _write(tmp, verdict, captured, held_image)
     except OSError:  # node 0 cannot commit without this node's shards: every node learns it below
         sizes = {}
-    all_sizes = exchange(f"rep/{attempt}/done", {str(i): n for i, n in sizes.items()}, deadline, "gather0")
+    all_sizes = exchange(
+        topics.replica_save(attempt, "done"), {str(i): n for i, n in sizes.items()}, deadline, "gather0"
+    )
     path = _commit(tmp, verdict, all_sizes or {}, captured, attempt) if node == 0 else None
-    step = exchange(f"rep/{attempt}/committed", verdict.step if path is not None else -1, deadline, "max")
+    step = exchange(
+        topics.replica_save(attempt, "committed"), verdict.step if path is not None else -1, deadline, "max"
+    )
     done = step is not None and int(step) == verdict.step
     return buddy, Outcome(verdict, done, path, time.monotonic() - started, sum(sizes.values()))
 

@@ -173,7 +173,7 @@ def _replica(node: dict[str, Any]) -> str:
     if node.get("replica") == "none":
         return "no buddy (a job of one node)"
     behind = node.get("replica_behind")
-    lag = f" ({behind} steps behind: a loss may fall back to the last commit)" if node.get("replica_at_risk") else ""
+    lag = f" ({behind} steps behind: a loss would cost about {behind} steps)" if node.get("replica_at_risk") else ""
     return f"step {_or_dash(node.get('replicated_step'))}{lag}"
 
 
