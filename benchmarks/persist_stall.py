@@ -145,7 +145,7 @@ def main() -> None:
     os.environ.setdefault("MLAUNCH_RUN_ID", f"persist-stall-{os.getpid()}")  # staging is on only under mlaunch
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    from launchers.elastic.ipc import staging
+    from launchers.elastic.ipc import progress, staging
 
     with tempfile.TemporaryDirectory(dir=args.dir or ".") as tmp:
         stage_medians: dict[str, float] = {}
@@ -157,8 +157,9 @@ def main() -> None:
                     print_row(text, f"mlaunch {call}", nbytes, secs)
                     if call == "stage":
                         stage_medians[text] = statistics.median(secs)
-        finally:
+        finally:  # no mlaunch ran this process: nothing else sweeps what it staged and reported
             staging.unlink_run(os.environ["MLAUNCH_RUN_ID"])
+            progress.unlink_run(os.environ["MLAUNCH_RUN_ID"])
         if args.dlrover:
             report_dlrover(args, Path(tmp), stage_medians)
 

@@ -204,8 +204,16 @@ class NetnsHosts:
         for ns in reversed(self._created):
             _ip("netns", "delete", ns, check=False)
         self._created.clear()
+        self._remove_mpi_segments()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _remove_mpi_segments(self) -> None:
+        """Open MPI's shared-memory segments of ranks killed on these hosts (a host that vanishes takes its
+        ``/dev/shm`` with it; these hosts share the machine's, so the test does what the platform would)."""
+        for host in self.hosts:
+            for path in Path("/dev/shm").glob(f"vader_segment.{host.hostname}.*"):
+                path.unlink(missing_ok=True)
 
 
 def hosts_fixture(count: int) -> Callable[[], Iterator[list[Host]]]:
