@@ -60,14 +60,14 @@ def own_address(master_addr: str, port: int) -> str:
 
 
 ROUND_WAIT = 60.0  # a round waits this long for the slowest stream's node (then the next round is tried)
-ROUND_SLICE = 0.5  # ... asking again this often, so a stream told to stop lets go of its mappings at once
+ROUND_SLICE = 2.0  # ... asking again this often (each ask is a message to the hub), so a stopped stream lets go soon
 
 
 def rounds(exchange: Exchange, attempt: int) -> Agree:
     """The streams' rounds of ``attempt`` agreed through the control plane (``replica_plan.round_of``).
 
     A round waits for the slowest stream's node, up to ``ROUND_WAIT``. It asks in slices so that a
-    stream stopped at the end of its generation (the others may never contribute) ends at once:
+    stream stopped at the end of its generation (the others may never contribute) ends within a slice:
     a blocked thread would keep the old attempt's shared memory mapped.
     """
 
