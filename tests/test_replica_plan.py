@@ -11,6 +11,7 @@ from launchers.control.reductions import reduce_values, result_for
 from launchers.persist.replica_plan import (
     ROUND_HOW,
     Holding,
+    Round,
     Write,
     decide,
     keep_after,
@@ -28,7 +29,7 @@ def test_the_ring_sends_each_member_to_the_next_and_re_forms_with_the_membership
     assert ring([0]) == {}
 
 
-def agreed(offers: dict[int, dict[str, object]]) -> object:
+def agreed(offers: dict[int, dict[str, object]]) -> Round:
     """A round as every node gets it: the offers reduced by the control plane's own reductions."""
     return round_of(result_for(0, *reduce_values(ROUND_HOW, offers)))
 
@@ -36,8 +37,8 @@ def agreed(offers: dict[int, dict[str, object]]) -> object:
 def test_a_round_sends_the_oldest_newest_step_and_anchors_the_newest_step_every_node_kept() -> None:
     offers = {0: round_offer(14, [9, 12]), 1: round_offer(13, [9, 12]), 2: round_offer(14, [9])}
     assert agreed(offers) == round_of({"newest": 13, "kept": [9]})  # node 2 has not finished sending 12
-    assert agreed(offers).step == 13 and agreed(offers).anchor == 9  # type: ignore[attr-defined]
-    assert agreed({0: round_offer(3, []), 1: round_offer(3, [2])}).anchor is None  # type: ignore[attr-defined]
+    assert agreed(offers).step == 13 and agreed(offers).anchor == 9
+    assert agreed({0: round_offer(3, []), 1: round_offer(3, [2])}).anchor is None
 
 
 def test_a_sender_and_a_buddy_keep_the_anchor_and_the_newest_never_more_than_two() -> None:
@@ -61,15 +62,15 @@ def simulate_loss(
     while True:
         rnd = agreed({n: round_offer(step, kept[n]) for n in nodes})
         for n in nodes:
-            kept[n] = keep_after(kept[n], rnd.anchor)  # type: ignore[attr-defined]
+            kept[n] = keep_after(kept[n], rnd.anchor)
         arrive = {n: step + copy_steps[n] for n in nodes}
         if min(arrive.values()) > at or step > at:
             break
         for n in nodes:
             if arrive[n] <= at and (n, number) not in missed:
-                kept[n] = keep_after(kept[n] | {rnd.step}, rnd.anchor, rnd.step)  # type: ignore[attr-defined]
+                kept[n] = keep_after(kept[n] | {rnd.step}, rnd.anchor, rnd.step)
                 held = store[buddy[n]] | {rnd.step}
-                store[buddy[n]] = keep_after(held, rnd.anchor, rnd.step)  # type: ignore[attr-defined]
+                store[buddy[n]] = keep_after(held, rnd.anchor, rnd.step)
         if max(arrive.values()) > at:
             break
         step = max(step + 1, max(arrive.values()))  # the next round: once the slowest copy arrived
@@ -77,8 +78,8 @@ def simulate_loss(
     shm = {at, at - 1}  # the ranks' two staged slots
     holdings = {}
     for n in [n for n in nodes if n != lost]:
-        held = {lost: sorted(store[n])} if buddy[lost] == n else {}
-        holdings[n] = Holding(n, own={n: sorted(shm | kept[n])}, held=held, sharded=True, world=len(nodes), newest=at)
+        copies = {lost: sorted(store[n])} if buddy[lost] == n else {}
+        holdings[n] = Holding(n, own={n: sorted(shm | kept[n])}, held=copies, sharded=True, world=len(nodes), newest=at)
     verdict = decide(holdings)
     return verdict.step, verdict.how
 

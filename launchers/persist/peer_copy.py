@@ -32,11 +32,11 @@ import queue
 import socket
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launchers.control.reductions import local
 from launchers.elastic.format import shardfile
 from launchers.elastic.ipc.staging import Slot
 from launchers.persist import replica_store
@@ -107,7 +107,7 @@ class PeerCopy:
         self.stats = CopyStats()
         self.sharded: bool | None = None
         self.world = 0
-        self.retained: dict[int, OrderedDict[int, bytearray]] = {}
+        self.retained: dict[int, dict[int, bytearray]] = {}  # rank → step → a copy sent (``keep_after`` prunes)
         self._spare: dict[int, bytearray] = {}  # rank → a retained copy that aged out, reused for the next copy
         self.messages: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -150,7 +150,7 @@ class PeerCopy:
         last_round = -1
         try:
             while not self._stop.wait(POLL):
-                newest, _ = self._newest(segments)
+                newest = self._newest(segments)
                 if newest is None or newest <= last_round:
                     continue  # nothing staged since the last round
                 agreed = self._round(newest)
@@ -190,8 +190,6 @@ class PeerCopy:
         self.stats.rounds += 1  # a round that failed here may have been decided without this node: never reused
         try:
             if self.agree is None:
-                from launchers.control.reductions import local
-
                 reduced = local(ROUND_HOW, self.node, offer)
             else:
                 reduced = self.agree(number, offer, self._stop)
@@ -229,7 +227,7 @@ class PeerCopy:
         loss fall back to the last commit; but a loss costs the steps since the round's anchor,
         and every node's rounds go at the slowest stream's pace. That must not be learnt at the loss.
         """
-        newest, _ = self._newest(segments)
+        newest = self._newest(segments)
         self.stats.behind = behind = 0 if newest is None else max(0, newest - sent)
         self.stats.most_behind = max(self.stats.most_behind, behind)
         if behind > LAG_WARN and not self._said_lag:
@@ -252,22 +250,19 @@ class PeerCopy:
             found[rank] = (head, slot)
         return found
 
-    def _newest(self, segments: dict[int, LiveSegment]) -> tuple[int | None, dict[int, tuple[Header, Slot]]]:
-        """The newest step every local rank staged in this attempt, and each rank's (header, slot) of it."""
+    def _newest(self, segments: dict[int, LiveSegment]) -> int | None:
+        """The newest step every local rank staged in this attempt (None: a rank has staged none yet)."""
         open_ranks(self.run_id, self.ranks, segments)
         heads = {}
         for rank in self.ranks:
             seg = segments.get(rank)
             head = seg.header() if seg is not None else None
             if head is None or not head.complete(self.attempt):
-                return None, {}
+                return None
             heads[rank] = head
         common = set.intersection(*(set(h.complete(self.attempt)) for h in heads.values()))
-        if not common:
-            return None, {}
-        step = max(common)
         self.world = next(iter(heads.values())).world
-        return step, {rank: (h, h.complete(self.attempt)[step]) for rank, h in heads.items()}
+        return max(common) if common else None
 
     def _copy(
         self, segments: dict[int, LiveSegment], slots: dict[int, tuple[Header, Slot]]
@@ -331,7 +326,7 @@ class PeerCopy:
                 raise OSError("the buddy refused or dropped a slot")
         with self._lock:
             for rank, image in images.items():
-                self.retained.setdefault(rank, OrderedDict())[step] = image
+                self.retained.setdefault(rank, {})[step] = image
         self._prune(agreed.anchor, step)
         stats = self.stats
         if stats.last_sent >= 0:

@@ -32,7 +32,6 @@ import queue
 import socket
 import struct
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,7 +91,7 @@ class ReplicaStore:
     def __init__(self, secret: bytes, bind: str = "0.0.0.0") -> None:
         self.secret = secret
         self._lock = threading.Lock()
-        self._slots: dict[tuple[int, int], OrderedDict[int, bytearray]] = {}
+        self._slots: dict[tuple[int, int], dict[int, bytearray]] = {}
         self._meta: dict[tuple[int, int], dict[str, Any]] = {}
         # (attempt, rank) → an image that aged out, received into again: a fresh buffer's pages fault in
         # zero-filled on the copy, as much CPU again as the copy. Never one ``image`` handed out (``_lent``).
@@ -114,7 +113,7 @@ class ReplicaStore:
 
     def image(self, attempt: int, rank: int, step: int) -> bytearray | None:
         with self._lock:
-            image = self._slots.get((attempt, rank), OrderedDict()).get(step)
+            image = self._slots.get((attempt, rank), {}).get(step)
             if image is not None:
                 self._lent.add(id(image))  # the survivors' save may write it out: never received into again
             return image
@@ -146,9 +145,8 @@ class ReplicaStore:
     ) -> None:
         """Hold ``image`` as the newest of (attempt, rank); keep beside it only ``anchor`` (else the one before)."""
         with self._lock:
-            slots = self._slots.setdefault((attempt, rank), OrderedDict())
+            slots = self._slots.setdefault((attempt, rank), {})
             slots[step] = image
-            slots.move_to_end(step)
             keep = keep_after(slots, anchor, step)
             for old in [s for s in slots if s not in keep]:
                 self._recycle((attempt, rank), slots.pop(old))
