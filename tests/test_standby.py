@@ -132,14 +132,16 @@ def job_with_preload(tmp_path: Path, entry: Path, extra: str = "") -> Path:
     return job
 
 
-def test_mlaunch_restarts_from_warm_standbys(tmp_path: Path) -> None:
+def test_mlaunch_starts_and_restarts_from_warm_standbys(tmp_path: Path) -> None:
+    """The warm parent starts with mlaunch: the first attempt's ranks are forked from it (their
+    ``import`` already done), and so are the restarted ones."""
     entry = tmp_path / "flaky.py"
     entry.write_text(
         "import os, sys, time\n"
         "attempt = os.environ['MLAUNCH_RESTART_COUNT']\n"
         "print('attempt', attempt, 'preloaded', 'decimal' in sys.modules, flush=True)\n"
         "if attempt == '0':\n"
-        "    time.sleep(4)  # long enough for the standbys to get ready\n"
+        "    time.sleep(4)  # long enough for the refill after the start\n"
         "    sys.exit(7 if os.environ['RANK'] == '1' else 0)\n"
     )
     result = run_mlaunch(["--engine", "pytorch", str(job_with_preload(tmp_path, entry))], timeout=120)
@@ -148,11 +150,28 @@ def test_mlaunch_restarts_from_warm_standbys(tmp_path: Path) -> None:
     assert "restarting the group (1/1) in 0s from 2 warm standbys" in result.stderr
     lines = sorted(line for line in result.stdout.splitlines() if "attempt" in line)
     assert lines == [
-        "[rank 0] attempt 0 preloaded False",
+        "[rank 0] attempt 0 preloaded True",
         "[rank 0] attempt 1 preloaded True",
-        "[rank 1] attempt 0 preloaded False",
+        "[rank 1] attempt 0 preloaded True",
         "[rank 1] attempt 1 preloaded True",
     ]
+
+
+def test_a_restart_before_the_first_step_is_warm_too(tmp_path: Path) -> None:
+    """A rank that fails at once (before any step, before the pool's refill would start) is
+    restarted from ranks forked then, not cold: the storm's second fault in a cold start cost a
+    second cold start (issue 35)."""
+    entry = tmp_path / "early.py"
+    entry.write_text(
+        "import os, sys\n"
+        "attempt = os.environ['MLAUNCH_RESTART_COUNT']\n"
+        "print('attempt', attempt, 'preloaded', 'decimal' in sys.modules, flush=True)\n"
+        "sys.exit(7 if attempt == '0' and os.environ['RANK'] == '1' else 0)\n"
+    )
+    result = run_mlaunch(["--engine", "pytorch", str(job_with_preload(tmp_path, entry))], timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if "attempt 1" in line)
+    assert lines == ["[rank 0] attempt 1 preloaded True", "[rank 1] attempt 1 preloaded True"], result.stdout
 
 
 def test_sigkill_of_mlaunch_takes_the_standbys_with_it(tmp_path: Path) -> None:
@@ -173,9 +192,10 @@ def test_sigkill_of_mlaunch_takes_the_standbys_with_it(tmp_path: Path) -> None:
             if "warm standby workers ready" in line or not line:
                 break
         kids = [p for p in children(proc.pid)]
-        # the warm parent and the 2 standbys it forked (they keep its command line; mlaunch adopted them)
-        standbys = [p for p in kids if b"launchers.standby.warm_parent" in Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert len(standbys) == 3 and len(kids) >= 6  # 2 workers, 2 standbys, the warm parent, the watchdog
+        # the warm parent, the 2 workers and the 2 standbys it forked (they keep its command line; mlaunch
+        # adopted them)
+        forked = [p for p in kids if b"launchers.standby.warm_parent" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(forked) == 5 and len(kids) >= 6  # 2 workers, 2 standbys, the warm parent, the watchdog
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)

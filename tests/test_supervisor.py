@@ -262,6 +262,75 @@ def test_ranks_that_finish_training_as_node_0_regroups_end_the_job_instead_of_re
     assert _attempt_regrouped_after(None, "0", tmp_path) == "reformed"  # both ended 0 only when stopped
 
 
+def _attempt_after_a_node_left(tmp_path: Path, own_handler: bool) -> tuple[str, list[int | None], list[str]]:
+    """One attempt of two real ranks past their first step, blocked (as in a collective with the
+    ranks of a node that is gone); then the control plane says a node left, not gracefully.
+
+    Ranks with ``elastic.install()`` are guarded: their SIGTERM only asks them to save at an
+    agreed step. ``own_handler``: rank 1 has its own SIGTERM handler instead (exits 143 by it).
+    """
+    import secrets
+
+    from launchers.control import Left, LocalEvents
+    from launchers.plan import ProcessSpec
+    from launchers.run.signal_router import SignalRouter
+    from launchers.run.supervisor import Output, Stopping, Supervisor, Watchers
+
+    ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
+
+    class NodeLeftOnceBothStepped(LocalEvents):
+        said = False
+
+        def poll(self):  # type: ignore[no-untyped-def]
+            if self.said or not all(p.exists() for p in ready):
+                return None
+            self.said = True
+            return Left(2, "host-2", "its mlaunch sent nothing for 3.1s")
+
+    python = sys.executable
+    guarded = (
+        "import pathlib, sys, time\nsys.path.insert(0, {root!r})\nfrom launchers import elastic\n"
+        "guard = elastic.install(quiet=True)\nguard.should_stop(0)\n"
+        "pathlib.Path({ready!r}).touch()\ntime.sleep(60)\n"
+    )
+    handler = (
+        "import pathlib, signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+        "pathlib.Path({ready!r}).touch()\ntime.sleep(60)\n"
+    )
+    code = [guarded.format(root=str(ROOT), ready=str(ready[0]))]
+    code.append((handler if own_handler else guarded).format(root=str(ROOT), ready=str(ready[1])))
+    procs = [ProcessSpec(r, r, [python, "-c", c], {}, str(ROOT)) for r, c in enumerate(code)]
+    said: list[str] = []
+    with SignalRouter() as signals:
+        supervisor = Supervisor(
+            procs,
+            run_id=secrets.token_hex(8),
+            signals=signals,
+            stopping=Stopping(10),
+            watchers=Watchers(job_events=NodeLeftOnceBothStepped()),
+            output=Output(announce=said.append),
+        )
+        status = supervisor.run().status
+    return status, [w.returncode for w in supervisor.workers], said
+
+
+def test_ranks_that_can_save_nothing_after_a_node_left_are_killed_at_once(tmp_path: Path) -> None:
+    """After a node left mid-step the ranks here can neither finish a collective nor agree a stop
+    step with its ranks: a guarded rank's SIGTERM would only sit out the second before SIGKILL,
+    and the storm of issue 35 paid that second at every such re-form. Guarded ranks are SIGKILLed
+    at once; a rank with its own SIGTERM handler still gets SIGTERM and its second."""
+    status, codes, said = _attempt_after_a_node_left(tmp_path, own_handler=False)
+    assert status == "reformed" and codes == [128 + signal.SIGKILL] * 2, (codes, said)
+    assert any("can save nothing without that node's ranks" in line for line in said), said
+    assert not any("grace period are over" in line for line in said), said
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    status, codes, said = _attempt_after_a_node_left(mixed, own_handler=True)
+    assert status == "reformed" and codes[1] == 143, (codes, said)  # its own handler ran
+    assert not any("can save nothing" in line for line in said), said
+
+
 def test_missing_interpreter_fails_cleanly(tmp_path: Path) -> None:
     """A missing interpreter is a user error found before anything starts (exit 2, not 127)."""
     job = tmp_path / "job.yaml"

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from launchers.control import JobEnded, JobEvents, Left, Regroup
 
 
+NOTHING_TO_SAVE = "the ranks here can save nothing without that node's ranks (every one of them stops only to save)"
+
+
 class JobEventResponse:
     """The supervisor's answers to job-wide events (a mixin of ``Supervisor``: it owns these fields)."""
 
@@ -70,7 +73,7 @@ class JobEventResponse:
             # No flash save: what the remaining ranks staged is not one consistent step of the job.
             self._failure = Failure(f"node {event.node}", -1, 0, 1, None, [event.describe()], None)
             self.announce(f"{event.describe()}; stopping the {len(live)} processes here")
-            self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 2.0))
+            self.teardown.stop_unsavable(NOTHING_TO_SAVE, kill_after=min(self.teardown.grace_period, 2.0))
             return
         self._failure = remote_failure(event)
         self.announce(f"job-wide failure: {event.describe()}; stopping the {len(live)} processes here")
@@ -83,8 +86,9 @@ class JobEventResponse:
         """An elastic job re-forms: a node left (stop now: no save can include its ranks), or node 0 regroups.
 
         A node that left takes its ranks' shards with it: the ranks here cannot finish a collective or
-        commit a step, so they get SIGTERM and, a second later, SIGKILL (no flash save: a step staged
-        by only some ranks must never be committed). A regroup (a node waits to join), and a node that
+        commit a step, so guarded ranks are SIGKILLed at once, others get SIGTERM and, a second later,
+        SIGKILL (``Teardown.stop_unsavable``; no flash save: a step staged by only some ranks must
+        never be committed). A regroup (a node waits to join), and a node that
         left gracefully (its mlaunch was stopped: its ranks agreed with ours to stop and save), is a
         graceful stop: SIGTERM and the grace period, in which the ranks write their dying checkpoint.
         """
@@ -93,7 +97,7 @@ class JobEventResponse:
         self._change = event.describe()
         if isinstance(event, Left) and not event.graceful:
             self.announce(f"{event.describe()}; stopping the {len(live)} processes here: the job re-forms without it")
-            self.teardown.stop_all(signal.SIGTERM, kill_after=min(self.teardown.grace_period, 1.0))
+            self.teardown.stop_unsavable(NOTHING_TO_SAVE, kill_after=min(self.teardown.grace_period, 1.0))
             return
         self.announce(f"{event.describe()}; stopping the {len(live)} processes here gracefully (SIGTERM)")
         self.teardown.stop_all(signal.SIGTERM)

@@ -9,6 +9,7 @@ with ``pytorch.nnodes: "MIN:MAX"`` (``membership``).
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -89,6 +90,7 @@ def run_job(
             fork=job.preload_fork,
             learn=job.preload_learning,
         )
+        standbys.prestart(plan.processes, os.getpid())  # its imports overlap the rendezvous and the meeting
     code = 1
     try:
         with SignalRouter() as signals:

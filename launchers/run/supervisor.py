@@ -185,6 +185,7 @@ class Supervisor(JobEventResponse):
             self.streams.wake_on(self.signals.read_fd)
         if self.job_events is not None and self.job_events.wake_fd is not None:
             self.streams.wake_on(self.job_events.wake_fd)
+        self._fork_standbys_first()
         for index, spec in enumerate(self.processes):
             for sig in self.signals.drain():
                 self._on_signal(sig)
@@ -196,6 +197,23 @@ class Supervisor(JobEventResponse):
             except OSError as exc:
                 self._failure = launch_failure(spec, label, exc)
                 return
+
+    def _fork_standbys_first(self) -> None:
+        """This attempt's ranks forked from the warm parent rather than started cold (``StandbyPool.warm_start``)."""
+        pool = self.standbys
+        if pool is None:
+            return
+        try:
+            pool.warm_start(self.processes, self._parent_pid, self._interrupted)
+        except OSError as exc:  # standbys must never break supervision
+            self.announce(f"cannot start standby workers: {exc}")
+            self.standbys = None
+
+    def _interrupted(self) -> bool:
+        """A stop signal or a failure arrived (signals are handled here as the loop would)."""
+        for sig in self.signals.drain():
+            self._on_signal(sig)
+        return self.teardown.signal is not None or self._failure is not None
 
     def _spawn(self, spec: ProcessSpec, label: str) -> None:
         env = process_env(spec.env, self.run_id)

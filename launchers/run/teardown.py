@@ -92,6 +92,26 @@ class Teardown:
             if sig in STOP_LIKE and self.kill_after > STARTUP_STOP and self._nothing_started():
                 self.full_kill_at, self.kill_at = self.kill_at, time.monotonic() + STARTUP_STOP
 
+    def stop_unsavable(self, why: str, kill_after: float) -> None:
+        """A stop in which no rank here can save: SIGKILL at once to ranks whose stop is only a save.
+
+        After a node left or was lost mid-step the ranks here can neither finish a collective
+        nor agree a stop step with its ranks, and what they staged is no step of the whole job.
+        A guarded rank's SIGTERM only asks it to save at such a step (``launchers.elastic``), so
+        it would sit out ``kill_after`` — a second or two of every such re-form, which a storm
+        of faults pays dozens of times. When every live process is guarded they are SIGKILLed
+        at once, and ``why`` says so; a process with its own SIGTERM handler keeps ``kill_after``.
+        """
+        live = self.live()
+        guarded = self.guarded() if self.guarded is not None else set()
+        if live and all(w.pid in guarded for w in live):
+            if self.stop_started is None:
+                self.stop_started = time.monotonic()
+            self.stopping = True
+            self.announce(f"{why}; SIGKILL to " + ", ".join(w.label for w in live))
+            self.signal_groups(signal.SIGKILL)
+        self.stop_all(signal.SIGTERM, kill_after=kill_after)
+
     def timeout(self, longest: float) -> float:
         """How long the loop may wait: ``longest``, or less when the grace period ends sooner."""
         if self.kill_at is None:

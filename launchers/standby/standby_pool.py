@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from launchers.standby.warm_parent_handle import WarmParent
 
 STORE_WAIT_SECONDS = 1.0  # the most a warm rank waits for rank 0's store (see standby.wait_for_listener)
+WARM_START_WAIT = 30.0  # the most an attempt waits for the warm parent's imports before its ranks start cold
 
 
 def store_to_wait_for(env: dict[str, str]) -> tuple[str, int] | None:
@@ -228,6 +229,47 @@ class StandbyPool:
                 self.watchdog.watch(standby.pid)
             started += 1
         return started
+
+    # -- an attempt's own ranks, forked ---------------------------------------------------
+    def prestart(self, specs: list[ProcessSpec], parent: int) -> None:
+        """Start the warm parent now (with mlaunch, before planning's rendezvous and the control plane's
+        meeting end), so that its imports overlap them and the first attempt's ranks can be forked from it."""
+        wanted = [s for s in specs if self.compatible(s)]
+        if self.fork and wanted and self._has_preload():
+            self._warm_parent(wanted[0], wanted, parent)
+
+    def warm_start(
+        self, specs: list[ProcessSpec], parent: int, interrupted: Callable[[], bool], wait: float = WARM_START_WAIT
+    ) -> int:
+        """Standbys forked now for an attempt about to start its ranks, so that none of them starts cold.
+
+        A cold rank pays interpreter start-up and its own ``import torch`` (seconds of CPU); on a
+        busy node several ranks and the warm parent import at once, and a storm of faults showed
+        the cost twice over: every whole-job restart started cold, and a fault in those seconds
+        (before the refill, which waits for a staged step) started cold again. So every attempt
+        forks its standbys before it starts, when the warm parent is up; when the parent is still
+        importing (the first attempt: it started with mlaunch), the attempt waits for it up to
+        ``wait`` seconds — the ranks would spend that time importing the same modules — while
+        ``interrupted()`` (a stop signal, a failure) ends the wait at once. A parent that fails or
+        is not ready by then leaves the ranks to start cold, as before. Nothing to preload, or
+        forking off or unsafe: nothing happens. Returns how many standbys were forked.
+        """
+        wanted = [s for s in specs if self.compatible(s)]
+        if not self.fork or not wanted or not self._has_preload() or len(self._alive()) >= len(wanted):
+            return 0
+        warm = self._warm_parent(wanted[0], wanted, parent)
+        deadline = time.monotonic() + wait
+        while warm is not None and (warm.state == "starting" or warm.learning):
+            if interrupted() or time.monotonic() >= deadline:
+                return 0
+            warm.wait_news(0.05)
+            self._poll(warm)
+        if warm is None or warm.state != "ready" or self.parents.get(warm.python) is not warm:
+            return 0
+        return self.fill(specs, parent)
+
+    def _has_preload(self) -> bool:
+        return bool(self.preload or (self.learner is not None and self.learner.learned))
 
     # -- forked standbys -------------------------------------------------------------------
     def _warm_parent(self, spec: ProcessSpec, wanted: list[ProcessSpec], parent: int) -> WarmParent | None:

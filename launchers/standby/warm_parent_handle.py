@@ -149,6 +149,12 @@ class WarmParent:
         code = self.popen.poll()
         self._fail(f"the warm parent exited{f' with code {code}' if code is not None else ''}")
 
+    def wait_news(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds for a message (or the socket's end); ``poll`` reads it."""
+        if self.state != "failed":
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self.sock], [], [], timeout)
+
     # -- requests ----------------------------------------------------------------------
     def fork(self) -> tuple[ForkedProcess, int] | None:
         """A new standby and the read end of its ready pipe (None: the warm parent could not fork one)."""
