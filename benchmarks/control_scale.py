@@ -92,7 +92,7 @@ def agents_main(conn: Connection, nodes: list[int], nnodes: int, port: int) -> N
     raise_fd_limit()
     os.nice(AGENT_NICENESS)  # they stand in for other machines: the hub's machine does not share its cores with them
     context = zmq.Context()
-    context.set(zmq.MAX_SOCKETS, len(nodes) * 2 + 64)
+    context.set(zmq.MAX_SOCKETS, len(nodes) * 4 + 64)  # a socket and its monitor pair per agent
     driver = Driver(context, KEY, name="bench-driver")
     driver.start()
     heard: dict[int, float] = {}

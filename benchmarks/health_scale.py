@@ -84,7 +84,7 @@ def nodes_main(conn: Connection, nodes: list[int], nnodes: int, port: int) -> No
     os.nice(AGENT_NICENESS)
     stub_probes()
     context = zmq.Context()
-    context.set(zmq.MAX_SOCKETS, len(nodes) * 2 + 64)
+    context.set(zmq.MAX_SOCKETS, len(nodes) * 4 + 64)  # a socket and its monitor pair per agent
     driver = Driver(context, KEY, name="bench-driver")
     driver.start()
     go, results = threading.Event(), {}

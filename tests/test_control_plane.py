@@ -228,3 +228,60 @@ def test_a_torch_record_error_file_is_in_the_summary(tmp_path: Path) -> None:
     spec = ProcessSpec(1, 1, ["x"], {"TORCHELASTIC_ERROR_FILE": str(error_file)}, ".")
     lines = error_file_lines([spec], 1)
     assert "ValueError: bad batch" in lines[0] and any("line 3" in line for line in lines)
+
+
+NODE0 = """\
+import sys, time
+sys.path.insert(0, {root!r})
+from launchers.control.agent import NetworkEvents
+events = NetworkEvents(node=0, nnodes=2, master_addr="127.0.0.1", port={port}, secret=b"k" * 32, node_timeout={timeout})
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def _node0_signalled_then_lost(node_timeout: float, sig: int) -> Lost:
+    """Node 0's mlaunch in its own process, sent ``sig`` once node 1 joined: node 1's Lost."""
+    import os
+    import subprocess
+    import sys
+
+    from launchers.control.agent import NetworkEvents
+
+    root = str(Path(__file__).resolve().parent.parent)
+    port = free_port()
+    code = NODE0.format(root=root, port=port, timeout=node_timeout)
+    node0 = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    member = NetworkEvents(
+        node=1, nnodes=2, master_addr="127.0.0.1", port=port, secret=b"k" * 32, node_timeout=node_timeout
+    )
+    try:
+        both_joined(member)
+        os.kill(node0.pid, sig)
+        event = next_event(member, timeout=node_timeout + 15)
+        assert isinstance(event, Lost) and event.node == 0, event
+        return event
+    finally:
+        member.close(1)
+        node0.kill()
+        node0.wait()
+
+
+def test_a_killed_node_0_is_lost_in_a_few_heartbeats_because_its_connection_closed() -> None:
+    """kill -9 of node 0's mlaunch closes its TCP connections (a cut link closes none): the members
+    judge it after the short fuse the hub gives a member whose connection closed, not after
+    ``node_timeout`` (issue 35's storm: 3 s of every node-0 loss, and a failed rank's flash save
+    waiting on a hub that was gone)."""
+    import signal
+
+    event = _node0_signalled_then_lost(8.0, signal.SIGKILL)
+    assert event.seconds < 8.0 and "its connection closed" in event.describe(), event.describe()
+
+
+def test_a_stalled_node_0_whose_connection_stays_open_keeps_node_timeout() -> None:
+    """A node 0 that stops answering with its connection open (SIGSTOP here; a cut link, a stalled
+    machine) is judged after ``node_timeout``, as before: the short fuse needs a close."""
+    import signal
+
+    event = _node0_signalled_then_lost(2.0, signal.SIGSTOP)
+    assert event.seconds >= 2.0 and "its connection closed" not in event.describe(), event.describe()

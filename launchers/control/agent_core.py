@@ -31,7 +31,7 @@ from typing import Any
 import zmq
 
 from launchers.control import messages as m
-from launchers.control.cadence import Cadence, cadence
+from launchers.control.cadence import Cadence, after_close, cadence
 from launchers.control.events import (
     ExchangeFailed,
     ExchangeTimedOut,
@@ -86,6 +86,7 @@ class AgentState:
         self._unconfirmed: dict[int, m.Fail] = {}  # generation → failure report not yet echoed
         now = time.monotonic()
         self.started = self.heard = now
+        self.hub_closed = -1e9  # when the connection to the hub last closed (its mlaunch likely ended)
         self._last_sent = -1e9
         self._next_hello = now
 
@@ -193,15 +194,26 @@ class AgentState:
             if any(isinstance(message, m.Hello) for message in messages):
                 self._next_hello = 0.0  # not connected yet: say it as soon as the connection is up
 
+    def on_hub_closed(self, now: float) -> None:
+        """The TCP connection to the hub closed: its process ended (a cut link closes nothing), so the
+        silence that follows judges node 0 in a few heartbeats, as the hub judges a member (``check``)."""
+        self.hub_closed = now
+
     def check(self, now: float) -> None:
-        """Declare the hub lost after ``node_timeout`` of silence (``join_timeout`` before it first answered)."""
+        """Declare the hub lost after ``node_timeout`` of silence (``join_timeout`` before it first answered);
+        after its connection closed, after the short fuse the hub gives a member whose connection closed."""
         silent = now - self.heard
         welcomed = self.life.welcomed
         limit = self.node_timeout if welcomed else self.join_timeout
+        closed = welcomed and self.heard < self.hub_closed
+        if closed:
+            limit = min(limit, after_close(self.node_timeout, self.cadence.heartbeat))
         if silent > limit and self.life.phase is not AgentPhase.CLOSING and not self.life.final:
             what = "the master, hosting the control plane" + (
                 "" if welcomed else "; it never answered: not started, unreachable, or another job secret"
             )
+            if closed and silent < self.node_timeout:
+                what += "; its connection closed"
             self.end(AgentPhase.LOST, Lost(0, what, silent))
 
     def on_message(self, message: m.Message, now: float) -> None:

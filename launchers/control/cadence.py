@@ -32,6 +32,13 @@ FASTEST_HEARTBEAT = 0.5  # seconds: the rate at small N
 FASTEST_STATUS = 1.0  # seconds: what the observer publishes at
 FASTEST_HELLO = 1.0
 SLOWEST_HELLO = 10.0  # a join whose hello was lost waits this long at most to say it again
+SUSPECT_AFTER_CLOSE = 1.5  # seconds of silence that judge a peer just after its connection closed
+
+
+def after_close(node_timeout: float, heartbeat: float) -> float:
+    """The silence that judges a peer whose TCP connection closed (its process likely ended): a few
+    heartbeats, never more than ``node_timeout``. The hub uses it for members, an agent for the hub."""
+    return min(node_timeout, max(SUSPECT_AFTER_CLOSE, 2 * heartbeat + 0.5))
 
 
 @dataclass(frozen=True)

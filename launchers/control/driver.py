@@ -68,17 +68,21 @@ class Driver(threading.Thread):
         poller.register(self._kick_r, zmq.POLLIN)
         agents: dict[zmq.Socket[Any], AgentState] = {}
         sockets: dict[int, zmq.Socket[Any]] = {}  # id(state) → its socket
+        monitors: dict[zmq.Socket[Any], AgentState] = {}  # each socket's closed connections (``on_hub_closed``)
+        monitor_of: dict[int, zmq.Socket[Any]] = {}  # id(state) → its socket's monitor
         next_timers = 0.0
         try:
             while not self._halt.is_set():
                 ready = poller.poll(int(TIMERS * 1000))
                 now = time.monotonic()
                 self._drain_kicks()
-                self._apply_changes(poller, agents, sockets, now)
+                self._apply_changes(poller, agents, sockets, (monitors, monitor_of), now)
                 for sock, _ in ready:
                     state = agents.get(sock) if isinstance(sock, zmq.Socket) else None
                     if state is not None:
                         receive(sock, state, self.secret, now)
+                    elif isinstance(sock, zmq.Socket) and sock in monitors:
+                        closed(sock, monitors[sock], now)
                 while self._dirty:  # a report handed in: it leaves now, not at the next timer
                     state = self._dirty.popleft()
                     if id(state) in sockets:
@@ -89,7 +93,10 @@ class Driver(threading.Thread):
                         flush(sock, state, self.secret, now)
                         state.check(now)
         finally:
-            self._apply_changes(poller, agents, sockets, time.monotonic())  # a remove handed in as it stopped
+            # a remove handed in as it stopped
+            self._apply_changes(poller, agents, sockets, (monitors, monitor_of), time.monotonic())
+            for monitor in list(monitors):
+                monitor.close(linger=0)
             for sock in agents:
                 sock.close()
 
@@ -103,20 +110,47 @@ class Driver(threading.Thread):
         poller: zmq.Poller,
         agents: dict[zmq.Socket[Any], AgentState],
         sockets: dict[int, zmq.Socket[Any]],
+        watched: tuple[dict[zmq.Socket[Any], AgentState], dict[int, zmq.Socket[Any]]],
         now: float,
     ) -> None:
+        monitors, monitor_of = watched
         while self._changes:
             state, change = self._changes.popleft()
             if isinstance(change, str):
                 sock = sockets[id(state)] = dealer(self.context, change, state)
                 agents[sock] = state
                 poller.register(sock, zmq.POLLIN)
+                monitor = monitor_of[id(state)] = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                monitors[monitor] = state
+                poller.register(monitor, zmq.POLLIN)
                 flush(sock, state, self.secret, now)  # hello at once
                 continue
             if id(state) in sockets:
                 gone = sockets.pop(id(state))
                 flush(gone, state, self.secret, now)
                 poller.unregister(gone)
+                if id(state) in monitor_of:
+                    watcher = monitor_of.pop(id(state))
+                    poller.unregister(watcher)
+                    stop_monitor(gone, watcher, monitors)
                 del agents[gone]
                 gone.close()
             change.set()
+
+
+def closed(monitor: zmq.Socket[Any], state: AgentState, now: float) -> None:
+    """The monitor said the connection to the hub closed: tell the agent (once per event read)."""
+    while True:
+        try:
+            monitor.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        state.on_hub_closed(now)
+
+
+def stop_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any], monitors: dict[zmq.Socket[Any], AgentState]) -> None:
+    """Stop ``sock``'s monitor and close it, before the socket itself closes."""
+    with contextlib.suppress(zmq.ZMQError):
+        sock.disable_monitor()
+    monitor.close(linger=0)
+    del monitors[monitor]

@@ -45,11 +45,11 @@ from dataclasses import replace
 
 from launchers.config.elastic import LAST_CALL
 from launchers.control import messages as m
+from launchers.control.cadence import after_close
 from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.roster import NodeStatus, Roster
 
 KEEP_MEETINGS = 64  # meeting results kept for a node that says its part again (a rejoin)
-SUSPECT_AFTER_CLOSE = 1.5  # seconds of silence that make a member lost just after a peer's connection closed
 LEAVING_CODE = 143  # the job's exit code when a node leaving ends it (128 + SIGTERM)
 
 
@@ -141,7 +141,7 @@ class Membership:
         last heard before it): a killed mlaunch is found in a few heartbeats. Said once per look at every node."""
         if self.span is None:
             return -1e9, self.node_timeout
-        return self._last_unexplained_close(now), min(self.node_timeout, max(SUSPECT_AFTER_CLOSE, 2 * heartbeat + 0.5))
+        return self._last_unexplained_close(now), after_close(self.node_timeout, heartbeat)
 
     def silence_limit(self, now: float, heartbeat: float, heard: float = -1e9) -> float:
         """``node_timeout``; a few heartbeats for a node ``heard`` last before a close no departure explains.
