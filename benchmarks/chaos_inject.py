@@ -77,7 +77,12 @@ class Injector:
             return bool(self.live_ranks(fault.host))
         if fault.kind == "kill_standby":
             return bool(self.standbys(fault.host))
-        if fault.kind in ("kill_mlaunch", "preempt", "kill_mlaunch_node0", "preempt_node0", "link_down"):
+        if fault.kind in ("kill_mlaunch", "preempt", "link_down"):
+            # The schedule keeps MIN nodes counting a comeback's: it must have reached the job first (a
+            # comeback whose mlaunch took 12 s to reach the hub was not there yet, and the job ended below MIN).
+            running = [h for h in range(len(self.cluster.hosts)) if self.cluster.running(h)]
+            return self.cluster.running(fault.host) and all(h in self.cluster.in_job for h in running)
+        if fault.kind in ("kill_mlaunch_node0", "preempt_node0"):
             return self.cluster.running(fault.host)
         if fault.kind == "term_all":  # the platform stops every node it runs (a lost one is not running)
             return self.cluster.running(0)

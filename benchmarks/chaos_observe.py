@@ -40,6 +40,14 @@ class Event:
     values: tuple[Any, ...]
 
 
+IN_JOB = re.compile(r"^mlaunch: (engine |node \d+: the job is already running|node \d+: admitted)")
+
+
+def says_in_job(line: str) -> bool:
+    """The line says this host's mlaunch is in the job: it starts ranks, or waits as a candidate (towards MIN)."""
+    return IN_JOB.search(line) is not None
+
+
 def parse(host: int, arrival: float, line: str) -> Event | None:
     """The event one output line of host ``host`` carries, if any."""
     for kind, pattern in PATTERNS.items():
@@ -70,6 +78,7 @@ class Cluster:
     procs: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
     lines: queue.Queue[tuple[float, int, str]] = field(default_factory=queue.Queue)
     started: dict[int, list[float]] = field(default_factory=dict)
+    in_job: set[int] = field(default_factory=set)  # hosts whose mlaunch said it is a member or waits to be admitted
 
     def env(self, index: int) -> dict[str, str]:
         hosts = self.hosts
@@ -92,6 +101,7 @@ class Cluster:
             argv, env=self.env(index), cwd=self.job.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
         self.procs[index] = proc
+        self.in_job.discard(index)
         self.started.setdefault(index, []).append(time.monotonic())
         threading.Thread(target=self._pump, args=(index, proc, log), daemon=True).start()
 

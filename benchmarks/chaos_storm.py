@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_inject import Injector
-from chaos_observe import Cluster, Event, parse
+from chaos_observe import Cluster, Event, parse, says_in_job
 from chaos_schedule import WHOLE_JOB, Fault
 
 from launchers.elastic.format import layout
@@ -64,6 +64,8 @@ class Storm:
 
     def feed(self, got: tuple[float, int, str]) -> None:
         arrival, host, line = got
+        if says_in_job(line):
+            self.cluster.in_job.add(host)
         event = parse(host, arrival, line)
         if event is None:
             if line.startswith("mlaunch:") and any(w in line for w in ("Error", "error", "cannot", "unrecoverable")):

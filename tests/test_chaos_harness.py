@@ -128,3 +128,29 @@ def test_a_rank_fault_whose_host_has_no_rank_hits_a_host_that_has_one() -> None:
     assert moved is not None and (moved.kind, moved.host, moved.index) == ("kill_rank", 2, 3)
     assert injector.target_ready(moved)
     assert injector.retarget(Fault(4, 1.0, "kill_mlaunch", 1, 0.0, False)) is None  # a node's fault stays on it
+
+
+def test_a_node_loss_waits_until_every_started_mlaunch_is_in_the_job() -> None:
+    """The 100-fault rerun: a comeback's mlaunch took 12 s to reach the hub; the next preemption left one
+    node, below MIN, and the job ended by design, which the schedule promises never to cause. A node-loss
+    fault now waits until every running mlaunch said it starts ranks or waits to be admitted."""
+    import random
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from chaos_inject import Injector
+    from chaos_observe import says_in_job
+    from chaos_schedule import Fault
+
+    running = {0, 1, 2}
+    cluster = SimpleNamespace(hosts=[None] * 3, in_job={0, 2}, running=lambda h: h in running)
+    injector = Injector(cluster, Path("/nonexistent"), Path("/nonexistent"), random.Random(1))
+    preempt = Fault(29, 1.0, "preempt", 2, 0.0, False)
+    assert not injector.target_ready(preempt)  # host 1 came back but is not in the job yet
+    line = "mlaunch: node 1: the job is already running; this node starts no ranks and waits to be admitted"
+    assert says_in_job(line) and not says_in_job("mlaunch: control plane: node 1 of 3 joining x:7666")
+    cluster.in_job.add(1)
+    assert injector.target_ready(preempt)
+    running.discard(1)  # a host that is down does not hold the fault back
+    cluster.in_job.discard(1)
+    assert injector.target_ready(preempt)
