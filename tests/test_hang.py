@@ -434,3 +434,34 @@ def test_ddp_rank_sleeping_in_a_step_is_detected_and_the_restart_resumes_bit_ide
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+HUNG_THEN_STOPPED = """
+    import os, time
+    from launchers import elastic
+    rank = int(os.environ["RANK"])
+    guard = elastic.install()  # SIGTERM only asks for a save at the agreed step
+    for step in range(5):
+        guard.should_stop(step)  # a boundary: progress reported
+        time.sleep(0.1)
+    print(f"rank {rank} stepped", flush=True)
+    time.sleep(3600)  # rank 1 HUNG HERE; rank 0 waits for it in the next step's collective
+"""
+
+
+def test_a_stop_whose_rank_hung_before_it_does_not_wait_out_the_grace_period(tmp_path: Path) -> None:
+    """SIGTERM to mlaunch a second after a rank hung (before the hang is judged): no rank can reach
+    the agreed step, so the stop would sit out the grace period (the 300-fault storm: a hang, then a
+    preemption, 10 s lost). Once the hang is judged (``hang_timeout`` without progress since before
+    the stop), every rank is SIGKILLed and what they staged is left to the agent-side save."""
+    job = plain_job(
+        tmp_path, HUNG_THEN_STOPPED, extra="checkpoint: {grace_period: 120s}\nmonitor: {hang_timeout: 3s}\n"
+    )
+    run = Run(job)
+    while run.first(r"rank 1 stepped") is None and run.proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    run.proc.send_signal(signal.SIGTERM)
+    code = run.finish(90)  # before the fix: the 120 s grace period (less the agent-side save's share)
+    assert code in (137, 143), run.text
+    assert "hung before the stop: no rank can reach the agreed step; SIGKILL to rank 0, rank 1" in run.text, run.text

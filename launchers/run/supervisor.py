@@ -294,7 +294,10 @@ class Supervisor(JobEventResponse):
 
     def _check_hang(self) -> None:
         """Ranks without progress for ``monitor.hang_timeout``: their stacks, then a failure like any other."""
-        if self.hang is None or self.teardown.stopping or self._failure is not None:
+        if self.hang is None or self._failure is not None:
+            return
+        if self.teardown.stopping:
+            self._check_hang_in_stop()
             return
         stale = self.hang.stale(self._live())
         if not stale:
@@ -311,6 +314,35 @@ class Supervisor(JobEventResponse):
         others = self._live()
         self.announce(f"stopping the {len(others)} processes after {self._failure.label} hung")
         self.teardown.after_failure(self._failure, self.on_failure)
+
+    def _check_hang_in_stop(self) -> None:
+        """A graceful stop whose ranks cannot reach the agreed step: one hung before it began.
+
+        A stop (a preemption, a re-form) waits up to the grace period for every rank to reach
+        the agreed step boundary and save. A rank that has reported no progress since before the
+        stop began, for ``monitor.hang_timeout``, will not get there, and the others wait for it
+        in a collective: the stop would sit out the grace period (a 300-fault storm: a hang, then
+        a preemption 3 s later, 10 s of the grace period spent waiting). Every process is
+        SIGKILLed now; what the ranks staged is committed by the agent-side save after the stop,
+        as when the grace period runs out. A rank that reported after the stop began is saving,
+        not hung, and is left alone.
+        """
+        assert self.hang is not None
+        started = self.teardown.stop_started
+        if started is None or self.teardown.after_failure_stop or self.teardown.kill_at is None:
+            return
+        stuck = [s for s in self.hang.stale(self._live()) if s.report.monotonic < started]
+        if not stuck:
+            return
+        live = self._live()
+        self.announce(
+            f"{stuck[0].describe()} hung before the stop: no rank can reach the agreed step; SIGKILL to "
+            + ", ".join(w.label for w in live)
+            + " (the agent-side save commits what they staged)"
+        )
+        self.teardown.grace_expired = True
+        self.teardown.signal_groups(signal.SIGKILL)
+        self.teardown.kill_at = None
 
     def dump_stacks(self) -> None:
         """Every live process writes its threads' Python stacks to its log (see ``launchers.run.hang``)."""
