@@ -189,16 +189,26 @@ def _watch(ckpt: Path, proc: subprocess.Popen[str], seen: dict[int, str]) -> Non
 
 
 def _rank_pid(mlaunch_pid: int, rank: int) -> int | None:
-    """The training process of ``rank`` — not a warm standby waiting for the next attempt (same env)."""
+    """The training process of ``rank`` — not a warm standby waiting for the next attempt.
+
+    Found through the ranks' progress reports: a rank forked from the warm parent shows the
+    parent's starting environment in /proc/<pid>/environ (no ``RANK``), as every first attempt's
+    rank does now (docs/standbys.md).
+    """
+    from launchers.elastic.ipc import progress
+
     for pid in children(mlaunch_pid):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if b"launchers.standby.standby" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and b"MLAUNCH_RUN_ID=" in b"\0".join(env):
-            return pid
+        run_id = next((v[len(b"MLAUNCH_RUN_ID=") :].decode() for v in env if v.startswith(b"MLAUNCH_RUN_ID=")), None)
+        if run_id is None:
+            continue
+        mine = set(children(mlaunch_pid))
+        for report in progress.read_run(run_id):
+            if report.rank == rank and report.pid in mine and report.count > 0:
+                return report.pid
     return None
 
 

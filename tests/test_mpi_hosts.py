@@ -258,9 +258,12 @@ def test_sigterm_to_node0_stops_the_job_on_every_host(tmp_path: Path, hosts: lis
 
 
 def test_peers_exit_non_zero_when_node0_vanishes(tmp_path: Path, hosts: list[Host]) -> None:
-    """kill -9 of everything on node 0 (as if the machine died): peers give up after node0_timeout (4 s).
+    """kill -9 of everything on node 0: the peers give up and exit non-zero.
 
-    ``mpi.node0_timeout`` is the older name of ``monitor.node_timeout``: the control plane declares node 0 lost.
+    ``mpi.node0_timeout`` (4 s) is the older name of ``monitor.node_timeout``: the control plane declares
+    node 0 lost. Its processes' deaths close their connections, so the peers judge it after the short fuse
+    (a few heartbeats) instead; a machine that vanishes closes nothing and gets the whole timeout
+    (``test_control_plane.py``'s stalled node 0).
     """
     job = MpiJob(tmp_path, hosts, args=("sleep",))
     job.start()
@@ -276,7 +279,8 @@ def test_peers_exit_non_zero_when_node0_vanishes(tmp_path: Path, hosts: list[Hos
     assert nodes[0].code == -signal.SIGKILL
     for node in nodes[1:]:
         assert node.code not in (0, None), job.dump()
-        assert re.search(r"node 0 \(the master.*\) is lost: its mlaunch sent nothing for [4-9]", node.out), job.dump()
+        said = r"node 0 \(the master.*; its connection closed\) is lost: its mlaunch sent nothing for [1-3]\."
+        assert re.search(said, node.out), job.dump()
     assert time.monotonic() - vanished < 25, job.dump()
     assert_hosts_empty(hosts)
 

@@ -80,17 +80,7 @@ def run_job(
     become_subreaper()
     _sweep_dead_runs(run_id)
     watchdog = Watchdog(run_id).start()  # after the run's lock is taken: the watchdog holds it too
-    standbys = None
-    if job.restart.max_restarts > 0 and (job.preload or job.preload_learning):
-        standbys = StandbyPool(
-            job.preload,
-            run_id=run_id,
-            watchdog=watchdog,
-            delay=STANDBY_DELAY,
-            fork=job.preload_fork,
-            learn=job.preload_learning,
-        )
-        standbys.prestart(plan.processes, os.getpid())  # its imports overlap the rendezvous and the meeting
+    standbys = _standby_pool(job, plan, run_id, watchdog)
     code = 1
     try:
         with SignalRouter() as signals:
@@ -111,6 +101,23 @@ def run_job(
         progress.unlink_run(run_id)
         completion.clear(run_id)
         watchdog.close()
+
+
+def _standby_pool(job: Job, plan: LaunchPlan, run_id: str, watchdog: Watchdog) -> StandbyPool | None:
+    """Warm standbys when the job restarts and has something to preload; the warm parent starts now,
+    so that its imports overlap the rendezvous and the meeting (the first attempt's ranks fork from it)."""
+    if job.restart.max_restarts <= 0 or not (job.preload or job.preload_learning):
+        return None
+    standbys = StandbyPool(
+        job.preload,
+        run_id=run_id,
+        watchdog=watchdog,
+        delay=STANDBY_DELAY,
+        fork=job.preload_fork,
+        learn=job.preload_learning,
+    )
+    standbys.prestart(plan.processes, os.getpid())
+    return standbys
 
 
 def _elastic_span(job: Job, events: JobEvents) -> tuple[int, int] | None:

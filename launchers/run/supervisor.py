@@ -58,6 +58,7 @@ from launchers.outcome import (
 from launchers.plan import ProcessSpec, process_label
 from launchers.procs import children_of, process_env, start_process
 from launchers.run.hang import HangMonitor, dump_stacks
+from launchers.run.hang_response import HangResponse
 from launchers.run.job_event_response import JobEventResponse
 from launchers.run.signal_router import SignalRouter
 from launchers.run.streams import OutputStreams, Worker
@@ -100,7 +101,7 @@ class Watchers:
     watchdog: Watchdog | None = None  # kills what is left if mlaunch is SIGKILLed
 
 
-class Supervisor(JobEventResponse):
+class Supervisor(HangResponse, JobEventResponse):
     """Run one attempt of a group of processes to its end and report how it ended."""
 
     def __init__(
@@ -291,58 +292,6 @@ class Supervisor(JobEventResponse):
                 self.tick()
             except Exception as exc:  # noqa: BLE001 - a monitor must never stop supervision
                 self.announce(f"monitor error (ignored): {exc!r}")
-
-    def _check_hang(self) -> None:
-        """Ranks without progress for ``monitor.hang_timeout``: their stacks, then a failure like any other."""
-        if self.hang is None or self._failure is not None:
-            return
-        if self.teardown.stopping:
-            self._check_hang_in_stop()
-            return
-        stale = self.hang.stale(self._live())
-        if not stale:
-            return
-        self.announce(f"{self.hang.failure(stale).describe()}; writing every process's stacks to its log")
-        marks = self.hang.log_marks(stale)  # where the stacks of the ranks outside a collective will start
-        self.dump_stacks()
-        self._failure = self.hang.failure(stale, marks)  # now with their innermost frames
-        frames = self._failure.details.get("frames") or {}
-        for rank, frame in frames.items():
-            self.announce(f"rank {rank} is outside any collective wait; innermost frame: {frame}")
-        if self.job_events is not None:
-            self.job_events.report_failure(self._failure)  # a hang here is a failure of the whole job
-        others = self._live()
-        self.announce(f"stopping the {len(others)} processes after {self._failure.label} hung")
-        self.teardown.after_failure(self._failure, self.on_failure)
-
-    def _check_hang_in_stop(self) -> None:
-        """A graceful stop whose ranks cannot reach the agreed step: one hung before it began.
-
-        A stop (a preemption, a re-form) waits up to the grace period for every rank to reach
-        the agreed step boundary and save. A rank that has reported no progress since before the
-        stop began, for ``monitor.hang_timeout``, will not get there, and the others wait for it
-        in a collective: the stop would sit out the grace period (a 300-fault storm: a hang, then
-        a preemption 3 s later, 10 s of the grace period spent waiting). Every process is
-        SIGKILLed now; what the ranks staged is committed by the agent-side save after the stop,
-        as when the grace period runs out. A rank that reported after the stop began is saving,
-        not hung, and is left alone.
-        """
-        assert self.hang is not None
-        started = self.teardown.stop_started
-        if started is None or self.teardown.after_failure_stop or self.teardown.kill_at is None:
-            return
-        stuck = [s for s in self.hang.stale(self._live()) if s.report.monotonic < started]
-        if not stuck:
-            return
-        live = self._live()
-        self.announce(
-            f"{stuck[0].describe()} hung before the stop: no rank can reach the agreed step; SIGKILL to "
-            + ", ".join(w.label for w in live)
-            + " (the agent-side save commits what they staged)"
-        )
-        self.teardown.grace_expired = True
-        self.teardown.signal_groups(signal.SIGKILL)
-        self.teardown.kill_at = None
 
     def dump_stacks(self) -> None:
         """Every live process writes its threads' Python stacks to its log (see ``launchers.run.hang``)."""
