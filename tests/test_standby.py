@@ -132,20 +132,31 @@ def job_with_preload(tmp_path: Path, entry: Path, extra: str = "") -> Path:
     return job
 
 
+ATTEMPT = (
+    "import os, sys, time\n"
+    "attempt = os.environ['MLAUNCH_RESTART_COUNT']\n"
+    "print('attempt', attempt, 'preloaded', 'decimal' in sys.modules, flush=True)\n"
+)
+
+
+def run_attempts(tmp_path: Path, then: str) -> subprocess.CompletedProcess[str]:
+    """mlaunch runs a script that says, per attempt, whether ``preload: [decimal]`` was imported, then ``then``."""
+    entry = tmp_path / "attempts.py"
+    entry.write_text(ATTEMPT + then)
+    result = run_mlaunch(["--engine", "pytorch", str(job_with_preload(tmp_path, entry))], timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_mlaunch_starts_and_restarts_from_warm_standbys(tmp_path: Path) -> None:
     """The warm parent starts with mlaunch: the first attempt's ranks are forked from it (their
     ``import`` already done), and so are the restarted ones."""
-    entry = tmp_path / "flaky.py"
-    entry.write_text(
-        "import os, sys, time\n"
-        "attempt = os.environ['MLAUNCH_RESTART_COUNT']\n"
-        "print('attempt', attempt, 'preloaded', 'decimal' in sys.modules, flush=True)\n"
+    result = run_attempts(
+        tmp_path,
         "if attempt == '0':\n"
         "    time.sleep(4)  # long enough for the refill after the start\n"
-        "    sys.exit(7 if os.environ['RANK'] == '1' else 0)\n"
+        "    sys.exit(7 if os.environ['RANK'] == '1' else 0)\n",
     )
-    result = run_mlaunch(["--engine", "pytorch", str(job_with_preload(tmp_path, entry))], timeout=120)
-    assert result.returncode == 0, result.stderr
     assert "2 warm standby workers ready for a restart" in result.stderr
     assert "restarting the group (1/1) in 0s from 2 warm standbys" in result.stderr
     lines = sorted(line for line in result.stdout.splitlines() if "attempt" in line)
@@ -161,15 +172,7 @@ def test_a_restart_before_the_first_step_is_warm_too(tmp_path: Path) -> None:
     """A rank that fails at once (before any step, before the pool's refill would start) is
     restarted from ranks forked then, not cold: the storm's second fault in a cold start cost a
     second cold start (issue 35)."""
-    entry = tmp_path / "early.py"
-    entry.write_text(
-        "import os, sys\n"
-        "attempt = os.environ['MLAUNCH_RESTART_COUNT']\n"
-        "print('attempt', attempt, 'preloaded', 'decimal' in sys.modules, flush=True)\n"
-        "sys.exit(7 if attempt == '0' and os.environ['RANK'] == '1' else 0)\n"
-    )
-    result = run_mlaunch(["--engine", "pytorch", str(job_with_preload(tmp_path, entry))], timeout=120)
-    assert result.returncode == 0, result.stderr
+    result = run_attempts(tmp_path, "sys.exit(7 if attempt == '0' and os.environ['RANK'] == '1' else 0)\n")
     lines = sorted(line for line in result.stdout.splitlines() if "attempt 1" in line)
     assert lines == ["[rank 0] attempt 1 preloaded True", "[rank 1] attempt 1 preloaded True"], result.stdout
 

@@ -105,9 +105,6 @@ class Teardown:
         live = self.live()
         guarded = self.guarded() if self.guarded is not None else set()
         if live and all(w.pid in guarded for w in live):
-            if self.stop_started is None:
-                self.stop_started = time.monotonic()
-            self.stopping = True
             self.announce(f"{why}; SIGKILL to " + ", ".join(w.label for w in live))
             self.signal_groups(signal.SIGKILL)
         self.stop_all(signal.SIGTERM, kill_after=kill_after)

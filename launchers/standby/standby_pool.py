@@ -203,9 +203,7 @@ class StandbyPool:
     def prestart(self, specs: list[ProcessSpec], parent: int) -> None:
         """Start the warm parent now (with mlaunch, before planning's rendezvous and the control plane's
         meeting end), so that its imports overlap them and the first attempt's ranks can be forked from it."""
-        wanted = [s for s in specs if self.compatible(s)]
-        if self.fork and wanted and self._has_preload():
-            self._warm_parent(wanted[0], wanted, parent)
+        self._parent_for(specs, parent)
 
     def warm_start(
         self, specs: list[ProcessSpec], parent: int, interrupted: Callable[[], bool], wait: float = WARM_START_WAIT
@@ -223,10 +221,9 @@ class StandbyPool:
         is not ready by then leaves the ranks to start cold, as before. Nothing to preload, or
         forking off or unsafe: nothing happens. Returns how many standbys were forked.
         """
-        wanted = [s for s in specs if self.compatible(s)]
-        if not self.fork or not wanted or not self._has_preload() or len(self._alive()) >= len(wanted):
+        if len(self._alive()) >= sum(1 for s in specs if self.compatible(s)):
             return 0
-        warm = self._warm_parent(wanted[0], wanted, parent)
+        warm = self._parent_for(specs, parent)
         deadline = time.monotonic() + wait
         while warm is not None and (warm.state == "starting" or warm.learning):
             if interrupted() or time.monotonic() >= deadline:
@@ -237,8 +234,12 @@ class StandbyPool:
             return 0
         return self.fill(specs, parent)
 
-    def _has_preload(self) -> bool:
-        return bool(self.preload or (self.learner is not None and self.learner.learned))
+    def _parent_for(self, specs: list[ProcessSpec], parent: int) -> WarmParent | None:
+        """The warm parent of ``specs``' ranks, started if need be; None: no forking, or nothing to preload."""
+        wanted = [s for s in specs if self.compatible(s)]
+        if not (self.fork and wanted and (self.preload or (self.learner is not None and self.learner.learned))):
+            return None
+        return self._warm_parent(wanted[0], wanted, parent)
 
     # -- forked standbys -------------------------------------------------------------------
     def _warm_parent(self, spec: ProcessSpec, wanted: list[ProcessSpec], parent: int) -> WarmParent | None:
