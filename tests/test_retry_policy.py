@@ -14,7 +14,14 @@ import pytest
 from conftest import clean_env, run_mlaunch
 
 from launchers.outcome import Failure
-from launchers.run.retry_policy import record_of, repeated
+from launchers.run.retry_policy import (
+    PROGRESS_UPTIME,
+    made_progress,
+    no_progress_streak,
+    record_of,
+    repeated,
+    restart_delay,
+)
 
 TRACEBACK = [
     "Traceback (most recent call last):",
@@ -89,3 +96,53 @@ def test_stop_on_repeat_false_restarts_as_before(tmp_path: Path) -> None:
     result = run_mlaunch(["--engine", "pytorch", str(job(tmp_path, -1, ", stop_on_repeat: false"))], env=clean_env())
     assert result.returncode == 1 and result.stderr.count("restarting the group (") == 3, result.stderr
     assert "giving up after 3 restart(s)" in result.stderr
+
+
+def test_the_backoff_guards_a_crash_loop_not_a_fault() -> None:
+    """Issue 44 item 5: no wait after a failure that followed progress; doubling for failures in a row without."""
+    assert made_progress(first_step=7, ran_for=0.5)  # a step trained: a fault, not a crash loop
+    assert not made_progress(first_step=None, ran_for=2.0)  # died before any step
+    assert made_progress(first_step=None, ran_for=PROGRESS_UPTIME)  # a script that reports no steps, ran a while
+    streak = 0
+    waits = []
+    for progressed in (True, False, False, False, True, False):
+        streak = no_progress_streak(streak, progressed)
+        waits.append(restart_delay(1.0, 5.0, streak))
+    assert waits == [0.0, 1.0, 2.0, 4.0, 0.0, 1.0]  # progress resets the streak
+    assert restart_delay(1.0, 5.0, 10) == 5.0  # capped by max_backoff
+
+
+KILLED_AFTER_PROGRESS = """\
+import os, signal
+from launchers import elastic
+attempt = int(os.environ["MLAUNCH_RESTART_COUNT"])
+for step in range(6):
+    elastic.heartbeat(step)
+    if step == 3 and attempt < 2 and os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_default_policy_restarts_a_fault_after_progress_at_once(tmp_path: Path) -> None:
+    """job.yaml's defaults (no ``backoff:``): two kill -9s after steps were trained restart without waiting."""
+    script = tmp_path / "train.py"
+    script.write_text(KILLED_AFTER_PROGRESS)
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"entry: {script}\nengine: pytorch\nnodes: 1\nprocs_per_node: 2\nlog_dir: {tmp_path / 'logs'}\n"
+        "restart: {max_restarts: 3}\n"
+    )
+    result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("in 0s (the attempt trained before it failed: no backoff)") == 2, result.stderr
+
+
+def test_default_policy_backs_off_a_crash_loop(tmp_path: Path) -> None:
+    """Failures in a row before any step wait restart.backoff (default 1 s), then twice as long."""
+    result = run_mlaunch(["--engine", "pytorch", str(job(tmp_path, -1, ", stop_on_repeat: false"))], env=clean_env())
+    err = result.stderr
+    assert "restarting the group (1/3) in 0s" in err, err  # the job's backoff is 0s here: still no wait
+    path = tmp_path / "job.yaml"
+    path.write_text(path.read_text().replace("backoff: 0s, ", "max_restarts: 2, ").replace("{max_restarts: 3, ", "{"))
+    err = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env()).stderr
+    assert "restarting the group (1/2) in 1s" in err and "restarting the group (2/2) in 2s (2 failures in a row" in err, err

@@ -89,7 +89,11 @@ class RestartOptions(Section):
     """``restart:`` — how often a failed group is started again."""
 
     max_restarts: Count = Field(0, description="0..1000000")
-    backoff: Duration = Field(1.0, description="wait before the first restart; doubles each time")
+    backoff: Duration = Field(
+        1.0,
+        description="wait before restarting after a failure that trained nothing (no step in the attempt); doubles "
+        "with each such failure in a row; a failure after progress restarts at once and resets it",
+    )
     max_backoff: Duration = Field(60.0)
     stop_timeout: Duration = Field(
         3.0,

@@ -32,7 +32,14 @@ from launchers.outcome import Outcome, signal_name
 from launchers.phases import long_phase
 from launchers.planning import plan_attempt
 from launchers.run.job_wide import job_exit_code, meet_before_restart
-from launchers.run.retry_policy import FailureRecord, record_of, repeated
+from launchers.run.retry_policy import (
+    FailureRecord,
+    made_progress,
+    no_progress_streak,
+    record_of,
+    repeated,
+    restart_delay,
+)
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
@@ -80,6 +87,7 @@ class RestartLoop:
         self.job, self.run, self.policy = job, run, policy
         self._attempt, self._ended = attempt, ended
         self._last_failure: FailureRecord | None = None  # the previous failed attempt (``retry_policy``)
+        self._streak = 0  # failed attempts in a row that trained nothing (``retry_policy.restart_delay``)
 
     def run_all(self) -> int:
         """The exit code mlaunch exits with."""
@@ -91,6 +99,7 @@ class RestartLoop:
             if code is not None:
                 return code
             code = 1
+            self._streak = no_progress_streak(self._streak, self._progressed()) if outcome.status == "failed" else 0
             if outcome.status != "failed":
                 self._last_failure = None  # "twice in a row": a re-formed attempt between them breaks the streak
             else:
@@ -123,17 +132,30 @@ class RestartLoop:
             say(f"not restarting: {why} — a restart would fail the same way (restart.stop_on_repeat: false retries)")
         return why is not None
 
+    def _progressed(self) -> bool:
+        """The attempt that just ended trained before it ended (``retry_policy.made_progress``)."""
+        import time
+
+        attempts = self.run.observer.clock.attempts
+        if not attempts:
+            return False
+        current = attempts[-1]
+        return made_progress(current.first_step, (current.ended or time.time()) - current.started)
+
     def _restart_allowed(self, restarts: int, attempt: int, code: int) -> int | None:
-        """After a failure: give up when the restarts are spent, else back off (None: restart)."""
+        """After a failure: give up when the restarts are spent, else back off per ``retry_policy`` (None: restart)."""
         policy = self.job.restart
         if restarts >= policy.max_restarts:
             if policy.max_restarts:
                 say(f"giving up after {restarts} restart(s) (restart.max_restarts: {policy.max_restarts})")
             return code
-        delay = min(policy.backoff * (2**restarts), policy.max_backoff)
+        delay = restart_delay(policy.backoff, policy.max_backoff, self._streak)
         standbys = self.run.standbys
         warm = f" from {standbys.ready_count()} warm standbys" if standbys is not None else ""
-        say(f"restarting the group ({restarts + 1}/{policy.max_restarts}) in {delay:g}s{warm}")
+        why = " (the attempt trained before it failed: no backoff)" if self._streak == 0 else ""
+        if self._streak > 1:
+            why = f" ({self._streak} failures in a row without a step: backoff doubled)"
+        say(f"restarting the group ({restarts + 1}/{policy.max_restarts}) in {delay:g}s{why}{warm}")
         self.run.observer.restarting(attempt, delay)
         received = [s for s in self.run.signals.wait(delay) if s in early_signals.STOP_SIGNALS]
         if received:

@@ -12,6 +12,12 @@ rank's traceback, as this node saw it in the rank's output), and
 Then the restarts stop, saying why (``restart.stop_on_repeat: false`` restarts anyway). A
 failure with no traceback here (kill -9, OOM, a rank on another node), at another step, or of
 another kind restarts as before.
+The wait before a restart is decided here too (``restart_delay``): a backoff guards against a crash
+loop, not against a fault. A failure that followed progress (a step trained in the attempt, or, for a
+script that reports no steps, ``PROGRESS_UPTIME`` seconds of running) restarts at once; each failure
+in a row *without* progress doubles the wait from ``restart.backoff`` up to ``restart.max_backoff``;
+progress resets the streak (torchrun restarts at once every time; Kubernetes' CrashLoopBackOff grows
+and is reset after 10 minutes of running).
 Pure functions of what the restart loop observed: tested without processes.
 """
 
@@ -21,6 +27,8 @@ import re
 from dataclasses import dataclass
 
 from launchers.outcome import Failure
+
+PROGRESS_UPTIME = 60.0  # seconds: an attempt of a script that reports no steps that ran this long made progress
 
 _PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torch's per-rank prefix on a rank's traceback lines
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
@@ -64,3 +72,20 @@ def repeated(previous: FailureRecord | None, current: FailureRecord) -> str | No
     if previous.step is not None and previous.step == current.step:
         return f"the same failure at step {current.step} in two attempts in a row: {current.where}"
     return None
+
+
+def made_progress(first_step: int | None, ran_for: float) -> bool:
+    """Whether a failed attempt trained before it failed: it reported a step, or (no step reports) ran a while."""
+    return first_step is not None or ran_for >= PROGRESS_UPTIME
+
+
+def no_progress_streak(previous: int, progressed: bool) -> int:
+    """Failed attempts in a row without progress, counting the one that just failed (0 after progress)."""
+    return 0 if progressed else previous + 1
+
+
+def restart_delay(backoff: float, max_backoff: float, streak: int) -> float:
+    """Seconds to wait before restarting: none after progress, then ``backoff`` doubling per failure in a row."""
+    if streak <= 0:
+        return 0.0
+    return float(min(backoff * (2 ** (streak - 1)), max_backoff))
