@@ -145,4 +145,5 @@ def test_default_policy_backs_off_a_crash_loop(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(path.read_text().replace("backoff: 0s, ", "max_restarts: 2, ").replace("{max_restarts: 3, ", "{"))
     err = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env()).stderr
-    assert "restarting the group (1/2) in 1s" in err and "restarting the group (2/2) in 2s (2 failures in a row" in err, err
+    assert "restarting the group (1/2) in 1s" in err, err
+    assert "restarting the group (2/2) in 2s (2 failures in a row" in err, err
