@@ -13,6 +13,9 @@
             ckpt.save(step, state_dict)     # every rank writes its shard; rank 0 commits after all are written
             guard.exit()                    # exit code 143
 
+``@elastic.recoverable`` on the function that trains keeps this process through a peer's failure:
+the group re-forms around it and the function is called again (``in_place``).
+
 ``elastic.finished()`` after the last step tells mlaunch this rank completed: an abort in the
 interpreter's teardown afterwards is not a failure (no restart, no flash save, exit code 0).
 
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from launchers.elastic.checkpoint import Checkpointer, CheckpointError
     from launchers.elastic.guard import EXIT_CODE, GracefulExit, Guard, install
+    from launchers.elastic.in_place import recoverable
     from launchers.elastic.ipc.completion import finished
     from launchers.elastic.ipc.progress import heartbeat, waiting
 
@@ -59,6 +63,7 @@ __all__ = [
     "finished",
     "heartbeat",
     "install",
+    "recoverable",
     "waiting",
 ]
 
@@ -73,6 +78,7 @@ _WHERE = {
     "GracefulExit": "guard",
     "Guard": "guard",
     "install": "guard",
+    "recoverable": "in_place",
     "heartbeat": "ipc.progress",
     "waiting": "ipc.progress",
 }

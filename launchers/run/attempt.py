@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from launchers.persist.background_persist import BackgroundPersist
     from launchers.persist.flash_save import Exchange
     from launchers.persist.replication import Replication
+    from launchers.run.in_place import Survivors
 
 
 @dataclass
@@ -50,6 +51,7 @@ class RunContext:
     observer: JobObserver
     standbys: StandbyPool | None = None
     replicas: Replication | None = None  # machine-loss replication (checkpoint.replicate, persist/replication.py)
+    survivors: Survivors | None = None  # ranks kept through a peer's failure (``run.in_place``); None: never kept
 
 
 def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
@@ -85,8 +87,9 @@ def run_attempt(
     quiesce = background.stop if background else None
     flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)
     run.observer.attempt_started(plan, attempt)
+    survivors = run.survivors
     try:
-        outcome = Supervisor(
+        supervisor = Supervisor(
             plan.processes,
             run_id=run.run_id,
             signals=run.signals,
@@ -104,7 +107,11 @@ def run_attempt(
                 ),
                 watchdog=run.watchdog,
             ),
-        ).run()
+            in_place=survivors is not None,
+            adopt=survivors.take() if survivors is not None else None,
+        )
+        outcome = supervisor.run()
+        _in_place_events(supervisor, survivors, run.observer, attempt)
     finally:
         if background is not None:
             background.stop()
@@ -120,6 +127,21 @@ def run_attempt(
     progress.unlink_run(run.run_id)
     completion.clear(run.run_id)
     return outcome, roots
+
+
+def _in_place_events(supervisor: Supervisor, survivors: Survivors | None, observer: JobObserver, attempt: int) -> None:
+    """Hand the kept ranks to the next attempt; say in ``events.jsonl`` what recovered in place and what could not."""
+    if survivors is None:
+        return
+    if supervisor.rejoined:
+        survivors.recoveries += 1
+        observer.log.write("rejoined_in_place", attempt=attempt, ranks=supervisor.rejoined)
+    if supervisor.kept:
+        survivors.keep(supervisor.kept)
+        observer.log.write("kept_in_place", attempt=attempt, ranks=[w.label for w in supervisor.kept])
+    if supervisor.in_place_fallback:
+        survivors.fallbacks += 1
+        observer.log.write("in_place_fallback", attempt=attempt, reason=supervisor.in_place_fallback)
 
 
 def _background_persist(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from launchers import stop_signals as early_signals
 from launchers.config.job import Job
-from launchers.elastic.ipc import completion, progress, staging
+from launchers.elastic.ipc import completion, progress, recovery, staging
 from launchers.log import say
 from launchers.observe.observer import JobObserver
 from launchers.outcome import Outcome, signal_name
@@ -85,6 +85,10 @@ def run_job(
     try:
         with SignalRouter() as signals:
             run = RunContext(engine, run_id, signals, watchdog, events, observer, standbys)
+            if job.restart.max_restarts > 0:
+                from launchers.run.in_place import Survivors
+
+                run.survivors = Survivors(run_id, say)
             elastic = _elastic_span(job, events) is not None
             refused = None if elastic else health_check(job, cluster, events, run)  # elastic: per generation
             if refused is not None:
@@ -100,6 +104,7 @@ def run_job(
         staging.unlink_run(run_id)
         progress.unlink_run(run_id)
         completion.clear(run_id)
+        recovery.unlink_run(run_id)
         watchdog.close()
 
 
@@ -158,4 +163,8 @@ def _attempts(job: Job, engine: Engine, cluster: Cluster, plan: LaunchPlan, run:
     def attempt(plan: LaunchPlan, number: int, tick: Callable[[], None]) -> tuple[Outcome, set[str]]:
         return run_attempt(job, plan, number, grace, run, ticks(monitor, tick))
 
-    return RestartLoop(job, run, policy, attempt, attempt_exit_code).run_all()
+    try:
+        return RestartLoop(job, run, policy, attempt, attempt_exit_code).run_all()
+    finally:
+        if run.survivors is not None:
+            run.survivors.kill_all("the run ends without another attempt")

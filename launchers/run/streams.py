@@ -64,7 +64,7 @@ class OutputStreams:
             assert stream is not None
             fd = stream.fileno()
             os.set_blocking(fd, False)
-            worker.buffers[fd] = b""
+            worker.buffers.setdefault(fd, b"")  # an adopted worker keeps its unfinished line
             self._by_fd[fd] = (worker, is_err)
             self._selector.register(fd, selectors.EVENT_READ, None)
 
@@ -91,6 +91,17 @@ class OutputStreams:
             for fd in ready:
                 self._read(fd)
             fds = [fd for fd in fds if fd in self._by_fd]
+
+    def detach(self, worker: Worker) -> None:
+        """Stop watching ``worker``'s pipes without closing them or its log: the next attempt adopts it."""
+        for fd in [fd for fd, (w, _) in self._by_fd.items() if w is worker]:
+            self._read(fd)
+            if fd in self._by_fd:
+                del self._by_fd[fd]
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(fd)
+        if worker in self._workers:
+            self._workers.remove(worker)
 
     def close(self) -> None:
         """Read what is left (up to half a second per pipe), close the pipes and the log files."""

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from launchers.elastic.ipc import completion, progress
+from launchers.elastic.ipc import completion, progress, recovery
 from launchers.log import say, signal_name
 from launchers.outcome import (
     Failure,
@@ -59,6 +59,7 @@ from launchers.plan import ProcessSpec, process_label
 from launchers.procs import children_of, process_env, start_process
 from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.hang_response import HangResponse
+from launchers.run.in_place import keep_decision, kill_and_reap
 from launchers.run.job_event_response import JobEventResponse
 from launchers.run.signal_router import SignalRouter
 from launchers.run.streams import OutputStreams, Worker
@@ -114,6 +115,8 @@ class Supervisor(HangResponse, JobEventResponse):
         stopping: Stopping = Stopping(),
         output: Output = Output(),
         watchers: Watchers = Watchers(),
+        in_place: bool = False,
+        adopt: dict[int, Worker] | None = None,
     ) -> None:
         self.processes = processes
         self.run_id = run_id
@@ -133,6 +136,7 @@ class Supervisor(HangResponse, JobEventResponse):
             stop_timeout=stopping.stop_timeout,
             guarded=lambda: progress.guarded_pids(run_id),
             unstarted=lambda: progress.unstarted_pids(run_id),
+            keep=self._keep_in_place,
         )
         self.hang = watchers.hang
         self._failure: Failure | None = None
@@ -149,6 +153,13 @@ class Supervisor(HangResponse, JobEventResponse):
         self._next_tick = 0.0
         self._standbys_announced = False
         self.job_events = watchers.job_events
+        # in-place recovery (``run.in_place``): survivors of the last attempt to adopt, and those kept for the next
+        self.in_place = in_place
+        self._adopt = dict(adopt or {})
+        self.kept: list[Worker] = []
+        self._kept_pids: set[int] = set()
+        self.rejoined: list[str] = []  # the labels of the adopted survivors
+        self.in_place_fallback: str | None = None  # why ranks that declared it could not recover in place
 
     def run(self) -> Outcome:
         try:
@@ -186,29 +197,80 @@ class Supervisor(HangResponse, JobEventResponse):
             self.streams.wake_on(self.signals.read_fd)
         if self.job_events is not None and self.job_events.wake_fd is not None:
             self.streams.wake_on(self.job_events.wake_fd)
-        self._fork_standbys_first()
+        to_start: list[tuple[ProcessSpec, str]] = []
         for index, spec in enumerate(self.processes):
+            label = self.labels.get(index) or process_label(spec)
+            survivor = self._adopt.pop(spec.local_rank, None)
+            if survivor is None or not self._rejoin(survivor, spec, label):
+                to_start.append((spec, label))
+        for survivor in self._adopt.values():  # no place for it in this attempt (the plan changed)
+            self.announce(f"{survivor.label} has no place in this attempt; SIGKILL")
+            kill_and_reap(survivor)
+        self._adopt = {}
+        self._fork_standbys_first([spec for spec, _ in to_start])
+        for spec, label in to_start:
             for sig in self.signals.drain():
                 self._on_signal(sig)
             if self.teardown.signal is not None or self._failure is not None:
                 return
-            label = self.labels.get(index) or process_label(spec)
             try:
                 self._spawn(spec, label)
             except OSError as exc:
                 self._failure = launch_failure(spec, label, exc)
                 return
 
-    def _fork_standbys_first(self) -> None:
+    def _fork_standbys_first(self, specs: list[ProcessSpec]) -> None:
         """This attempt's ranks forked from the warm parent rather than started cold (``StandbyPool.warm_start``)."""
         pool = self.standbys
-        if pool is None:
+        if pool is None or not specs:
             return
         try:
-            pool.warm_start(self.processes, self._parent_pid, self._interrupted)
+            pool.warm_start(specs, self._parent_pid, self._interrupted)
         except OSError as exc:  # standbys must never break supervision
             self.announce(f"cannot start standby workers: {exc}")
             self.standbys = None
+
+    def _rejoin(self, survivor: Worker, spec: ProcessSpec, label: str) -> bool:
+        """A survivor of the last attempt takes ``spec``'s place in this one, in its own process; False: start it."""
+        if survivor.returncode is not None or survivor.popen.poll() is not None or survivor.spec.argv != spec.argv:
+            kill_and_reap(survivor)
+            return False
+        env = process_env(spec.env, self.run_id)
+        if self.standbys is not None:
+            env.update(self.standbys.rank_env)
+        attempt = int(spec.env.get("MLAUNCH_RESTART_COUNT", "0") or 0)
+        if not recovery.go(self.run_id, survivor.pid, attempt, env):
+            self.announce(f"{survivor.label} cannot be told to rejoin (it left recovery); starting a new process")
+            kill_and_reap(survivor)
+            return False
+        survivor.spec, survivor.label, survivor.prefix = spec, label, f"[{label}] ".encode()
+        self.workers.append(survivor)
+        self._by_pid[survivor.pid] = survivor
+        self.streams.add(survivor)
+        self.rejoined.append(label)
+        return True
+
+    def _keep_in_place(self, failure: Failure) -> list[Worker]:
+        """After ``failure``: the workers here that recover in place (``run.in_place``), told to hold."""
+        if not self.in_place or not self.run_id:
+            return []
+        decision = keep_decision(failure, self._live(), recovery.declared_pids(self.run_id))
+        if decision.fallback:
+            self.in_place_fallback = decision.fallback
+            self.announce(f"cannot recover in place: {decision.fallback}; every rank here restarts")
+        attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
+        held = [w for w in decision.kept if recovery.hold(self.run_id, w.pid, attempt, failure.describe())]
+        if len(held) < len(decision.kept):
+            self.in_place_fallback = "a rank left recovery before it could be told to hold"
+            self.announce(f"cannot recover in place: {self.in_place_fallback}; every rank here restarts")
+            return []
+        if held:
+            self.kept, self._kept_pids = held, {w.pid for w in held}
+            self.announce(
+                f"{failure.label} failed: " + ", ".join(w.label for w in held) + " keep their processes and rejoin "
+                "in place (@elastic.recoverable)"
+            )
+        return held
 
     def _interrupted(self) -> bool:
         """A stop signal or a failure arrived (signals are handled here as the loop would)."""
@@ -250,7 +312,8 @@ class Supervisor(HangResponse, JobEventResponse):
 
     # -- the loop --------------------------------------------------------------------------
     def _live(self) -> list[Worker]:
-        return [w for w in self.workers if w.returncode is None]
+        """The workers this attempt still runs (those kept for in-place recovery belong to the next attempt)."""
+        return [w for w in self.workers if w.returncode is None and w.pid not in self._kept_pids]
 
     def _loop(self) -> None:
         while self._live():
@@ -371,11 +434,13 @@ class Supervisor(HangResponse, JobEventResponse):
             while self._live() and time.monotonic() < end:
                 self._reap()
                 time.sleep(0.01)
+        for worker in self.kept:
+            self.streams.detach(worker)  # the next attempt adopts it, its pipes and its log
         self.streams.close()
         watchdog_pid = self.watchdog.pid if self.watchdog else -1
         standby_pids = self.standbys.pids() if self.standbys else set()
         for child in children_of(os.getpid()):
-            if child != watchdog_pid and child not in self._by_pid and child not in standby_pids:
+            if child != watchdog_pid and child not in self._by_pid and child not in standby_pids | self._kept_pids:
                 with contextlib.suppress(OSError):
                     os.kill(child, signal.SIGKILL)
         self._reap()

@@ -58,11 +58,13 @@ class Teardown:
         stop_timeout: float | None = None,
         guarded: Callable[[], set[int]] | None = None,
         unstarted: Callable[[], set[int]] | None = None,
+        keep: Callable[[Failure], list[Worker]] | None = None,
     ) -> None:
         self.grace_period = grace_period
         self.stop_timeout = stop_timeout
         self.guarded = guarded  # the pids that stop their own children (DataLoader workers)
         self.unstarted = unstarted  # guarded pids that have reached no step boundary yet
+        self.keep = keep  # after a failure: the workers that recover in place (``run.in_place``), out of ``live``
         self.live = live
         self.announce = announce
         self.reserve = reserve
@@ -200,9 +202,15 @@ class Teardown:
         return min(self.stop_timeout, self.grace_period)
 
     def after_failure(self, failure: Failure, hook: Callable[[Failure], str | None] | None) -> None:
-        """Stop the others after ``failure``, running ``hook`` first while they are frozen (SIGSTOP)."""
+        """Stop the others after ``failure``, running ``hook`` first while they are frozen (SIGSTOP).
+
+        Workers that recover in place (``keep``) are frozen for the hook too, then woken, never stopped:
+        the rest (a hung rank) is SIGKILLed and replaced.
+        """
+        kept = self.keep(failure) if self.keep is not None else []
         self.after_failure_stop = self.kill_at is None
         self.signal_groups(signal.SIGSTOP)
+        signal_stop([w.pid for w in kept], signal.SIGSTOP, set())
         kill_now = None
         try:
             kill_now = hook(failure) if hook is not None else None
@@ -210,17 +218,34 @@ class Teardown:
             self.announce(f"failure hook error (ignored): {exc!r}")
         finally:
             live = self.live()
-            if not kill_now and self.unstarted is not None:
-                kill_now = nothing_started([w.pid for w in live], self.unstarted())
-            if kill_now and live:
-                # The hook saved what these processes could have saved (the agent-side
-                # flash save committed their newest step), or they have not reached a step
-                # to save: waiting out the stop timeout would only delay the restart.
-                self.announce(f"{kill_now}; SIGKILL to " + ", ".join(w.label for w in live))
-                self.signal_groups(signal.SIGKILL)
-            # frozen, signalled, woken: the SIGTERM lands in every process at once
-            self.stop_all(signal.SIGTERM, kill_after=self.failure_kill_after())
-            self.signal_groups(signal.SIGCONT)
+            if kept:
+                self._replace(live, kept)
+            else:
+                self._stop_after_failure(live, kill_now)
+
+    def _stop_after_failure(self, live: list[Worker], kill_now: str | None) -> None:
+        """The ordinary stop after a failure: SIGKILL when nothing is left to save, else SIGTERM, the stop timeout."""
+        if not kill_now and self.unstarted is not None:
+            kill_now = nothing_started([w.pid for w in live], self.unstarted())
+        if kill_now and live:
+            # The hook saved what these processes could have saved (the agent-side
+            # flash save committed their newest step), or they have not reached a step
+            # to save: waiting out the stop timeout would only delay the restart.
+            self.announce(f"{kill_now}; SIGKILL to " + ", ".join(w.label for w in live))
+            self.signal_groups(signal.SIGKILL)
+        # frozen, signalled, woken: the SIGTERM lands in every process at once
+        self.stop_all(signal.SIGTERM, kill_after=self.failure_kill_after())
+        self.signal_groups(signal.SIGCONT)
+
+    def _replace(self, live: list[Worker], kept: list[Worker]) -> None:
+        """In-place recovery: what is left of the failed rank goes at once; the survivors are woken to rejoin."""
+        if self.stop_started is None:
+            self.stop_started = time.monotonic()
+        self.stopping = True
+        if live:
+            self.announce("replacing " + ", ".join(w.label for w in live) + ": SIGKILL")
+            self.signal_groups(signal.SIGKILL)
+        signal_stop([w.pid for w in kept], signal.SIGCONT, set())
 
 
 def nothing_started(live: list[int], unstarted: set[int]) -> str | None:

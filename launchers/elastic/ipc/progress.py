@@ -243,6 +243,19 @@ def report_as_new_rank() -> None:
     _off = False
 
 
+def reopen() -> None:
+    """This process joins a new attempt in place (``elastic.recoverable``): its next report opens a new file.
+
+    mlaunch removed the old attempt's files; the new one carries the new attempt and rank, and starts
+    its own first step and counts (what the old attempt waited and saved stays in the totals).
+    """
+    global _map, _count, _off, _first_written
+    if _map is not None:
+        with contextlib.suppress(BufferError, ValueError):
+            _map.close()
+    _map, _count, _off, _first_written = None, 0, False, False
+
+
 def _after_fork_in_child() -> None:
     """A forked child (a data-loader worker) is not the rank: it must not write the parent's file."""
     global _map, _count, _off, _first_written, _guarded, _depth

@@ -47,6 +47,18 @@ def disable(reason: str) -> None:
         _segment = None
 
 
+def reopen() -> None:
+    """This process joins a new attempt in place (``elastic.recoverable``): its next stage makes a new segment.
+
+    mlaunch removed the old attempt's segment file (its agent persisted what it held); the mapping goes too.
+    """
+    global _segment
+    if _segment is not None:
+        with contextlib.suppress(OSError, ValueError, BufferError):
+            _segment.close()
+        _segment = None
+
+
 def forget(rank: int, world: int) -> None:
     """Drop what this process staged (after ``Checkpointer.clear()``: training is over)."""
     seg = process_segment(rank, world)

@@ -1,0 +1,228 @@
+"""``@elastic.recoverable``: a peer's failure re-forms the group around this process instead of ending it.
+
+::
+
+    from launchers import elastic
+
+    @elastic.recoverable
+    def train():
+        dist.init_process_group("gloo")           # reads RANK, WORLD_SIZE, MASTER_ADDR/PORT as always
+        ckpt = elastic.Checkpointer()
+        state = ckpt.load_latest()                 # the step every rank staged, committed by mlaunch
+        for step in range(start, total):
+            ...
+
+    train()
+
+Why: without it every fault restarts every rank — each one starts a process, imports torch,
+initialises its device and reads the state back — although only one of them failed. With it the
+failed rank alone is replaced (by a warm standby) and the survivors keep their process, their
+imports, their device context and their data-loader workers' parent: the group re-forms around them.
+
+How (the rank's half; mlaunch's half is ``launchers.run.in_place``): the wrapper declares the
+process recoverable (``ipc.recovery``). When a peer fails, the survivor's pending collective raises
+(gloo: "Connection closed by peer" as the dead process's sockets close; a hung rank is SIGKILLed by
+mlaunch first, so its sockets close too). The wrapper then tears down the process group (the old
+groups stay referenced: destroying a gloo group's threads can deadlock on the GIL, see
+``guard._end_process_groups``), drops the failed call's frames, waits for mlaunch's word with the
+next attempt's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``,
+``MLAUNCH_RESTART_COUNT``...), applies it, and calls the function again. Inside, ``load_latest()``
+returns the newest step every rank staged, which mlaunch committed from the ranks' shared memory
+while they waited (the flash save), so every rank of the new group starts from the same step.
+
+An exception that no peer failure explains (mlaunch says nothing within ``notice_within`` seconds) is
+the rank's own and is raised as before; mlaunch then restarts per ``restart:``. When mlaunch cannot
+recover in place (a node was lost, a rank that is not recoverable, a second fault during recovery) it
+stops this process and restarts the job whole, as without the decorator, and says so.
+Outside mlaunch the decorator calls the function once, nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from launchers.elastic.ipc import progress, rank_segment, recovery
+from launchers.elastic.ranks import collective, env
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+NOTICE_WITHIN = 3.0  # seconds a failed collective waits for mlaunch to say a peer failed
+_OLD_GROUPS: list[Any] = []  # the process groups of earlier attempts, never destructed (see the module docstring)
+recoveries = 0  # how often this process re-formed in place (for the script's own logging and tests)
+
+
+@overload
+def recoverable(fn: F) -> F: ...
+@overload
+def recoverable(*, notice_within: float = NOTICE_WITHIN) -> Callable[[F], F]: ...
+
+
+def recoverable(fn: Any = None, *, notice_within: float = NOTICE_WITHIN) -> Any:
+    """Decorate the function that trains: a peer's failure calls it again in this process (see the module)."""
+
+    def wrap(function: F) -> F:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not recovery.declare():
+                return function(*args, **kwargs)  # not under mlaunch: nobody to re-form with
+            try:
+                while True:
+                    before = _socket_inodes()
+                    failed = _call(function, args, kwargs)
+                    if not isinstance(failed, _Failed):
+                        return failed
+                    word = _after_failure(before, notice_within)
+                    if word is None:
+                        raise failed.error
+                    del failed  # the failed call's frames (its model, its optimizer) go before the next call
+                    _rejoin(word)
+            finally:
+                recovery.withdraw()
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap(fn) if fn is not None else wrap
+
+
+class _Failed:
+    """The exception of a failed call, held outside the ``except`` block (so its frames can be dropped)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - a stop (SystemExit, GracefulExit) and Ctrl-C pass through
+        return _Failed(exc)
+
+
+def _after_failure(before: set[str], notice_within: float) -> recovery.Word | None:
+    """The group is torn down; mlaunch's ``go`` for the next attempt, or None (the failure is this rank's own)."""
+    _close_call_connections(before)
+    _tear_down_groups()
+    return recovery.await_go(notice_within, _stop_requested)
+
+
+def _socket_inodes() -> set[str]:
+    """The sockets this process holds now (``socket:[inode]``), before a call of the training function."""
+    found: set[str] = set()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith("socket:"):
+                found.add(target)
+    return found
+
+
+def _close_call_connections(before: set[str]) -> int:
+    """Shut down the TCP connections the failed call opened (its process group's): the peers' waits end now.
+
+    A survivor whose collective failed is often not the only one waiting: in a ring or tree the ranks
+    that are not the dead one's neighbours wait on those that are, and a destroyed gloo group keeps its
+    connections open until its last reference goes (``_tear_down_groups`` keeps them). Shutting the
+    failed call's connections down makes every such wait end with "connection closed", rank by rank,
+    in milliseconds. Only connected TCP sockets opened during the failed call are touched (not
+    listeners: gloo aborts the process when its listener fails), and none to a port below 1024 (a
+    client of a web service); everything the failed call built is rebuilt by the next call anyway,
+    so a client that must outlive a recovery is made outside the decorated function.
+    """
+    import socket
+
+    closed = 0
+    new = _socket_inodes() - before
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") not in new:
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        try:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+                peer = sock.getpeername()  # OSError for a listener: left alone
+                if peer[1] >= 1024:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    closed += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()  # the duplicate only; the group's own fd stays (shut down)
+    return closed
+
+
+def _stop_requested() -> bool:
+    guard = sys.modules.get("launchers.elastic.guard")
+    current = getattr(guard, "_guard", None) if guard is not None else None
+    return bool(current is not None and current.requested)
+
+
+def _tear_down_groups() -> None:
+    """``destroy_process_group`` of whatever the failed call initialised; the group objects stay referenced."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if not dist.is_available() or not dist.is_initialized():
+            return
+        world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+        _OLD_GROUPS.extend(list(getattr(world, "pg_map", None) or {}) or [dist.group.WORLD])
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - a broken group is what we are leaving behind
+        collective.say(f"tearing down the failed process group: {exc!r} (ignored)")
+
+
+def _rejoin(word: recovery.Word) -> None:
+    """Become this process's rank in the next attempt: its environment, fresh shared-memory files."""
+    global recoveries
+    before = env.env_rank()
+    started = time.monotonic()
+    _settle_device_copies()
+    os.environ.update(word.env)
+    progress.reopen()  # the next report writes a new progress file, of the new attempt
+    rank_segment.reopen()  # the next stage writes a new segment, of the new attempt
+    if "torch" in sys.modules and _cuda_initialized():
+        gc.collect()  # the old model's device memory goes before the new one is built
+    recoveries += 1
+    rank = env.env_rank()
+    moved = f" (was rank {before})" if before != rank else ""
+    collective.say(
+        f"recovering in place for attempt {word.attempt}: rank {rank}{moved} of {env.env_world()}, "
+        f"this process kept ({(time.monotonic() - started) * 1000:.0f} ms to rejoin)"
+    )
+    recovery.declare()
+
+
+def _settle_device_copies() -> None:
+    """A device-to-host copy in flight (``ipc.device_stage``) lands before its segment is closed."""
+    module = sys.modules.get("launchers.elastic.ipc.device_stage")
+    stager = getattr(module, "_stager", None) if module is not None else None
+    if stager is not None:
+        try:
+            stager.wait()
+        except Exception as exc:  # noqa: BLE001 - the slot is the agent's now; the copy was best effort
+            collective.say(f"waiting for the staged copy in flight: {exc!r} (ignored)")
+
+
+def _cuda_initialized() -> bool:
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return bool(cuda is not None and cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False

@@ -1,0 +1,168 @@
+"""In-place recovery: the per-process file through which a surviving rank and its mlaunch agree to go on.
+
+A rank whose training function is wrapped in ``launchers.elastic.recoverable`` *declares* itself
+recoverable: ``mlaunch.<run id>.recover.<pid>`` appears in the staging directory (``/dev/shm``).
+When a peer fails (killed, hung, its rank on another node killed), mlaunch keeps such ranks alive
+instead of stopping them, and writes into their file, by an atomic rename, in this order:
+
+- ``hold`` (with the failed attempt): a recovery is under way; the rank, whose collective has just
+  failed, waits for the next word instead of re-raising;
+- ``go`` (with the next attempt and its environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``,
+  ``MLAUNCH_RESTART_COUNT``...): the next attempt's group forms; the rank applies the environment
+  and calls its training function again, in the same process.
+
+A rank that falls back (mlaunch restarts the whole job instead) is simply stopped: the file never
+says ``go``. The rank side never waits for ``hold`` longer than its ``notice_within`` bound: an
+exception no peer failure explains is the rank's own and is raised as before.
+
+Both sides import this module (stdlib only). The files are removed when the rank exits and with
+the run (``unlink_run``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from launchers.elastic.ranks import env
+
+DECLARED, HOLD, GO = "declared", "hold", "go"
+
+
+@dataclass(frozen=True)
+class Word:
+    """What the file says: its state, the attempt it is about, and (``go``) the next attempt's environment."""
+
+    state: str
+    attempt: int
+    env: dict[str, str] = field(default_factory=dict)
+    why: str = ""
+
+
+def path_of(run_id: str, pid: int) -> str:
+    return os.path.join(env.shm_dir(), f"mlaunch.{run_id}.recover.{pid}")
+
+
+def _write(path: str, word: Word) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump({"state": word.state, "attempt": word.attempt, "env": word.env, "why": word.why}, fh)
+    os.replace(tmp, path)
+
+
+def read(path: str) -> Word | None:
+    try:
+        with open(path) as fh:
+            data: Any = json.load(fh)
+        return Word(str(data["state"]), int(data["attempt"]), dict(data.get("env") or {}), str(data.get("why", "")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------
+# Rank side
+# ----------------------------------------------------------------------------------------
+
+
+def declare() -> bool:
+    """This process recovers in place (``elastic.recoverable``); False outside mlaunch."""
+    run_id = env.run_id()
+    if not run_id:
+        return False
+    try:
+        _write(path_of(run_id, os.getpid()), Word(DECLARED, env.attempt()))
+    except OSError:
+        return False
+    return True
+
+
+def withdraw() -> None:
+    """This process no longer recovers in place (its training function returned or gave up)."""
+    run_id = env.run_id()
+    if run_id:
+        with contextlib.suppress(OSError):
+            os.unlink(path_of(run_id, os.getpid()))
+
+
+def await_go(notice_within: float, stop_requested: Any = None, poll: float = 0.002) -> Word | None:
+    """After a failed collective: the next attempt's word, or None when no recovery is under way.
+
+    Waits ``notice_within`` seconds for mlaunch to say ``hold`` (a peer failed); once it has, waits
+    for ``go`` as long as it takes (mlaunch stops this process if the job restarts whole instead).
+    ``stop_requested()`` true (a stop signal reached this rank) ends the wait: None.
+    """
+    run_id = env.run_id()
+    if not run_id:
+        return None
+    path = path_of(run_id, os.getpid())
+    mine = env.attempt()
+    deadline = time.monotonic() + notice_within
+    held = False
+    while True:
+        word = read(path)
+        if word is not None and word.state == GO and word.attempt > mine:
+            return word
+        if word is not None and word.state == HOLD and word.attempt >= mine:
+            held = True
+        if stop_requested is not None and stop_requested():
+            return None
+        if not held and time.monotonic() >= deadline:
+            return None
+        time.sleep(poll)
+
+
+# ----------------------------------------------------------------------------------------
+# Agent side (mlaunch)
+# ----------------------------------------------------------------------------------------
+
+
+def declared_pids(run_id: str) -> set[int]:
+    """The processes of the run that recover in place (their file exists)."""
+    pattern = os.path.join(glob.escape(env.shm_dir()), f"mlaunch.{glob.escape(run_id)}.recover.*")
+    pids: set[int] = set()
+    for path in glob.glob(pattern):
+        tail = path.rpartition(".recover.")[2]
+        if tail.isdigit():
+            pids.add(int(tail))
+    return pids
+
+
+def hold(run_id: str, pid: int, attempt: int, why: str) -> bool:
+    """Tell ``pid`` that a recovery of ``attempt`` is under way; False when it has no file (it cannot recover)."""
+    path = path_of(run_id, pid)
+    if not os.path.exists(path):
+        return False
+    try:
+        _write(path, Word(HOLD, attempt, why=why))
+    except OSError:
+        return False
+    return True
+
+
+def go(run_id: str, pid: int, attempt: int, environment: dict[str, str]) -> bool:
+    """Hand ``pid`` the environment of ``attempt``, which it joins in place; False when it cannot be told."""
+    path = path_of(run_id, pid)
+    if not os.path.exists(path):
+        return False
+    try:
+        _write(path, Word(GO, attempt, dict(environment)))
+    except OSError:
+        return False
+    return True
+
+
+def forget(run_id: str, pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path_of(run_id, pid))
+
+
+def unlink_run(run_id: str) -> None:
+    pattern = os.path.join(glob.escape(env.shm_dir()), f"mlaunch.{glob.escape(run_id)}.recover.*")
+    for path in glob.glob(pattern):
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -1,0 +1,106 @@
+"""In-place recovery, mlaunch's half: after a peer's failure the surviving ranks keep their processes.
+
+The rank's half is ``launchers.elastic.in_place`` (``@elastic.recoverable``). Here:
+
+- ``keep_decision`` (pure): after a failure, which live workers of this node stay up, or why none
+  do. A worker stays when it declared itself recoverable (``ipc.recovery``), is not the one that
+  failed (a crashed rank is gone; a hung one is SIGKILLed, which closes its sockets so that the
+  survivors' pending collectives fail at once), and every required worker here declared itself: a
+  rank that would not rejoin would leave the others waiting in ``init_process_group``.
+- ``Survivors`` owns the kept workers between two attempts: the attempt that failed hands them
+  over (``keep``), the next attempt adopts them (``take``) — it hands each the environment of its
+  rank in the new attempt (``ipc.recovery.go``) instead of starting a process — and whatever ends
+  the run first (giving up, a stop signal) kills them (``kill_all``).
+
+Everything else is the ordinary restart loop: the attempt ends *failed*, the flash save commits
+the newest step every rank staged while the ranks are frozen, the nodes meet, the next attempt is
+planned (a fresh rendezvous port); only the failed rank's process is new (a warm standby). When
+in-place recovery cannot apply, the whole job restarts as without the decorator, and that is said
+(``fallback``) in the log and ``events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from launchers.outcome import Failure
+from launchers.run.streams import Worker
+
+
+@dataclass(frozen=True)
+class KeepDecision:
+    """The workers that stay up through the recovery, or why none do (``fallback``; None: nothing to say)."""
+
+    kept: list[Worker]
+    fallback: str | None = None
+
+
+def keep_decision(failure: Failure, live: Iterable[Worker], declared: set[int]) -> KeepDecision:
+    """Which of this node's ``live`` workers recover in place after ``failure`` (``declared``: recoverable pids)."""
+    others = [w for w in live if w.pid != failure.pid]
+    if not others:
+        return KeepDecision([])
+    recoverable = [w for w in others if w.pid in declared]
+    if not recoverable:
+        return KeepDecision([])  # no rank here uses ``@elastic.recoverable``: the ordinary restart, nothing to say
+    required = [w for w in others if w.spec.required]
+    missing = [w for w in required if w.pid not in declared]
+    if missing:
+        names = ", ".join(w.label for w in missing)
+        return KeepDecision([], f"{names} did not declare @elastic.recoverable (not yet started, or not wrapped)")
+    return KeepDecision(recoverable)
+
+
+class Survivors:
+    """The workers kept alive between a failed attempt and the next (one owner: the run's ``RunContext``)."""
+
+    def __init__(self, run_id: str, announce: Callable[[str], None]) -> None:
+        self.run_id = run_id
+        self.announce = announce
+        self._kept: dict[int, Worker] = {}  # local rank → worker
+        self.recoveries = 0  # attempts that adopted survivors
+        self.fallbacks = 0  # failures that could not recover in place although ranks had declared it
+
+    def keep(self, workers: Iterable[Worker]) -> None:
+        for worker in workers:
+            self._kept[worker.spec.local_rank] = worker
+
+    def take(self) -> dict[int, Worker]:
+        """The kept workers, for the next attempt to adopt (alive ones only; the rest are reaped by it)."""
+        kept, self._kept = self._kept, {}
+        return kept
+
+    def __bool__(self) -> bool:
+        return bool(self._kept)
+
+    def kill_all(self, why: str) -> None:
+        """The run ends without a next attempt: nothing kept may outlive it."""
+        kept, self._kept = self._kept, {}
+        alive = [w for w in kept.values() if w.returncode is None]
+        if alive:
+            self.announce(f"{why}; SIGKILL to the ranks kept for recovery: " + ", ".join(w.label for w in alive))
+        for worker in alive:
+            kill_and_reap(worker)
+
+
+def kill_and_reap(worker: Worker) -> None:
+    """SIGKILL ``worker``'s process group and reap it (it is mlaunch's child), closing its pipes and log."""
+    with contextlib.suppress(OSError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.kill(worker.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(worker.pid, 0)
+    worker.returncode = worker.returncode if worker.returncode is not None else -signal.SIGKILL
+    worker.popen.returncode = worker.returncode
+    for stream in (worker.popen.stdout, worker.popen.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    if worker.log is not None:
+        with contextlib.suppress(OSError):
+            worker.log.close()

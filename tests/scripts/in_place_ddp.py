@@ -1,0 +1,83 @@
+"""A DDP job under ``@elastic.recoverable``, written as docs/in-place-recovery.md shows it.
+
+The training function is the ordinary one (``init_process_group``, ``load_latest()``, the loop); the
+decorator calls it again in the same process when a peer fails. Every step is staged; the data are
+fixed per step and rank, so the final checksum compares runs. Each rank appends ``pid step`` lines
+to ``$IN_PLACE_LOG/rank<R>`` (which process trained which step) and, rank 0 only, prints
+``final-checksum X``. ``--fault kill|hang`` makes rank ``--victim`` kill -9 or SIGSTOP itself at step
+``--at`` once per job (a marker file next to the log records that it happened).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from launchers import elastic
+
+
+def checksum(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--step-sleep", type=float, default=0.02)
+    parser.add_argument("--fault", choices=["none", "kill", "hang"], default="none")
+    parser.add_argument("--victim", type=int, default=2)
+    parser.add_argument("--at", type=int, default=20)
+    args, _ = parser.parse_known_args()
+    return args
+
+
+@elastic.recoverable
+def train(args: argparse.Namespace) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ckpt = elastic.Checkpointer()
+    torch.manual_seed(1234)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+    start = 0
+    state = ckpt.load_latest()
+    if state is not None:
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+        start = int(state["step"]) + 1
+    log = Path(os.environ["IN_PLACE_LOG"])
+    marker = log / "fault-done"
+    for step in range(start, args.steps):
+        if args.fault != "none" and rank == args.victim and step == args.at and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
+        gen = torch.Generator().manual_seed(step * 1000 + rank)
+        x = torch.randn(8, 16, generator=gen)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+        loss.backward()
+        optimizer.step()
+        ckpt.stage(step, {"model": model.module.state_dict(), "optim": optimizer.state_dict(), "step": step})
+        with open(log / f"rank{rank}", "a") as fh:
+            fh.write(f"{os.getpid()} {step} {time.time():.6f}\n")
+        time.sleep(args.step_sleep)
+    if rank == 0:
+        print(f"final-checksum {checksum(model.module)}", flush=True)
+    ckpt.clear()
+    elastic.finished()
+
+
+if __name__ == "__main__":
+    train(arguments())
