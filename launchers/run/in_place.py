@@ -39,9 +39,21 @@ class KeepDecision:
     fallback: str | None = None
 
 
-def keep_decision(failure: Failure, live: Iterable[Worker], declared: set[int]) -> KeepDecision:
-    """Which of this node's ``live`` workers recover in place after ``failure`` (``declared``: recoverable pids)."""
-    others = [w for w in live if w.pid != failure.pid]
+def keep_decision(
+    failure: Failure, live: Iterable[Worker], declared: set[int], stuck: set[int] | None = None
+) -> KeepDecision:
+    """Which of this node's ``live`` workers recover in place after ``failure``.
+
+    ``declared``: the recoverable pids; ``stuck``: pids stopped (state T) or in uninterruptible sleep (D),
+    which cannot rejoin whoever the hang detection named: they are replaced with the failed rank.
+    """
+    stuck = stuck or set()
+    live = list(live)
+    if failure.cause.startswith("hung") and any(w.pid in stuck for w in live):
+        culprits = stuck  # a stopped process is the hang, whichever rank the progress reports pointed at
+    else:
+        culprits = stuck | {failure.pid}
+    others = [w for w in live if w.pid not in culprits]
     if not others:
         return KeepDecision([])
     recoverable = [w for w in others if w.pid in declared]
@@ -85,6 +97,20 @@ class Survivors:
             self.announce(f"{why}; SIGKILL to the ranks kept for recovery: " + ", ".join(w.label for w in alive))
         for worker in alive:
             kill_and_reap(worker)
+
+
+def stuck_pids(pids: Iterable[int]) -> set[int]:
+    """The processes among ``pids`` that are stopped (T, t) or in uninterruptible sleep (D) now."""
+    found: set[int] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in ("T", "t", "D"):
+            found.add(pid)
+    return found
 
 
 def kill_and_reap(worker: Worker) -> None:

@@ -59,7 +59,7 @@ from launchers.plan import ProcessSpec, process_label
 from launchers.procs import children_of, process_env, start_process
 from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.hang_response import HangResponse
-from launchers.run.in_place import keep_decision, kill_and_reap
+from launchers.run.in_place import keep_decision, kill_and_reap, stuck_pids
 from launchers.run.job_event_response import JobEventResponse
 from launchers.run.signal_router import SignalRouter
 from launchers.run.streams import OutputStreams, Worker
@@ -254,7 +254,8 @@ class Supervisor(HangResponse, JobEventResponse):
         """After ``failure``: the workers here that recover in place (``run.in_place``), told to hold."""
         if not self.in_place or not self.run_id:
             return []
-        decision = keep_decision(failure, self._live(), recovery.declared_pids(self.run_id))
+        live = self._live()
+        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck_pids(w.pid for w in live))
         if decision.fallback:
             self.in_place_fallback = decision.fallback
             self.announce(f"cannot recover in place: {decision.fallback}; every rank here restarts")

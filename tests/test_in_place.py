@@ -1,0 +1,113 @@
+"""In-place recovery (issue 44): ``@elastic.recoverable`` keeps the surviving ranks' processes through a fault.
+
+Real mlaunch, real ranks (1 node × 4, DDP over gloo, CPU), real faults: rank 2 kills itself with
+SIGKILL, or stops itself with SIGSTOP (a hang: mlaunch judges it after ``monitor.hang_timeout``).
+What a user relies on, checked from what each rank recorded (``tests/scripts/in_place_ddp.py``
+writes which process trained which step):
+
+- the survivors keep their processes (the same pid before and after the fault) and only the failed
+  rank's pid changes;
+- no step is lost: the re-formed group resumes right after the newest step every rank staged;
+- the training ends exactly as the same fault ends it without the decorator (the whole job
+  restarted), and exactly as the fault-free run when DDP's buckets are restored (issue 48);
+- mlaunch says what it did (log, ``events.jsonl``), and a failure that is the rank's own is still
+  raised.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, needs_torch, run_mlaunch
+
+pytestmark = needs_torch
+
+SCRIPT = ROOT / "tests" / "scripts" / "in_place_ddp.py"
+
+
+def job(tmp: Path, fault: str, *, off: bool = False, extra: str = "") -> Path:
+    log = tmp / "steps"
+    log.mkdir(parents=True, exist_ok=True)
+    env = f"IN_PLACE_LOG: {log}" + (', IN_PLACE_OFF: "1"' if off else "")
+    path = tmp / "job.yaml"
+    path.write_text(
+        f"name: in-place\nentry: {SCRIPT}\nargs: [--fault, {fault}, --steps, '30', --at, '15']\nengine: pytorch\n"
+        f"nodes: 1\nprocs_per_node: 4\nlog_dir: {tmp / 'logs'}\nenv: {{{env}}}\n"
+        f"checkpoint: {{dir: {tmp / 'ckpt'}}}\nrestart: {{max_restarts: 3}}\npreload: [torch]\n{extra}"
+    )
+    return path
+
+
+def pids_per_rank(tmp: Path) -> dict[int, list[int]]:
+    """Each rank's processes, in the order they trained (one pid: the process was never replaced)."""
+    found: dict[int, list[int]] = {}
+    for path in sorted((tmp / "steps").glob("rank*")):
+        pids: list[int] = []
+        for line in path.read_text().splitlines():
+            pid = int(line.split()[0])
+            if not pids or pids[-1] != pid:
+                pids.append(pid)
+        found[int(path.name[4:])] = pids
+    return found
+
+
+def steps_trained(tmp: Path, rank: int) -> list[int]:
+    return [int(line.split()[1]) for line in (tmp / "steps" / f"rank{rank}").read_text().splitlines()]
+
+
+def final(stdout: str) -> str:
+    match = re.search(r"final-checksum (\w+)", stdout)
+    assert match, stdout[-2000:]
+    return match.group(1)
+
+
+def events(tmp: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (tmp / "logs" / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def whole_restart(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The final checksum of the same kill -9 without the decorator: every rank restarted."""
+    tmp = tmp_path_factory.mktemp("whole")
+    result = run_mlaunch(["--engine", "pytorch", str(job(tmp, "kill", off=True))], env=clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {len(p) for p in pids_per_rank(tmp).values()} == {2}  # every rank was a new process
+    return final(result.stdout)
+
+
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_survivors_keep_their_processes_and_lose_nothing(tmp_path: Path, fault: str, whole_restart: str) -> None:
+    extra = "monitor: {hang_timeout: 3s}\n" if fault == "hang" else ""
+    result = run_mlaunch(["--engine", "pytorch", str(job(tmp_path, fault, extra=extra))], env=clean_env())
+    err = result.stderr
+    assert result.returncode == 0, err[-3000:]
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [1, 1, 2, 1], (pids, err[-2000:])  # only rank 2 is a new process
+    assert "rank 0, rank 1, rank 3 keep their processes and rejoin in place" in err, err
+    for rank in (0, 1, 3):
+        trained = steps_trained(tmp_path, rank)
+        assert sorted(set(trained)) == list(range(30)), trained  # every step, none skipped
+    victim = steps_trained(tmp_path, 2)
+    assert victim[:15] == list(range(15)) and victim[15:] == list(range(victim[15], 30)), victim
+    assert victim[15] == 15, f"the re-formed group resumed at {victim[15]}, not after the last staged step 14"
+    assert final(result.stdout) == whole_restart  # the same training as a whole-job restart
+    kinds = [e["event"] for e in events(tmp_path)]
+    assert "kept_in_place" in kinds and "rejoined_in_place" in kinds, kinds
+
+
+def test_a_ranks_own_error_is_raised_not_recovered(tmp_path: Path) -> None:
+    """An exception no peer failure explains is the rank's own: it fails the job as before (no restart here)."""
+    script = tmp_path / "own.py"
+    script.write_text(
+        "from launchers import elastic\n\n@elastic.recoverable\ndef train():\n"
+        "    elastic.heartbeat(0)\n    raise KeyError('vocab')\n\ntrain()\n"
+    )
+    path = tmp_path / "job.yaml"
+    path.write_text(f"entry: {script}\nengine: pytorch\nnodes: 1\nprocs_per_node: 2\nlog_dir: {tmp_path / 'logs'}\n")
+    result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
+    assert result.returncode == 1, result.stderr
+    assert "KeyError: 'vocab'" in result.stderr
+    assert "rejoin in place" not in result.stderr
