@@ -10,6 +10,11 @@ same worker runs under
 - **torchrun** ``--max-restarts`` (its defaults: c10d rendezvous, agent store sharing), as
   the baseline measured in the same run.
 
+``--in-process`` runs the worker's training function under ``@elastic.recoverable`` beside the same
+worker without it, in the same run: a kill -9 (and, with ``--hangs N``, a SIGSTOP judged after
+``monitor.hang_timeout``) → first step, and how many survivors kept their process (their pid is the
+same after the fault). Both use job.yaml's restart defaults (no ``backoff:``), as a user would.
+
 A restart *succeeds* when the new group reaches its first step within ``--timeout`` (a failed
 one prints the launcher's last error lines); a launcher that exits (restarts exhausted)
 counts every remaining kill as failed.
@@ -20,6 +25,7 @@ measures).
 
     python benchmarks/fault_recovery.py                       # 50 mlaunch restarts, 16 torchrun restarts
     python benchmarks/fault_recovery.py --restarts 10 --torchrun-restarts 5
+    python benchmarks/fault_recovery.py --in-process --restarts 20 --hangs 5   # in place vs whole restart vs torchrun
     python benchmarks/fault_recovery.py --hosts 2             # 2 netns hosts × 2 ranks: fault_recovery_hosts.py
     python benchmarks/fault_recovery.py --hosts 3 --membership  # a host lost, then back: membership_hosts.py
     python benchmarks/fault_recovery.py --worker              # (what the launchers run)
@@ -61,6 +67,15 @@ def say(line: str) -> None:
 
 
 def worker(step_time: float) -> None:
+    if os.environ.get("BENCH_IN_PROCESS") == "1":
+        from launchers import elastic
+
+        elastic.recoverable(train)(step_time)
+    else:
+        train(step_time)
+
+
+def train(step_time: float) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -188,8 +203,20 @@ STEP = re.compile(r"^(?:\[rank \d+\] )?step (\d+)(?: ([\d.]+))?$")
 READY = "warm standby workers ready"
 
 
-def measure(launch: Launch, kills: int, nproc: int, timeout: float, wait_ready: bool, rng: random.Random) -> list:
-    """Kill a random rank ``kills`` times; return a list of recovery seconds (None = failed)."""
+def measure(
+    launch: Launch,
+    kills: int,
+    nproc: int,
+    timeout: float,
+    wait_ready: bool,
+    rng: random.Random,
+    fault: int = signal.SIGKILL,
+    kept: list[int] | None = None,
+) -> list:
+    """Kill (or, ``fault=SIGSTOP``, hang) a random rank ``kills`` times; the recovery seconds (None = failed).
+
+    ``kept`` receives, per fault, how many of the other ranks are the same process after it.
+    """
     results: list[float | None] = []
     pids: dict[int, int] = {}
     ready = False
@@ -211,9 +238,10 @@ def measure(launch: Launch, kills: int, nproc: int, timeout: float, wait_ready: 
             steps_seen += 1
         if steps_seen >= target and len(pids) == nproc and (ready or not wait_ready):
             victim = rng.randrange(nproc)
+            before = dict(pids)
             killed_at = time.monotonic()
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pids[victim], signal.SIGKILL)
+                os.kill(pids[victim], fault)
             pids, ready, steps_seen = {}, False, 0
             target = rng.randint(5, 25)
             # the first step line of the new group (a new pid line comes first)
@@ -235,8 +263,21 @@ def measure(launch: Launch, kills: int, nproc: int, timeout: float, wait_ready: 
                     recovered = when - killed_at
                     steps_seen = 1
             results.append(recovered)
+            if recovered is not None:  # every rank has printed its pid by the first step of the new group
+                end = time.monotonic() + 2.0
+                while len(pids) < nproc and (got := launch.next_line(end)) is not None:
+                    if m := PID.search(got[1].rstrip()):
+                        pids[int(m.group(1))] = int(m.group(2))
+            same = sum(1 for r, pid in before.items() if r != victim and pids.get(r) == pid)
+            if kept is not None:
+                kept.append(same)
             status = f"{recovered:.3f}s" if recovered is not None else "FAILED"
-            print(f"  kill {len(results):2d}/{kills}: rank {victim} → first step after {status}", flush=True)
+            what = "kill" if fault == signal.SIGKILL else "hang"
+            print(
+                f"  {what} {len(results):2d}/{kills}: rank {victim} → first step after {status}; "
+                f"{same}/{nproc - 1} survivors kept their process",
+                flush=True,
+            )
             if recovered is None:
                 tail = [line for line in launch.log[-400:] if "Error" in line or "error" in line][-3:]
                 print("    why (last errors): " + (" | ".join(t[:200] for t in tail) or "no error line"), flush=True)
@@ -262,20 +303,34 @@ def base_env(ckpt: Path) -> dict[str, str]:
     return env
 
 
-def run_mlaunch(args: argparse.Namespace, work: Path, rng: random.Random) -> list:
+def run_mlaunch(
+    args: argparse.Namespace,
+    work: Path,
+    rng: random.Random,
+    *,
+    in_process: bool = False,
+    fault: int = signal.SIGKILL,
+    kills: int | None = None,
+    kept: list[int] | None = None,
+) -> list:
     job = work / "mlaunch-job.yaml"
+    hang = f"monitor: {{hang_timeout: {args.hang_timeout:g}s}}\n" if fault == signal.SIGSTOP else ""
+    restart = f"max_restarts: {(kills or args.restarts) + 5}" + ("" if args.defaults else ", backoff: 0s")
     job.write_text(
         f"name: fault-recovery\nentry: {HERE}\nargs: ['--worker', '--step-time', '{args.step_time}']\n"
         f"nodes: 1\nprocs_per_node: {args.nproc}\nlog_dir: {work / 'logs'}\n"
         # what the worker imports, and what DDP's constructor imports lazily (torch._dynamo)
         f"preload: [torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]\n"
         f"checkpoint: {{dir: {work / 'ckpt-mlaunch'}, grace_period: 10s}}\n"
-        f"restart: {{max_restarts: {args.restarts + 5}, backoff: 0s}}\n"
-        + "".join(f"{line}\n" for line in args.job_line)
+        f"restart: {{{restart}}}\n" + hang + "".join(f"{line}\n" for line in args.job_line)
     )
-    launch = Launch([sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)], base_env(work / "ckpt-ml"))
+    env = base_env(work / "ckpt-ml")
+    if in_process:
+        env["BENCH_IN_PROCESS"] = "1"
+    launch = Launch([sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)], env)
     try:
-        return measure(launch, args.restarts, args.nproc, args.timeout, not args.no_wait_standby, rng)
+        wait = not args.no_wait_standby
+        return measure(launch, kills or args.restarts, args.nproc, args.timeout, wait, rng, fault, kept)
     finally:
         launch.stop()
 
@@ -318,6 +373,49 @@ def summary(name: str, results: list) -> tuple[int, float | None]:
     return len(ok), med
 
 
+def in_process_main(args: argparse.Namespace) -> int:
+    """``--in-process``: the same kills (and hangs) in place, as a whole-job restart, and under torchrun."""
+    rng = random.Random(args.seed)
+    medians: dict[str, float | None] = {}
+    with tempfile.TemporaryDirectory(prefix="fault-recovery-") as tmp:
+        work = Path(tmp)
+        rows: list[tuple[str, list, list[int]]] = []
+        for name, in_process, fault, kills in (
+            ("in place, kill -9", True, signal.SIGKILL, args.restarts),
+            ("whole restart, kill -9", False, signal.SIGKILL, args.restarts),
+            ("in place, hang", True, signal.SIGSTOP, args.hangs),
+            ("whole restart, hang", False, signal.SIGSTOP, args.hangs),
+        ):
+            if not kills:
+                continue
+            print(f"mlaunch, {name}: {kills} faults of 1 of {args.nproc} ranks", flush=True)
+            kept: list[int] = []
+            sub = work / name.replace(" ", "-").replace(",", "")
+            sub.mkdir()
+            results = run_mlaunch(args, sub, rng, in_process=in_process, fault=fault, kills=kills, kept=kept)
+            rows.append((name, results, kept))
+        torchrun: list = []
+        if args.torchrun_restarts:
+            print(f"torchrun --max-restarts, fresh store prefix: {args.torchrun_restarts} kills", flush=True)
+            torchrun = run_torchrun(args, work, rng, args.torchrun_restarts, True)
+    print()
+    for name, results, kept in rows:
+        _, medians[name] = summary(f"mlaunch, {name}", results)
+        if kept:
+            print(f"  survivors that kept their process: {sum(kept)}/{len(kept) * (args.nproc - 1)}")
+        if "hang" in name and medians[name] is not None:
+            print(f"  beyond monitor.hang_timeout ({args.hang_timeout:g}s): {medians[name] - args.hang_timeout:.3f}s")
+    if torchrun:
+        _, medians["torchrun"] = summary("torchrun (fresh store prefix)", torchrun)
+    base = medians.get("whole restart, kill -9")
+    fast = medians.get("in place, kill -9")
+    if base and fast:
+        print(f"  ratio in place / whole restart, kill -9 (median): {fast / base:.2f}")
+    if medians.get("torchrun") and fast:
+        print(f"  ratio in place / torchrun, kill -9 (median): {fast / medians['torchrun']:.3f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -349,6 +447,12 @@ def main() -> int:
         "--membership", action="store_true", help="--hosts 3: the last host leaves and comes back (membership_hosts.py)"
     )
     parser.add_argument("--cycles", type=int, default=3, help="--membership: leave-and-return cycles")
+    parser.add_argument(
+        "--in-process", action="store_true", help="@elastic.recoverable beside the whole-job restart (and torchrun)"
+    )
+    parser.add_argument(
+        "--defaults", action="store_true", help="job.yaml's restart defaults (no backoff: 0s); --in-process implies it"
+    )
     args, _ = parser.parse_known_args()
     if args.worker:
         worker(args.step_time)
@@ -370,6 +474,9 @@ def main() -> int:
     args.nproc = 4 if args.nproc is None else args.nproc
     args.timeout = 60.0 if args.timeout is None else args.timeout
     args.restarts = 50 if args.restarts is None else args.restarts
+    if args.in_process:
+        args.defaults = True
+        return in_process_main(args)
     args.torchrun_restarts = 16 if args.torchrun_restarts is None else args.torchrun_restarts
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="fault-recovery-") as tmp:

@@ -72,9 +72,10 @@ def recoverable(fn: Any = None, *, notice_within: float = NOTICE_WITHIN) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not recovery.declare():
                 return function(*args, **kwargs)  # not under mlaunch: nobody to re-form with
+            _Watcher.start()
             try:
                 while True:
-                    before = _socket_inodes()
+                    before = _Watcher.call_started(_socket_inodes())
                     failed = _call(function, args, kwargs)
                     if not isinstance(failed, _Failed):
                         return failed
@@ -103,6 +104,54 @@ def _call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         return function(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - a stop (SystemExit, GracefulExit) and Ctrl-C pass through
         return _Failed(exc)
+
+
+class _Watcher:
+    """A thread that ends this rank's waits when mlaunch says ``hold``, whether or not its own collective failed.
+
+    The ranks of a group can be waiting in different collectives when a peer dies (one still in the
+    backward pass's all-reduce, another already in the next agreement): each waits on another survivor,
+    not on the dead rank, and neither ever fails. mlaunch's ``hold`` reaches every survivor; this thread
+    then shuts down the failed call's connections in its process, so every wait ends at once. It looks
+    at the file's modification time every ``POLL`` seconds (a ``stat``: no cost worth measuring).
+    """
+
+    POLL = 0.01
+    _thread: Any = None
+    _before: set[str] = set()
+    _acted_on = -1  # the attempt whose hold this thread already answered
+
+    @classmethod
+    def start(cls) -> None:
+        import threading
+
+        if cls._thread is None:
+            cls._thread = threading.Thread(target=cls._run, name="mlaunch-recoverable", daemon=True)
+            cls._thread.start()
+
+    @classmethod
+    def call_started(cls, before: set[str]) -> set[str]:
+        cls._before = before
+        return before
+
+    @classmethod
+    def _run(cls) -> None:
+        path = recovery.path_of(env.run_id(), os.getpid())
+        seen = 0
+        while True:
+            time.sleep(cls.POLL)
+            try:
+                changed = os.stat(path).st_mtime_ns
+            except OSError:
+                continue
+            if changed == seen:
+                continue
+            seen = changed
+            word = recovery.read(path)
+            mine = env.attempt()
+            if word is not None and word.state == recovery.HOLD and word.attempt >= mine and cls._acted_on < mine:
+                cls._acted_on = mine
+                _close_call_connections(cls._before)
 
 
 def _after_failure(before: set[str], notice_within: float) -> recovery.Word | None:

@@ -1,0 +1,85 @@
+"""In-place recovery across two real hosts (network namespaces): a rank killed on host 1, host 0's ranks stay.
+
+2 hosts × 2 ranks of ``tests/scripts/in_place_ddp.py`` (DDP over gloo on ``eth0``) under
+``@elastic.recoverable``, started the ModelArts way (one mlaunch per host). Rank 3, on host 1, kills
+itself with SIGKILL at step 15. What a user relies on: every other rank — both of host 0's and host
+1's other rank — keeps its process (the same pid before and after), only rank 3 is a new process,
+every step is trained once from the fault on (no committed step lost), both mlaunches exit 0, and the
+training ends exactly as the same fault ends it in the local simulation of the same 2 × 2 job.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
+from netns import Host, NetnsHosts, netns_unavailable_reason
+from test_in_place import final, pids_per_rank, steps_trained
+
+pytestmark = [needs_torch, pytest.mark.netns, pytest.mark.slow]
+
+SCRIPT = ROOT / "tests" / "scripts" / "in_place_ddp.py"
+
+
+@pytest.fixture
+def hosts() -> Iterator[list[Host]]:
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with NetnsHosts(2) as net:
+        yield net.hosts
+
+
+def job_yaml(tmp: Path, iface: str) -> Path:
+    (tmp / "steps").mkdir(parents=True, exist_ok=True)
+    path = tmp / "job.yaml"
+    path.write_text(
+        f"name: in-place-hosts\nengine: pytorch\nentry: {SCRIPT}\n"
+        "args: [--fault, kill, --victim, '3', --steps, '30', --at, '15']\nnodes: 2\nprocs_per_node: 2\n"
+        f"log_dir: {tmp / 'logs'}\nenv: {{IN_PLACE_LOG: {tmp / 'steps'}, GLOO_SOCKET_IFNAME: {iface}}}\n"
+        f"checkpoint: {{dir: {tmp / 'ckpt'}}}\nrestart: {{max_restarts: 3}}\npreload: [torch]\n"
+    )
+    return path
+
+
+def test_a_rank_killed_on_host_1_leaves_every_other_process_in_place(tmp_path: Path, hosts: list[Host]) -> None:
+    local = tmp_path / "local"
+    result = run_mlaunch(["--engine", "pytorch", str(job_yaml(local, "lo"))], env=clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = final(result.stdout)
+
+    job = job_yaml(tmp_path, "eth0")
+    procs = []
+    for host in hosts:
+        env = clean_env(
+            MA_NUM_GPUS="2",
+            MA_NUM_HOSTS="2",
+            VC_TASK_INDEX=str(host.index),
+            VC_WORKER_HOSTS=",".join(h.name for h in hosts),
+        )
+        argv = [*mlaunch_cmd(), "--engine", "pytorch", str(job), "--init_method", f"tcp://{hosts[0].name}:6666"]
+        argv += ["--rank", str(host.index), "--world_size", "2"]
+        procs.append(host.popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+        outputs.append((proc.returncode, out, err))
+    dump = "\n".join(
+        f"--- host {i} exit {rc}\n{out[-2000:]}\n{err[-4000:]}" for i, (rc, out, err) in enumerate(outputs)
+    )
+    assert [rc for rc, _, _ in outputs] == [0, 0], dump
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [1, 1, 1, 2], (pids, dump)  # only rank 3 is a new process
+    assert "rank 0, rank 1 keep their processes and rejoin in place" in outputs[0][2], dump
+    for rank in range(4):
+        assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), dump
+    assert steps_trained(tmp_path, 3)[15] == 15, dump  # resumed right after the last step every rank staged
+    assert final(outputs[0][1]) == reference, dump
