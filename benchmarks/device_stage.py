@@ -342,7 +342,17 @@ def rate_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    """What mlaunch runs in the end-to-end phase: 2 ranks, the same state, staged every step."""
+    """What mlaunch runs in the end-to-end phase; ``--in-process``: under ``@elastic.recoverable``."""
+    if os.environ.get("BENCH_IN_PROCESS") == "1":
+        from launchers import elastic
+
+        elastic.recoverable(train_worker)(args)
+    else:
+        train_worker(args)
+
+
+def train_worker(args: argparse.Namespace) -> None:
+    """2 ranks, the same state, staged every step."""
     import torch.distributed as dist
 
     from launchers import elastic
@@ -440,6 +450,8 @@ def e2e_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLAUNCH_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
+    if args.in_process:
+        env["BENCH_IN_PROCESS"] = "1"
     proc = subprocess.Popen(
         [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)],
         stdout=subprocess.PIPE,
@@ -453,7 +465,7 @@ def e2e_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         target=lambda: [lines.append((time.monotonic(), ln.rstrip())) for ln in proc.stdout or []]
     )
     reader.start()
-    result: dict[str, Any] = {"state_mib_per_rank": args.e2e_mib}
+    result: dict[str, Any] = {"state_mib_per_rank": args.e2e_mib, "in_process": bool(args.in_process)}
     try:
         result.update(drive(args, lines))
     finally:
@@ -487,6 +499,15 @@ def wait_for(
         time.sleep(0.01)
     tail = "\n".join(text for _, text in lines[-30:])
     raise TimeoutError(f"no {what} within {timeout:.0f}s; last lines:\n{tail}")
+
+
+def rank_pid_after(lines: list[tuple[float, str]], rank: int) -> int | None:
+    """The pid ``rank`` printed in ``lines`` (after a fault: its new process, or the same one kept in place)."""
+    for _, text in lines:
+        m = LINE.match(text)
+        if m and m.group(2) == "pid" and int(m.group(1)) == rank:
+            return int(m.group(3))
+    return None
 
 
 def drive(args: argparse.Namespace, lines: list[tuple[float, str]]) -> dict[str, Any]:
@@ -528,6 +549,7 @@ def drive(args: argparse.Namespace, lines: list[tuple[float, str]]) -> dict[str,
     )
 
     victim = pids[1]
+    survivor = pids.get(0)
     killed = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     before = len(lines)
@@ -558,6 +580,7 @@ def drive(args: argparse.Namespace, lines: list[tuple[float, str]]) -> dict[str,
             "kill_to_commit_s": committed_at - killed,
             "kill_to_first_step_s": first_at - killed,
             "resumed_state_equals_committed": checksums.get(int(resumed.group(3))) == resumed.group(4),
+            "survivor_kept_its_process": survivor is not None and rank_pid_after(lines[before:], 0) == survivor,
             "committed_line": committed_line,
         }
     )
@@ -585,6 +608,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1)
     parser.add_argument("--e2e-mib", type=float, default=1024.0, help="state per rank in the kill -9 phase")
     parser.add_argument("--e2e-steps", type=int, default=60)
+    parser.add_argument(
+        "--in-process", action="store_true", help="e2e: the worker under @elastic.recoverable (survivors stay)"
+    )
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--phase", choices=["all", "stall", "e2e", "rate"], default="all")
     parser.add_argument("--shm", default="/dev/shm")
