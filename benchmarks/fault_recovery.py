@@ -168,6 +168,7 @@ class Launch:
         )
         self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
         self.log: list[str] = []
+        self.log_times: list[tuple[float, str]] = []
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -175,6 +176,7 @@ class Launch:
         for line in self.proc.stdout:
             now = time.monotonic()
             self.log.append(line.rstrip("\n"))
+            self.log_times.append((now, line.rstrip("\n")))
             self.lines.put((now, line))
         self.lines.put((time.monotonic(), ""))
 
@@ -212,6 +214,7 @@ def measure(
     rng: random.Random,
     fault: int = signal.SIGKILL,
     kept: list[int] | None = None,
+    phases: bool = False,
 ) -> list:
     """Kill (or, ``fault=SIGSTOP``, hang) a random rank ``kills`` times; the recovery seconds (None = failed).
 
@@ -263,6 +266,8 @@ def measure(
                     recovered = when - killed_at
                     steps_seen = 1
             results.append(recovered)
+            if phases and recovered is not None:
+                print("    " + phase_times(launch.log_times, killed_at, killed_at + recovered), flush=True)
             if recovered is not None:  # every rank has printed its pid by the first step of the new group
                 end = time.monotonic() + 2.0
                 while len(pids) < nproc and (got := launch.next_line(end)) is not None:
@@ -287,6 +292,34 @@ def measure(
                     break
             deadline = time.monotonic() + timeout * 3
     return results
+
+
+PHASES = (
+    ("reaped", "was killed by"),
+    ("flash save", "flash save"),
+    ("restart said", "restarting the group"),
+    ("attempt planned", "(local simulation)  attempt"),
+    ("a survivor rejoined", "recovering in place"),
+)
+
+
+def phase_times(lines: list[tuple[float, str]], start: float, end: float) -> str:
+    """Where a recovery's time went: when mlaunch's milestones and the ranks' pid lines arrived after the kill."""
+    seen: list[str] = []
+    pids = 0
+    for when, text in lines:
+        if when < start or when > end:
+            continue
+        for name, marker in PHASES:
+            if marker in text and not any(s.startswith(name) for s in seen):
+                seen.append(f"{name} {when - start:.3f}s")
+        if PID.search(text):
+            pids += 1
+            if pids == 1:
+                seen.append(f"first rank's pid {when - start:.3f}s")
+            if pids == 4:
+                seen.append(f"every rank's pid {when - start:.3f}s")
+    return "; ".join(seen)
 
 
 def free_port() -> int:
@@ -330,7 +363,8 @@ def run_mlaunch(
     launch = Launch([sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)], env)
     try:
         wait = not args.no_wait_standby
-        return measure(launch, kills or args.restarts, args.nproc, args.timeout, wait, rng, fault, kept)
+        count = kills or args.restarts
+        return measure(launch, count, args.nproc, args.timeout, wait, rng, fault, kept, args.phases)
     finally:
         launch.stop()
 
@@ -450,6 +484,7 @@ def main() -> int:
     parser.add_argument(
         "--in-process", action="store_true", help="@elastic.recoverable beside the whole-job restart (and torchrun)"
     )
+    parser.add_argument("--phases", action="store_true", help="per fault: when each milestone of the recovery came")
     parser.add_argument(
         "--defaults", action="store_true", help="job.yaml's restart defaults (no backoff: 0s); --in-process implies it"
     )
