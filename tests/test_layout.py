@@ -239,6 +239,7 @@ def test_run_holds_supervision_and_the_restart_loop_only() -> None:
     their own rooms; a module added to run/ is one of these or says here why it belongs (issue 33 item 6)."""
     supervision = {"supervisor", "streams", "teardown", "signal_router", "watchdog", "hang", "labels", "taskd_manager"}
     supervision.add("hang_response")  # the supervisor's answer to a hung rank (job_event_response: to the job)
+    supervision.add("in_place")  # the supervisor's answer to a peer's failure when the ranks recover in place
     supervision.add("shm_sweep")  # the watchdog's cleanup for runs whose watchdog died too: what processes left
     restart_loop = {"runner", "restarts", "membership", "attempt", "retry_policy", "job_wide", "job_event_response"}
     run = {name.split(".")[-1] for name in module_files() if name.startswith("launchers.run.")}

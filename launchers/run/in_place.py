@@ -26,9 +26,16 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from launchers.elastic.ipc import recovery
 from launchers.outcome import Failure
-from launchers.run.streams import Worker
+from launchers.plan import ProcessSpec
+from launchers.procs import process_env
+from launchers.run.streams import OutputStreams, Worker
+
+if TYPE_CHECKING:
+    from launchers.standby.standby_pool import StandbyPool
 
 
 @dataclass(frozen=True)
@@ -130,3 +137,81 @@ def kill_and_reap(worker: Worker) -> None:
     if worker.log is not None:
         with contextlib.suppress(OSError):
             worker.log.close()
+
+
+class InPlaceResponse:
+    """The supervisor's part in in-place recovery (a mixin of ``Supervisor``: it owns these fields)."""
+
+    run_id: str
+    in_place: bool
+    processes: list[ProcessSpec]
+    workers: list[Worker]
+    _by_pid: dict[int, Worker]
+    streams: OutputStreams
+    standbys: StandbyPool | None
+    announce: Callable[[str], None]
+    kept: list[Worker]
+    _kept_pids: set[int]
+    rejoined: list[str]
+    in_place_fallback: str | None
+
+    def _live(self) -> list[Worker]:
+        raise NotImplementedError
+
+    _adopt: dict[int, Worker]
+
+    def _adopt_survivors(self, labelled: list[tuple[ProcessSpec, str]]) -> list[tuple[ProcessSpec, str]]:
+        """The last attempt's survivors take their places (by local rank); what is left to start, in order."""
+        to_start: list[tuple[ProcessSpec, str]] = []
+        for spec, label in labelled:
+            survivor = self._adopt.pop(spec.local_rank, None)
+            if survivor is None or not self._rejoin(survivor, spec, label):
+                to_start.append((spec, label))
+        for survivor in self._adopt.values():  # no place for it in this attempt (the plan changed)
+            self.announce(f"{survivor.label} has no place in this attempt; SIGKILL")
+            kill_and_reap(survivor)
+        self._adopt = {}
+        return to_start
+
+    def _rejoin(self, survivor: Worker, spec: ProcessSpec, label: str) -> bool:
+        """A survivor of the last attempt takes ``spec``'s place in this one, in its own process; False: start it."""
+        if survivor.returncode is not None or survivor.popen.poll() is not None or survivor.spec.argv != spec.argv:
+            kill_and_reap(survivor)
+            return False
+        env = process_env(spec.env, self.run_id)
+        if self.standbys is not None:
+            env.update(self.standbys.rank_env)
+        attempt = int(spec.env.get("MLAUNCH_RESTART_COUNT", "0") or 0)
+        if not recovery.go(self.run_id, survivor.pid, attempt, env):
+            self.announce(f"{survivor.label} cannot be told to rejoin (it left recovery); starting a new process")
+            kill_and_reap(survivor)
+            return False
+        survivor.spec, survivor.label, survivor.prefix = spec, label, f"[{label}] ".encode()
+        self.workers.append(survivor)
+        self._by_pid[survivor.pid] = survivor
+        self.streams.add(survivor)
+        self.rejoined.append(label)
+        return True
+
+    def _keep_in_place(self, failure: Failure) -> list[Worker]:
+        """After ``failure``: the workers here that recover in place (``run.in_place``), told to hold."""
+        if not self.in_place or not self.run_id:
+            return []
+        live = self._live()
+        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck_pids(w.pid for w in live))
+        if decision.fallback:
+            self.in_place_fallback = decision.fallback
+            self.announce(f"cannot recover in place: {decision.fallback}; every rank here restarts")
+        attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
+        held = [w for w in decision.kept if recovery.hold(self.run_id, w.pid, attempt, failure.describe())]
+        if len(held) < len(decision.kept):
+            self.in_place_fallback = "a rank left recovery before it could be told to hold"
+            self.announce(f"cannot recover in place: {self.in_place_fallback}; every rank here restarts")
+            return []
+        if held:
+            self.kept, self._kept_pids = held, {w.pid for w in held}
+            self.announce(
+                f"{failure.label} failed: " + ", ".join(w.label for w in held) + " keep their processes and rejoin "
+                "in place (@elastic.recoverable)"
+            )
+        return held

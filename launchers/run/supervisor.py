@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from launchers.elastic.ipc import completion, progress, recovery
+from launchers.elastic.ipc import completion, progress
 from launchers.log import say, signal_name
 from launchers.outcome import (
     Failure,
@@ -59,7 +59,7 @@ from launchers.plan import ProcessSpec, process_label
 from launchers.procs import children_of, process_env, start_process
 from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.hang_response import HangResponse
-from launchers.run.in_place import keep_decision, kill_and_reap, stuck_pids
+from launchers.run.in_place import InPlaceResponse
 from launchers.run.job_event_response import JobEventResponse
 from launchers.run.signal_router import SignalRouter
 from launchers.run.streams import OutputStreams, Worker
@@ -102,7 +102,7 @@ class Watchers:
     watchdog: Watchdog | None = None  # kills what is left if mlaunch is SIGKILLed
 
 
-class Supervisor(HangResponse, JobEventResponse):
+class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
     """Run one attempt of a group of processes to its end and report how it ended."""
 
     def __init__(
@@ -197,16 +197,8 @@ class Supervisor(HangResponse, JobEventResponse):
             self.streams.wake_on(self.signals.read_fd)
         if self.job_events is not None and self.job_events.wake_fd is not None:
             self.streams.wake_on(self.job_events.wake_fd)
-        to_start: list[tuple[ProcessSpec, str]] = []
-        for index, spec in enumerate(self.processes):
-            label = self.labels.get(index) or process_label(spec)
-            survivor = self._adopt.pop(spec.local_rank, None)
-            if survivor is None or not self._rejoin(survivor, spec, label):
-                to_start.append((spec, label))
-        for survivor in self._adopt.values():  # no place for it in this attempt (the plan changed)
-            self.announce(f"{survivor.label} has no place in this attempt; SIGKILL")
-            kill_and_reap(survivor)
-        self._adopt = {}
+        labelled = [(spec, self.labels.get(i) or process_label(spec)) for i, spec in enumerate(self.processes)]
+        to_start = self._adopt_survivors(labelled)
         self._fork_standbys_first([spec for spec, _ in to_start])
         for spec, label in to_start:
             for sig in self.signals.drain():
@@ -229,49 +221,6 @@ class Supervisor(HangResponse, JobEventResponse):
         except OSError as exc:  # standbys must never break supervision
             self.announce(f"cannot start standby workers: {exc}")
             self.standbys = None
-
-    def _rejoin(self, survivor: Worker, spec: ProcessSpec, label: str) -> bool:
-        """A survivor of the last attempt takes ``spec``'s place in this one, in its own process; False: start it."""
-        if survivor.returncode is not None or survivor.popen.poll() is not None or survivor.spec.argv != spec.argv:
-            kill_and_reap(survivor)
-            return False
-        env = process_env(spec.env, self.run_id)
-        if self.standbys is not None:
-            env.update(self.standbys.rank_env)
-        attempt = int(spec.env.get("MLAUNCH_RESTART_COUNT", "0") or 0)
-        if not recovery.go(self.run_id, survivor.pid, attempt, env):
-            self.announce(f"{survivor.label} cannot be told to rejoin (it left recovery); starting a new process")
-            kill_and_reap(survivor)
-            return False
-        survivor.spec, survivor.label, survivor.prefix = spec, label, f"[{label}] ".encode()
-        self.workers.append(survivor)
-        self._by_pid[survivor.pid] = survivor
-        self.streams.add(survivor)
-        self.rejoined.append(label)
-        return True
-
-    def _keep_in_place(self, failure: Failure) -> list[Worker]:
-        """After ``failure``: the workers here that recover in place (``run.in_place``), told to hold."""
-        if not self.in_place or not self.run_id:
-            return []
-        live = self._live()
-        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck_pids(w.pid for w in live))
-        if decision.fallback:
-            self.in_place_fallback = decision.fallback
-            self.announce(f"cannot recover in place: {decision.fallback}; every rank here restarts")
-        attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
-        held = [w for w in decision.kept if recovery.hold(self.run_id, w.pid, attempt, failure.describe())]
-        if len(held) < len(decision.kept):
-            self.in_place_fallback = "a rank left recovery before it could be told to hold"
-            self.announce(f"cannot recover in place: {self.in_place_fallback}; every rank here restarts")
-            return []
-        if held:
-            self.kept, self._kept_pids = held, {w.pid for w in held}
-            self.announce(
-                f"{failure.label} failed: " + ", ".join(w.label for w in held) + " keep their processes and rejoin "
-                "in place (@elastic.recoverable)"
-            )
-        return held
 
     def _interrupted(self) -> bool:
         """A stop signal or a failure arrived (signals are handled here as the loop would)."""

@@ -30,11 +30,11 @@ import json
 import os
 import resource
 import signal
-import socket
 import sys
-import time
 import traceback
 import types
+
+from launchers.elastic.ranks.store_wait import wait_for_listener
 
 READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
 
@@ -80,28 +80,6 @@ def _read_spec() -> dict[str, object] | None:
         chunks.append(data)
     raw = b"".join(chunks)
     return json.loads(raw) if raw.strip() else None
-
-
-def wait_for_listener(host: str, port: int, seconds: float) -> bool:
-    """Wait until something accepts TCP connections on ``host:port`` (at most ``seconds``).
-
-    A torch.distributed client (``TCPStore``) that connects before rank 0's store listens
-    is refused and retries only after about 0.7 s: warm workers start within milliseconds of
-    each other, so whether rank 0 or another rank got there first decided between a 0.15 s
-    and a 0.8 s restart. Ranks other than 0 therefore wait here, before their script runs,
-    for the store to listen. A probe that connects and closes at once is ignored by the
-    store. False when nothing listened in time (the script then runs as it would have).
-    """
-    end = time.monotonic() + seconds
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            return False
-        try:
-            with socket.create_connection((host, port), timeout=min(left, 0.5)):
-                return True
-        except OSError:
-            time.sleep(min(0.002, max(0.0, end - time.monotonic())))
 
 
 def inherit(spec: dict[str, object]) -> None:

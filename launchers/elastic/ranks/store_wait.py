@@ -1,0 +1,33 @@
+"""Wait for rank 0's store to listen before a rank other than 0 connects to it.
+
+Shared by the warm standbys (a forked rank about to run the script) and ``elastic.recoverable`` (a
+survivor about to call the training function again): both start within milliseconds of rank 0, and
+a ``TCPStore`` client refused by a store that is not listening yet retries only after about 0.7 s.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+
+def wait_for_listener(host: str, port: int, seconds: float) -> bool:
+    """Wait until something accepts TCP connections on ``host:port`` (at most ``seconds``).
+
+    A torch.distributed client (``TCPStore``) that connects before rank 0's store listens
+    is refused and retries only after about 0.7 s: warm workers start within milliseconds of
+    each other, so whether rank 0 or another rank got there first decided between a 0.15 s
+    and a 0.8 s restart. Ranks other than 0 therefore wait here, before their script runs,
+    for the store to listen. A probe that connects and closes at once is ignored by the
+    store. False when nothing listened in time (the script then runs as it would have).
+    """
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=min(left, 0.5)):
+                return True
+        except OSError:
+            time.sleep(min(0.002, max(0.0, end - time.monotonic())))
