@@ -53,16 +53,18 @@ class Ended(Protocol):
 
 
 STATUS_EVERY = 1.0  # seconds between status publications
-PROGRESS_MIN, PROGRESS_MAX = 1.0, 30.0  # seconds between `progress` events: the timeline's step lines
+PROGRESS_MIN, PROGRESS_MAX = 0.5, 30.0  # seconds between `progress` events: the timeline's step lines
 
 
 def progress_every(elapsed: float) -> float:
     """Seconds between a node's ``progress`` events, ``elapsed`` seconds into the run (pure).
 
     About a hundred points per run whatever its length (the timeline draws the steps from them),
-    at least 1 s apart and at most 30 s: an hour-long run writes ~150 short lines per node.
+    at least 0.5 s apart and at most 30 s: an hour-long run writes ~150 short lines per node.
     """
     return min(PROGRESS_MAX, max(PROGRESS_MIN, elapsed / 100.0))
+
+
 SUMMARY_KEYS = ("phase", "attempt", "restarts", "last_committed_step", "stragglers")  # node 0's word to every node
 MAX_SUMMARY_STRAGGLERS = 64  # ranks named in the summary (every node gets it: O(1) bytes per node)
 
