@@ -21,7 +21,9 @@ from typing import Any
 
 from launchers.observe.faults import fault_class
 
-LABELS = ("job",)
+# The job's name as a label: ``job_name``, since Prometheus owns ``job`` (the scrape job's name) and would rename
+# a scraped ``job`` label to ``exported_job``.
+JOB_LABEL = "job_name"
 
 
 @dataclass(frozen=True)
@@ -118,30 +120,30 @@ def figures_from(
 
 
 def families(f: JobFigures) -> Iterator[Any]:
-    """The Prometheus metric families of ``f`` (every one labelled by job)."""
+    """The Prometheus metric families of ``f`` (every one labelled by the job's name, ``job_name``)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     job = [f.job]
-    info = GaugeMetricFamily("mlaunch_node_info", "this node's mlaunch serves metrics (1)", labels=["job", "node"])
+    info = GaugeMetricFamily("mlaunch_node_info", "this node's mlaunch serves metrics (1)", labels=[JOB_LABEL, "node"])
     info.add_metric([f.job, str(f.node)], 1)
     yield info
     if not f.whole_job:
         return
 
     def gauge(name: str, text: str, value: float | None) -> Any:
-        family = GaugeMetricFamily(name, text, labels=list(LABELS))
+        family = GaugeMetricFamily(name, text, labels=[JOB_LABEL])
         if value is not None:
             family.add_metric(job, value)
         return family
 
     def counter(name: str, text: str, value: float) -> Any:
-        family = CounterMetricFamily(name, text, labels=list(LABELS))
+        family = CounterMetricFamily(name, text, labels=[JOB_LABEL])
         family.add_metric(job, value)
         return family
 
     yield gauge("mlaunch_step", "the newest step every rank finished", f.step)
     restarts = CounterMetricFamily(
-        "mlaunch_restarts", "restarts of the job, by what ended the attempt before", labels=["job", "cause"]
+        "mlaunch_restarts", "restarts of the job, by what ended the attempt before", labels=[JOB_LABEL, "cause"]
     )
     for cause, count in sorted(f.restarts.items()):
         restarts.add_metric([f.job, cause], count)
@@ -157,7 +159,7 @@ def families(f: JobFigures) -> Iterator[Any]:
     yield gauge("mlaunch_committed_step", "the newest committed checkpoint step", f.committed_step)
     yield gauge("mlaunch_last_commit_timestamp_seconds", "Unix time of the newest commit", f.last_commit_time)
     commits = CounterMetricFamily(
-        "mlaunch_commits", "new newest committed steps, by who committed", labels=["job", "by"]
+        "mlaunch_commits", "new newest committed steps, by who committed", labels=[JOB_LABEL, "by"]
     )
     for by, count in sorted(f.commits.items()):
         commits.add_metric([f.job, by], count)
