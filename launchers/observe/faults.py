@@ -50,6 +50,21 @@ def fault_class(event: dict[str, Any]) -> str | None:
     return "exit"
 
 
+def restart_cause(ends: list[dict[str, Any]]) -> str | None:
+    """The cause of one restart from the events that ended the attempt before it (in order; pure).
+
+    A node that left explains everything before it (its loss fails the survivors' collectives:
+    their ranks exit before the silence is declared); otherwise the first fault counts (a kill
+    whose restart also admits a joining node is still a kill); a re-form alone is ``membership``.
+    """
+    classes = [fault_class(e) if e.get("event") != "regroup" else "membership" for e in ends]
+    classes = [c for c in classes if c is not None and c != "stop"]
+    if "node_left" in classes:
+        return "node_left"
+    first = next((c for c in classes if c not in ("membership", "node_joined")), None)
+    return first or ("node_joined" if "node_joined" in classes else "membership" if classes else None)
+
+
 def where_hit(event: dict[str, Any], rank_nodes: dict[int, int]) -> tuple[int | None, int | None]:
     """(node, rank) an event names: its ``label`` (``node 1 rank 3``), else its rank through ``rank_nodes``."""
     rank = event.get("rank") if isinstance(event.get("rank"), int) else None

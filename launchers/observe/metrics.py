@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchers.observe.faults import fault_class
+from launchers.observe.faults import restart_cause
 
 # The job's name as a label: ``job_name``, since Prometheus owns ``job`` (the scrape job's name) and would rename
 # a scraped ``job`` label to ``exported_job``.
@@ -62,7 +62,7 @@ class EventFold:
         self.restarts: dict[str, int] = {}
         self.hangs = 0
         self.last_commit_time: float | None = None
-        self._ended: str | None = None
+        self._ends: list[dict[str, Any]] = []  # what ended the current attempt so far
         self._started = False
 
     def feed(self, event: dict[str, Any]) -> None:
@@ -73,18 +73,12 @@ class EventFold:
             self.last_commit_time = event.get("time")
         elif kind == "start":
             if self._started:
-                cause = self._ended or "unknown"
+                cause = restart_cause(self._ends) or "unknown"
                 self.restarts[cause] = self.restarts.get(cause, 0) + 1
             self._started = True
-            self._ended = None
-            return
-        cls = fault_class(event)
-        if kind == "regroup":
-            cls = "membership"  # a re-form; the membership event after it says whether a node left or joined
-        if cls is None or cls == "stop":
-            return
-        if self._ended is None or (self._ended == "membership" and kind == "membership"):
-            self._ended = cls  # the first end counts (a kill that a node's joining followed is still a kill)
+            self._ends = []
+        if kind in ("failure", "hang", "regroup", "membership"):
+            self._ends.append(event)
 
 
 def figures_from(
@@ -190,6 +184,7 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self))  # type: ignore[arg-type]
         self._server, self._thread = start_http_server(port, addr="0.0.0.0", registry=registry)
+        self.port = self._server.server_port  # the one bound (``port`` 0: a free one)
 
     def update(self, figures: JobFigures) -> None:
         self.figures = figures  # one reference: a scrape reads either the old snapshot or the new

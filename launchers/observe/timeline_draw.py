@@ -48,6 +48,7 @@ OTHER_STYLE: dict[str, tuple[str, str, str]] = {  # kind → (colour, marker, le
     "health": ("#7f7f7f", "P", "health check"),
     "warning": ("#ff9896", "*", "warning (recomputed / started over)"),
     "end": ("#000000", "o", "end of the run"),
+    "injected": ("#000000", "1", "fault injected by a test harness (as it says)"),
 }
 SPAN_STYLE: dict[str, tuple[str, str]] = {
     "hang": ("#ff7f0e", "hang: no progress until detected"),
@@ -259,7 +260,7 @@ def draw(t: Timeline) -> Drawing:
         elif m.kind in OTHER_STYLE:
             colour, marker, legend = OTHER_STYLE[m.kind]
             lane = COMMIT_LANE if m.kind.startswith("commit_") else JOB_LANE
-            if m.kind == "straggler" and m.node is not None and f"node {m.node}" in lane_y:
+            if m.kind in ("straggler", "injected") and m.node is not None and f"node {m.node}" in lane_y:
                 lane = f"node {m.node}"
             put(ax_lanes, m.time, lane, colour, marker, size if marker != "|" else size + 3, m.label, m)
             if m.kind in ("membership", "resume") and not many:

@@ -31,7 +31,7 @@ from typing import Any
 
 from launchers.observe import goodput
 from launchers.observe.events_log import EVENTS_FILE, read_events
-from launchers.observe.faults import fault_class, where_hit
+from launchers.observe.faults import fault_class, restart_cause, where_hit
 from launchers.observe.status_file import STATUS_FILE
 
 ENDS = ("failure", "hang", "regroup", "stop")  # events that end an attempt
@@ -312,6 +312,10 @@ def _marks(run: list[dict[str, Any]], rank_nodes: dict[int, int]) -> tuple[list[
             marks.append(Mark(t, "node_loss", e.get("node"), f"machine loss: {e.get('how')}", e))
         elif kind in ("recomputed", "started_over"):
             marks.append(Mark(t, "warning", None, kind.replace("_", " "), e))
+        elif kind == "injected":  # a fault a test harness injected (benchmarks/chaos_png.py), as it says
+            host = e.get("host")
+            node = host if isinstance(host, int) and host >= 0 else None
+            marks.append(Mark(t, "injected", node, f"injected: {e.get('fault')}", e))
         elif kind == "health":
             marks.append(Mark(t, "health", None, "health check", e))
         elif kind == "end":
@@ -325,27 +329,34 @@ def _marks(run: list[dict[str, Any]], rank_nodes: dict[int, int]) -> tuple[list[
 def _costs(
     run: list[dict[str, Any]], steps: dict[int, list[tuple[float, int, int]]], rank_nodes: dict[int, int]
 ) -> tuple[dict[str, tuple[int, float]], list[Span]]:
-    """Per fault class: how many, and the seconds from the last step before each to the first step after."""
+    """Per fault class: how many, and the seconds from the last step before each to the first step after.
+
+    The ends of one recovery (a failure, then the membership change that explains it) are one
+    cost, of the class ``faults.restart_cause`` gives them (as ``mlaunch_restarts_total`` counts it).
+    """
     times = sorted({t for series in steps.values() for t, _, _ in series})
     advancing = _advancing(steps)
-    costs: dict[str, tuple[int, float]] = {}
-    spans: list[Span] = []
-    handled_until = -1.0
+    groups: list[tuple[float, float, list[dict[str, Any]]]] = []  # (last step before, first step after, ends)
     for e in run:
-        cls = fault_class(e)
-        if cls is None or e.get("event") not in ENDS + ("membership",) or cls == "stop":
+        if e.get("event") not in ENDS + ("membership",) or fault_class(e) == "stop":
+            continue
+        if e.get("event") != "regroup" and fault_class(e) is None:
             continue
         t = e["time"]
-        if t <= handled_until:  # a second end in one recovery (a regroup's membership): one cost
+        if groups and t <= groups[-1][1]:  # in the recovery already counted
+            groups[-1][2].append(e)
             continue
         before = max((x for x in advancing if x <= t), default=None)
         after = next((x for x in times if x > t), None)
-        if before is None or after is None:
-            continue
-        handled_until = after
+        if before is not None and after is not None:
+            groups.append((before, after, [e]))
+    costs: dict[str, tuple[int, float]] = {}
+    spans: list[Span] = []
+    for before, after, ends in groups:
+        cls = restart_cause(ends) or "membership"
         count, seconds = costs.get(cls, (0, 0.0))
         costs[cls] = (count + 1, seconds + (after - before))
-        spans.append(Span(before, after, f"recovery_{cls}", None, f"{after - before:.1f}s without steps", e))
+        spans.append(Span(before, after, f"recovery_{cls}", None, f"{after - before:.1f}s without steps", ends[0]))
     return costs, spans
 
 
