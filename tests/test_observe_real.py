@@ -93,6 +93,13 @@ def by(result: list[dict[str, Any]], label: str) -> dict[str, float]:
     return {r["metric"].get(label, ""): float(r["value"][1]) for r in result}
 
 
+def dashboard_queries() -> list[str]:
+    """Every PromQL query of the Grafana dashboard in docs/, its variables set for this job."""
+    board = json.loads((ROOT / "docs" / "grafana" / "mlaunch-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
+    return [e.replace("$job", JOB).replace("$__range", "5m") for e in exprs]
+
+
 @pytest.fixture(scope="module")
 def storm(hosts3: list[Host], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     for tool in ("prometheus", "chromium"):
@@ -126,7 +133,7 @@ def storm(hosts3: list[Host], tmp_path_factory: pytest.TempPathFactory) -> Itera
             time.sleep(0.5)
         live["restarts"] = by(query(watcher, restarts), "cause")
         live["goodput"] = by(wait_query(watcher, f"mlaunch_goodput_ratio{selector}"), "job_name")
-        live["step"] = by(wait_query(watcher, f"mlaunch_step{selector}"), "job_name")
+        live["step"] = by(wait_query(watcher, f"mlaunch_step{selector} >= 12"), "job_name")  # past the hang
         live["up"] = by(wait_query(watcher, "up"), "instance")
         live["node_info"] = by(wait_query(watcher, "mlaunch_node_info"), "node")
         shown = run_mlaunch(["timeline", str(job), "-o", str(tmp / "running.png")])
@@ -138,6 +145,7 @@ def storm(hosts3: list[Host], tmp_path_factory: pytest.TempPathFactory) -> Itera
             wait_query(watcher, f'mlaunch_restarts_total{{job_name="{JOB}",cause="node_left"}}', timeout=60),
             "cause",
         )
+        live["dashboard"] = {expr: len(query(watcher, expr)) for expr in dashboard_queries()}
         codes = run.finish(timeout=240)
     finally:
         run.kill()
@@ -152,6 +160,7 @@ def test_prometheus_scrapes_step_restarts_and_goodput_of_a_running_two_node_job(
     assert live["restarts"] == {"sigkill": 1.0, "hang": 1.0}, (live, storm.text)
     assert 0.0 < live["goodput"][JOB] <= 1.0, live
     assert live["step"][JOB] >= 12, live  # past the hang: the newest step every rank finished
+    assert all(count > 0 for count in live["dashboard"].values()), live["dashboard"]  # every panel has data
     assert set(live["node_info"]) == {"0", "1"} and all(v == 1.0 for v in live["up"].values()), live
     assert live["nodes_after"] == {JOB: 1.0} and live["restarts_after"] == {"node_left": 1.0}, live
 

@@ -244,6 +244,7 @@ def draw(t: Timeline) -> Drawing:
                     textcoords="offset points",
                     fontsize=8,
                     color=colour,
+                    clip_on=True,  # a label near the right edge stops at the panel, not in the legend
                 )
             used.setdefault(
                 m.kind,
@@ -271,6 +272,7 @@ def draw(t: Timeline) -> Drawing:
                     textcoords="offset points",
                     fontsize=8,
                     color=colour,
+                    clip_on=True,  # a label near the right edge stops at the panel, not in the legend
                 )
             if m.kind == "resume":
                 step = _step_at(t, m.time)
@@ -341,20 +343,21 @@ def _goodput_panel(ax: Any, t: Timeline) -> None:
     wall = float(g.get("wall_s") or 0.0)
     ax.set_yticks([1, 0], ["wall time", "lost to faults"], fontsize=9)
     ax.set_ylim(-0.6, 1.6)
-    left = 0.0
+    left, small = 0.0, []
     if wall > 0 and g.get("productive_s") is not None:
         for key, name, colour in GOODPUT_PARTS:
             value = float(g.get(key) or 0.0)
             if value <= 0:
                 continue
             ax.barh(1, value, left=left, color=colour, height=0.6, edgecolor="white")
-            share = value / wall
-            text = f"{name} {value:.1f}s ({share * 100:.0f}%)"
-            if share > 0.12:
+            text = f"{name} {value:.1f}s ({value / wall * 100:.0f}%)"
+            if value / wall > 0.15:
                 ax.text(left + value / 2, 1, text, ha="center", va="center", fontsize=8)
-            elif share > 0.02:
-                ax.text(left + value / 2, 1.42, text, ha="center", va="bottom", fontsize=7, rotation=0)
+            else:  # too narrow to hold its words: said above the bar, in order
+                small.append(text)
             left += value
+        if small:
+            ax.text(0.0, 1.36, " · ".join(small), transform=ax.get_yaxis_transform(), fontsize=8, va="bottom")
     else:
         ax.text(
             0.01,
@@ -364,27 +367,16 @@ def _goodput_panel(ax: Any, t: Timeline) -> None:
             va="center",
             fontsize=9,
         )
-    shift = 0.0
+    shift, said = 0.0, []
+    names = {"sigkill": "kill -9", "node_left": "node left", "node_lost": "node lost", "node_joined": "node joined"}
     for cls, (count, seconds) in sorted(t.costs.items(), key=lambda kv: -kv[1][1]):
         colour = FAULT_STYLE.get(cls, ("#999999", ""))[0]
         ax.barh(0, seconds, left=shift, color=colour, height=0.6, alpha=0.8, edgecolor="white")
-        name = {
-            "sigkill": "kill -9",
-            "node_left": "node left",
-            "node_lost": "node lost",
-            "node_joined": "node joined",
-        }.get(cls, cls)
-        if wall <= 0 or seconds / wall > 0.04:
-            ax.text(
-                shift + seconds / 2,
-                0,
-                f"{name} ×{count}: {seconds:.1f}s",
-                ha="center",
-                va="center",
-                fontsize=8,
-                color="white" if cls in ("sigkill", "node_lost") else "black",
-            )
+        said.append(f"{names.get(cls, cls)} ×{count}: {seconds:.1f}s")
         shift += seconds
+    if said:
+        span = max(wall, shift, 1e-3)
+        ax.text(shift + span * 0.01, 0, " · ".join(said), va="center", fontsize=8)
     ax.set_xlim(0, max(wall, shift, 1e-3) * 1.01)
     ax.set_xlabel(
         "seconds of the run (top: where the wall time went; bottom: time without steps after each fault class)"

@@ -258,9 +258,15 @@ def _marks(run: list[dict[str, Any]], rank_nodes: dict[int, int]) -> tuple[list[
     last_step: dict[int, int] = {}
     slow: dict[int, dict[str, Any]] = {}  # rank → its straggler event
     resume_due: int | None = None  # the attempt whose first steps are a resume
+    seen: set[tuple[Any, ...]] = set()
     for e in run:
         kind = e.get("event")
         t = e["time"]
+        once = _same_fact(e, rank_nodes)
+        if once is not None:  # every node writes its own line of a job-wide fact: one mark
+            if once in seen:
+                continue
+            seen.add(once)
         if kind == "progress":
             for key, step in (e.get("steps") or {}).items():
                 rank = int(key)
@@ -291,7 +297,7 @@ def _marks(run: list[dict[str, Any]], rank_nodes: dict[int, int]) -> tuple[list[
             marks.append(Mark(t, "membership", None, label, e))
             for left in e.get("left") or []:
                 node = left.get("node")
-                marks.append(Mark(t, "node_left", node, f"node {node} left: {left.get('why') or ''}", e))
+                marks.append(Mark(t, "node_left", node, f"node {node} left", e))
                 silent = left.get("silent_s")
                 if isinstance(silent, (int, float)) and silent > 0:
                     spans.append(Span(t - silent, t, "silent", node, f"node {node} silent {silent:.1f}s", e))
@@ -324,6 +330,20 @@ def _marks(run: list[dict[str, Any]], rank_nodes: dict[int, int]) -> tuple[list[
     for rank, began in slow.items():  # still slow at the end
         spans.append(Span(began["time"], end, "straggler", began.get("node"), f"rank {rank} slow", began))
     return marks, spans
+
+
+def _same_fact(e: dict[str, Any], rank_nodes: dict[int, int]) -> tuple[Any, ...] | None:
+    """What makes two nodes' events one fact (a failure of rank 3 in attempt 2, a restart to attempt 3); None: own."""
+    kind = e.get("event")
+    if kind in ("failure", "hang"):
+        return (kind, e.get("attempt"), where_hit(e, rank_nodes))
+    if kind in ("restart", "membership", "stop", "regroup"):
+        return (kind, e.get("attempt"))
+    if kind == "checkpoint":
+        return (kind, e.get("step"), e.get("source"))
+    if kind == "end":
+        return (kind,)
+    return None
 
 
 def _costs(
