@@ -166,18 +166,18 @@ def test_a_fault_is_classified_alike_for_the_timeline_and_for_the_restart_counte
     fold = metrics.EventFold()
     run = [
         ev(0, "start", attempt=0),
-        ev(1, "failure", rank=3, label="node 1 rank 3", signal=9, exit_code=137),
+        ev(1, "failure", attempt=0, rank=3, label="node 1 rank 3", signal=9, exit_code=137),
         ev(1, "restart", attempt=1),
         ev(1, "start", attempt=1),
-        ev(2, "hang", rank=0, label="node 0 rank 0", exit_code=137, cause="hung: no progress"),
+        ev(2, "hang", attempt=1, rank=0, label="node 0 rank 0", exit_code=137, cause="hung: no progress"),
         ev(2, "start", attempt=2),
-        ev(3, "regroup", cause="node 1 left"),
-        ev(3, "membership", left=[{"node": 1, "why": "silent"}], joined=[]),
+        ev(3, "regroup", attempt=2, cause="node 1 left"),
+        ev(3, "membership", attempt=3, left=[{"node": 1, "why": "silent"}], joined=[]),
         ev(4, "start", attempt=3),
-        ev(5, "failure", rank=0, label="node 0 rank 0", exit_code=1),
+        ev(5, "failure", attempt=3, rank=0, label="node 0 rank 0", exit_code=1),
         ev(6, "start", attempt=4),
-        ev(7, "failure", rank=0, label="node 0 rank 0", exit_code=1),  # its peer's node vanished mid-collective
-        ev(8, "membership", left=[{"node": 1, "why": "silent"}], joined=[]),  # ... which explains it
+        ev(7, "failure", attempt=4, rank=0, label="node 0 rank 0", exit_code=1),  # its peer's node vanished mid-collective
+        ev(8, "membership", attempt=5, left=[{"node": 1, "why": "silent"}], joined=[]),  # ... which explains it
         ev(9, "start", attempt=5),
     ]
     for e in run:
