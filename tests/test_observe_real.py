@@ -175,7 +175,8 @@ def test_the_finished_jobs_png_shows_each_node_lane_and_the_kill_hang_shrink_res
     from PIL import Image
 
     from launchers.observe import timeline_model
-    from launchers.observe.timeline_draw import FAULT_STYLE, NODE_COLOURS, OTHER_STYLE, save_png
+    from launchers.observe.timeline_draw import save_png
+    from launchers.observe.timeline_style import FAULT_STYLE, NODE_COLOURS, OTHER_STYLE
 
     t = timeline_model.load([storm.log_dir])
     png = storm.tmp / "timeline.png"

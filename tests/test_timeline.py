@@ -23,7 +23,7 @@ from conftest import run_mlaunch
 from launchers.config.job import load_job
 from launchers.errors import UserError
 from launchers.observe import metrics, timeline_model
-from launchers.observe.observer import progress_every
+from launchers.observe.progress_log import progress_every
 
 T0 = 1_700_000_000.0
 
@@ -176,7 +176,7 @@ def test_a_fault_is_classified_alike_for_the_timeline_and_for_the_restart_counte
         ev(4, "start", attempt=3),
         ev(5, "failure", attempt=3, rank=0, label="node 0 rank 0", exit_code=1),
         ev(6, "start", attempt=4),
-        ev(7, "failure", attempt=4, rank=0, label="node 0 rank 0", exit_code=1),  # its peer's node vanished mid-collective
+        ev(7, "failure", attempt=4, rank=0, label="node 0 rank 0", exit_code=1),  # its peer vanished mid-collective
         ev(8, "membership", attempt=5, left=[{"node": 1, "why": "silent"}], joined=[]),  # ... which explains it
         ev(9, "start", attempt=5),
     ]

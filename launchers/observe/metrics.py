@@ -182,7 +182,7 @@ class MetricsServer:
         self.port = port
         self.figures = figures
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self))  # type: ignore[arg-type]
+        registry.register(_Collector(self))
         self._server, self._thread = start_http_server(port, addr="0.0.0.0", registry=registry)
         self.port = self._server.server_port  # the one bound (``port`` 0: a free one)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from launchers.log import say
 from launchers.observe import goodput
 from launchers.observe.events_log import EventLog
+from launchers.observe.progress_log import ProgressLog
 from launchers.observe.status_file import job_status, node_entry, rank_entry, write_status
 from launchers.observe.steps import StepTracker
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from launchers.config.job import Job
     from launchers.control import JobEvents, Meeting
     from launchers.health.outcome import HealthOutcome
-    from launchers.observe.metrics import EventFold, MetricsServer
+    from launchers.observe.metrics_hook import MetricsHook
     from launchers.observe.status_relay import StatusRelay
     from launchers.observe.straggler import StragglerDetector
     from launchers.plan import LaunchPlan
@@ -53,18 +54,6 @@ class Ended(Protocol):
 
 
 STATUS_EVERY = 1.0  # seconds between status publications
-PROGRESS_MIN, PROGRESS_MAX = 0.5, 30.0  # seconds between `progress` events: the timeline's step lines
-
-
-def progress_every(elapsed: float) -> float:
-    """Seconds between a node's ``progress`` events, ``elapsed`` seconds into the run (pure).
-
-    About a hundred points per run whatever its length (the timeline draws the steps from them),
-    at least 0.5 s apart and at most 30 s: an hour-long run writes ~150 short lines per node.
-    """
-    return min(PROGRESS_MAX, max(PROGRESS_MIN, elapsed / 100.0))
-
-
 SUMMARY_KEYS = ("phase", "attempt", "restarts", "last_committed_step", "stragglers")  # node 0's word to every node
 MAX_SUMMARY_STRAGGLERS = 64  # ranks named in the summary (every node gets it: O(1) bytes per node)
 
@@ -103,13 +92,13 @@ class JobObserver:
         self.node_extra: dict[
             str, Any
         ] = {}  # this node's own figures beside its ranks (replication: persist/replication.py)
-        self._next_progress = 0.0
-        self._progress_seen: dict[int, dict[str, int]] = {}
-        self.metrics: MetricsServer | None = None
-        self.metrics_state: dict[str, Any] | None = None  # the status view's word on the metrics endpoint
-        self._fold: EventFold | None = None
-        if job.metrics.port is not None:
-            self._start_metrics(job.metrics.port, whole_job=judge)
+        self.progress = ProgressLog(self.log, self.clock.started)  # the steps over time, for the timeline
+        self.metrics: MetricsHook | None = None
+        if job.metrics.port is not None:  # imported only when job.yaml turns it on
+            from launchers.observe.metrics_hook import MetricsHook
+
+            node = 0 if self.simulated else events.node
+            self.metrics = MetricsHook(job.metrics.port, self.job_name, node, judge, self.log)
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
             from launchers.observe.status_relay import StatusRelay
 
@@ -153,7 +142,7 @@ class JobObserver:
             self.current.note(r.first_step, r.first_wall, r.step, r.last_wall, r.saving)
         self._checkpoints(tracker)
         self._started_over(tracker)
-        self._progress(tracker)
+        self.progress.sample(tracker, self.attempt)
         now = time.monotonic()
         if now >= self._next_status or (self.relay is not None and self.relay.due(now)):
             self._next_status = now + max(STATUS_EVERY, self.events.status_every)  # slower for thousands of nodes
@@ -164,7 +153,7 @@ class JobObserver:
         self.tick()
         if self.tracker is None:
             return
-        self._progress(self.tracker, force=True)  # the attempt's last steps: where the timeline's line ends
+        self.progress.sample(self.tracker, self.attempt, force=True)  # where the attempt's step line ends
         self.current.ended = time.time()
         phases = {"succeeded": "finished", "signalled": "stopped", "reformed": "restarting"}
         self.phase = phases.get(outcome.status, "failed")
@@ -242,46 +231,6 @@ class JobObserver:
         return figures
 
     # -- inside -----------------------------------------------------------------------------
-    def _start_metrics(self, port: int, *, whole_job: bool) -> None:
-        """``metrics.port``: node 0 (or the simulation) serves the job's figures, another node its node_info."""
-        from launchers.observe import metrics
-
-        node = 0 if self.simulated else self.events.node
-        self.metrics, error = metrics.serve(port, self.job_name, node, whole_job)
-        self.metrics_state = {"port": port, "error": error} if error else {"port": port}
-        if error:  # the job runs on without them: said, in the events and in the status view
-            say(f"warning: {error}; the job runs without metrics")
-            self.log.write("metrics", port=port, error=error)
-            return
-        say(f"metrics: http://{socket.gethostname()}:{port}/metrics" + ("" if whole_job else " (node info only)"))
-        self.log.write("metrics", port=port, whole_job=whole_job)
-        if whole_job:
-            self._fold = metrics.EventFold()
-            self.log.on_write = self._fold.feed
-
-    def _update_metrics(self, status: dict[str, Any]) -> None:
-        from launchers.observe.metrics import figures_from
-
-        if self.metrics is None or self._fold is None:
-            return
-        live = self.clock.figures(time.time())
-        self.metrics.update(figures_from(self.job_name, status, live, self._fold, self.metrics.figures))
-
-    def _progress(self, tracker: StepTracker, *, force: bool = False) -> None:
-        """A ``progress`` event per node whose ranks advanced, every ``progress_every`` s: the steps over time."""
-        now = time.time()
-        if not force and now < self._next_progress:
-            return
-        self._next_progress = now + progress_every(now - self.clock.started)
-        by_node: dict[int, dict[str, int]] = {}
-        for r in tracker.ranks.values():
-            if r.step >= 0:
-                by_node.setdefault(r.node, {})[str(r.rank)] = r.step
-        for node, steps in sorted(by_node.items()):
-            if steps != self._progress_seen.get(node):
-                self._progress_seen[node] = steps
-                self.log.write("progress", node=node, attempt=self.attempt, steps=steps)
-
     def _checkpoints(self, tracker: StepTracker) -> None:
         steps = [r.committed_step for r in tracker.ranks.values() if r.committed_step >= 0]
         newest = max(steps, default=-1)
@@ -365,8 +314,8 @@ class JobObserver:
             status["started_over"] = self.started_over
         if self.recompute_warnings:
             status["recompute_warnings"] = self.recompute_warnings
-        if self.metrics_state is not None:
-            status["metrics"] = self.metrics_state
+        if self.metrics is not None:
+            status["metrics"] = self.metrics.state
         if not self.simulated and self.node == 0:
             self._summarize(status)
         else:  # node 0's word on the job, beside this node's own ranks
@@ -375,7 +324,8 @@ class JobObserver:
                 status["last_committed_step"] = summary["last_committed_step"]
         if self.relay is None or self.relay.may_write(status):
             write_status(self.log_dir, status)
-        self._update_metrics(status)
+        if self.metrics is not None:
+            self.metrics.publish(status, self.clock)
 
     def _summarize(self, status: dict[str, Any]) -> None:
         """Node 0: the job at a glance for every other node (sent on the plane when it changed)."""

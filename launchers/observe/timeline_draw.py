@@ -25,48 +25,20 @@ from typing import Any
 
 from launchers.observe.faults import CLASSES
 from launchers.observe.timeline_model import Mark, Span, Timeline
-
-FAULT_STYLE: dict[str, tuple[str, str]] = {  # class → (colour, marker)
-    "sigkill": ("#d62728", "X"),
-    "signal": ("#8c564b", "X"),
-    "exit": ("#e377c2", "X"),
-    "hang": ("#ff7f0e", "s"),
-    "node_lost": ("#000000", "X"),
-    "node_left": ("#9467bd", "v"),
-    "node_joined": ("#2ca02c", "^"),
-    "stop": ("#7f7f7f", "o"),
-    "node_loss": ("#17becf", "D"),
-}
-OTHER_STYLE: dict[str, tuple[str, str, str]] = {  # kind → (colour, marker, legend)
-    "restart": ("#d62728", "|", "restart (whole job)"),
-    "resume": ("#2ca02c", ">", "resume (first steps after)"),
-    "membership": ("#1f77b4", "d", "membership change"),
-    "commit_ranks": ("#555555", "|", "commit (the ranks' save)"),
-    "commit_flash": ("#9467bd", "D", "flash save (mlaunch, after a fault)"),
-    "commit_background": ("#17becf", "|", "background persist commit"),
-    "straggler": ("#bcbd22", "o", "straggler reported"),
-    "health": ("#7f7f7f", "P", "health check"),
-    "warning": ("#ff9896", "*", "warning (recomputed / started over)"),
-    "end": ("#000000", "o", "end of the run"),
-    "injected": ("#000000", "1", "fault injected by a test harness (as it says)"),
-}
-SPAN_STYLE: dict[str, tuple[str, str]] = {
-    "hang": ("#ff7f0e", "hang: no progress until detected"),
-    "straggler": ("#bcbd22", "straggler: slow until recovered"),
-    "silent": ("#000000", "node silent until declared lost"),
-}
-NODE_COLOURS = ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#e377c2", "#7f7f7f"]
-GOODPUT_PARTS = [
-    ("productive_s", "productive", "#2ca02c"),
-    ("startup_s", "start-up", "#aec7e8"),
-    ("restart_downtime_s", "restarts (down)", "#d62728"),
-    ("recomputed_s", "recomputed", "#ff7f0e"),
-    ("checkpoint_stall_s", "checkpoint stalls", "#9467bd"),
-    ("other_s", "other (ends, failures, saves)", "#c7c7c7"),
-]
-FEW_FAULTS = 30  # up to this many, each fault's label is written beside it
-FEW_RANKS = 16  # up to this many ranks, each has its own thin step line
-JOB_LANE, COMMIT_LANE = "job", "commits"
+from launchers.observe.timeline_style import (
+    COMMIT_LANE,
+    FAULT_STYLE,
+    FEW_FAULTS,
+    FEW_RANKS,
+    GOODPUT_PARTS,
+    JOB_LANE,
+    NODE_COLOURS,
+    OTHER_STYLE,
+    SPAN_STYLE,
+    lane_names,
+    time_scale,
+    title,
+)
 
 
 @dataclass
@@ -89,225 +61,190 @@ class Drawing:
     hover: dict[str, str] = field(default_factory=dict)  # gid → text
 
 
-def time_scale(seconds: float) -> tuple[float, str]:
-    """(divisor, unit) for an x axis ``seconds`` long: s up to 5 min, min up to 3 h, then h."""
-    if seconds <= 300:
-        return 1.0, "s"
-    if seconds <= 3 * 3600:
-        return 60.0, "min"
-    return 3600.0, "h"
-
-
-def title(t: Timeline) -> str:
-    g = t.goodput or {}
-    wall = g.get("wall_s") or (t.t1 - t.t0)
-    scale, unit = time_scale(wall)
-    ratio = g.get("goodput")
-    good = f"goodput {ratio * 100:.1f}%" if isinstance(ratio, (int, float)) else "goodput unknown (no progress reports)"
-    estimate = " (so far, estimated)" if t.estimated else ""
-    faults = len(t.faults())
-    restarts = g.get("restarts", sum(1 for m in t.marks if m.kind == "restart"))
-    state = t.phase + (f", exit {t.exit_code}" if t.exit_code is not None else "")
-    return (
-        f"job {t.job}: {good}{estimate} of {wall / scale:.1f} {unit} wall — {faults} fault(s), "
-        f"{restarts} restart(s), {state}"
-    )
-
-
-def _lane_names(t: Timeline) -> list[str]:
-    return [JOB_LANE, COMMIT_LANE, *(f"node {n}" for n in t.nodes)]
-
-
 def draw(t: Timeline) -> Drawing:
     """The figure of ``t`` (not yet saved) and where its marks are."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    lanes = _lane_names(t)
-    lane_height = min(0.42, max(0.12, 9.0 / len(lanes)))
-    lanes_in = max(1.6, lane_height * len(lanes))
-    fig = plt.figure(figsize=(16, 4.2 + lanes_in + 2.0), dpi=100)
-    grid = fig.add_gridspec(3, 1, height_ratios=[4.2, lanes_in, 1.6], hspace=0.32)
-    ax_steps = fig.add_subplot(grid[0])
-    ax_lanes = fig.add_subplot(grid[1], sharex=ax_steps)
-    ax_good = fig.add_subplot(grid[2])
-    drawing = Drawing(fig)
-    scale, unit = time_scale(t.t1 - t.t0)
-
-    def x(when: float) -> float:
-        return (when - t.t0) / scale
-
-    lane_y = {name: len(lanes) - 1 - i for i, name in enumerate(lanes)}
-    used: dict[str, Any] = {}  # legend entries in order of use
-    many = len(t.faults()) > FEW_FAULTS
-
-    # -- recoveries behind everything
-    for span in t.spans:
-        if span.kind.startswith("recovery_"):
-            cls = span.kind.removeprefix("recovery_")
-            colour = FAULT_STYLE.get(cls, ("#999999", ""))[0]
-            for ax in (ax_steps, ax_lanes):
-                ax.axvspan(x(span.start), x(span.end), color=colour, alpha=0.10, lw=0)
-            used.setdefault(
-                "recovery",
-                Patch(color="#d62728", alpha=0.15, label="recovery: last step → first step after (fault's colour)"),
-            )
-
-    # -- steps panel
-    ranks = sorted(t.rank_steps)
-    per_rank = 0 < len(ranks) <= FEW_RANKS
-    widest = 1.5 + 2.5 * min(len(t.nodes) - 1, 3)  # lock-step nodes overlap: the first lines are widest
-    for i, node in enumerate(t.nodes):
-        colour = NODE_COLOURS[i % len(NODE_COLOURS)]
-        width = max(1.5, widest - 2.5 * i)
-        for segment in _by_attempt(t.steps.get(node, [])):  # no line across a restart: nothing ran there
-            ax_steps.plot(
-                [x(a) for a, _ in segment], [s for _, s in segment], "-o", ms=2.5, lw=width, color=colour, alpha=0.85
-            )
-        if t.steps.get(node):
-            used.setdefault(
-                f"node {node}", Line2D([], [], color=colour, lw=2, label=f"node {node}: steps (all its ranks)")
-            )
-        if per_rank:
-            for rank in ranks:
-                if t.rank_nodes.get(rank) == node:
-                    for segment in _by_attempt(t.rank_steps[rank]):
-                        ax_steps.plot(
-                            [x(a) for a, _ in segment], [s for _, s in segment], "-", lw=0.7, alpha=0.5, color=colour
-                        )
-    ax_steps.set_ylabel("step (newest finished)")
-    ax_steps.grid(True, alpha=0.3)
-    ax_steps.set_title(title(t), fontsize=13, loc="left", fontweight="bold")
+    painter = _Painter(t)
+    painter.recoveries()
+    painter.steps()
+    painter.spans()
     for m in t.marks:
-        if m.kind == "restart":
-            ax_steps.axvline(x(m.time), color="#d62728", ls="--", lw=0.9, alpha=0.7)
-        elif m.kind == "membership":
-            ax_steps.axvline(x(m.time), color="#1f77b4", ls="-.", lw=1.0, alpha=0.8)
+        painter.mark(m)
+    return painter.finish()
 
-    # -- lanes panel
-    counter = iter(range(10**9))
 
-    def put(ax: Any, when: float, lane: str, colour: str, marker: str, size: float, text: str, m: Any) -> None:
-        gid = f"ev{next(counter)}"
-        ax.plot(
-            [x(when)],
-            [lane_y[lane]],
-            marker=marker,
-            color=colour,
-            ms=size,
-            mec="white" if marker not in "|" else colour,
-            mew=0.6 if marker != "|" else 2,
-            ls="none",
-            gid=gid,
-            zorder=5,
-        )
-        drawing.hover[gid] = _hover(m)
-        drawing.placed.append(Placed(gid, m.kind, m.node, x(when), lane_y[lane], text))
+class _Painter:
+    """One figure: the three panels on one time axis, the legend entries used, the marks placed."""
 
-    size = 9 if not many else 6
-    for span in t.spans:
-        if span.kind in SPAN_STYLE:
-            lane = f"node {span.node}" if span.node is not None and f"node {span.node}" in lane_y else JOB_LANE
+    def __init__(self, t: Timeline) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+
+        self.t = t
+        lanes = lane_names(t)
+        lanes_in = max(1.6, min(0.42, max(0.12, 9.0 / len(lanes))) * len(lanes))
+        fig = plt.figure(figsize=(16, 4.2 + lanes_in + 2.0), dpi=100)
+        grid = fig.add_gridspec(3, 1, height_ratios=[4.2, lanes_in, 1.6], hspace=0.32)
+        self.ax_steps = fig.add_subplot(grid[0])
+        self.ax_lanes = fig.add_subplot(grid[1], sharex=self.ax_steps)
+        self.ax_good = fig.add_subplot(grid[2])
+        self.drawing = Drawing(fig)
+        self.scale, self.unit = time_scale(t.t1 - t.t0)
+        self.lane_y = {name: len(lanes) - 1 - i for i, name in enumerate(lanes)}
+        self.used: dict[str, Any] = {}  # legend entries, in order of use
+        self.many = len(t.faults()) > FEW_FAULTS
+        self.size = 6 if self.many else 9
+        self._ids = iter(range(10**9))
+
+    def x(self, when: float) -> float:
+        return (when - self.t.t0) / self.scale
+
+    def lane(self, node: int | None, default: str = JOB_LANE) -> str:
+        return f"node {node}" if node is not None and f"node {node}" in self.lane_y else default
+
+    def legend(self, key: str, handle: Any) -> None:
+        self.used.setdefault(key, handle)
+
+    def recoveries(self) -> None:
+        """Behind everything: from the last step before each fault to the first after, in its class's colour."""
+        from matplotlib.patches import Patch
+
+        for span in self.t.spans:
+            if span.kind.startswith("recovery_"):
+                colour = FAULT_STYLE.get(span.kind.removeprefix("recovery_"), ("#999999", ""))[0]
+                for ax in (self.ax_steps, self.ax_lanes):
+                    ax.axvspan(self.x(span.start), self.x(span.end), color=colour, alpha=0.10, lw=0)
+                label = "recovery: last step → first step after (fault's colour)"
+                self.legend("recovery", Patch(color="#d62728", alpha=0.15, label=label))
+
+    def steps(self) -> None:
+        from matplotlib.lines import Line2D
+
+        t, ax, x = self.t, self.ax_steps, self.x
+        per_rank = 0 < len(t.rank_steps) <= FEW_RANKS
+        widest = 1.5 + 2.5 * min(len(t.nodes) - 1, 3)  # lock-step nodes overlap: the first lines are widest
+        for i, node in enumerate(t.nodes):
+            colour = NODE_COLOURS[i % len(NODE_COLOURS)]
+            width = max(1.5, widest - 2.5 * i)
+            for seg in _by_attempt(t.steps.get(node, [])):  # no line across a restart: nothing ran there
+                ax.plot([x(a) for a, _ in seg], [s for _, s in seg], "-o", ms=2.5, lw=width, color=colour, alpha=0.85)
+            if t.steps.get(node):
+                self.legend(
+                    f"node {node}", Line2D([], [], color=colour, lw=2, label=f"node {node}: steps (all its ranks)")
+                )
+            for rank in sorted(t.rank_steps) if per_rank else []:
+                if t.rank_nodes.get(rank) == node:
+                    for seg in _by_attempt(t.rank_steps[rank]):
+                        ax.plot([x(a) for a, _ in seg], [s for _, s in seg], "-", lw=0.7, alpha=0.5, color=colour)
+        ax.set_ylabel("step (newest finished)")
+        ax.grid(True, alpha=0.3)
+        ax.set_title(title(t), fontsize=13, loc="left", fontweight="bold")
+        for m in t.marks:
+            if m.kind == "restart":
+                ax.axvline(x(m.time), color="#d62728", ls="--", lw=0.9, alpha=0.7)
+            elif m.kind == "membership":
+                ax.axvline(x(m.time), color="#1f77b4", ls="-.", lw=1.0, alpha=0.8)
+
+    def spans(self) -> None:
+        """Hangs, stragglers, silences: bars on their node's lane."""
+        from matplotlib.patches import Patch
+
+        for span in self.t.spans:
+            if span.kind not in SPAN_STYLE:
+                continue
             colour, legend = SPAN_STYLE[span.kind]
-            y = lane_y[lane]
-            gid = f"ev{next(counter)}"
-            ax_lanes.barh(
+            hatch = "//" if span.kind == "hang" else None
+            gid = f"ev{next(self._ids)}"
+            width = self.x(span.end) - self.x(span.start)
+            y = self.lane_y[self.lane(span.node)]
+            self.ax_lanes.barh(
                 y,
-                x(span.end) - x(span.start),
-                left=x(span.start),
+                width,
+                left=self.x(span.start),
                 height=0.5,
                 color=colour,
                 alpha=0.45,
-                hatch="//" if span.kind == "hang" else None,
+                hatch=hatch,
                 edgecolor=colour,
                 gid=gid,
             )
-            drawing.hover[gid] = _hover(span)
-            used.setdefault(
-                f"span {span.kind}",
-                Patch(facecolor=colour, alpha=0.45, hatch="//" if span.kind == "hang" else None, label=legend),
-            )
-    for m in t.marks:
+            self.drawing.hover[gid] = _hover(span)
+            self.legend(f"span {span.kind}", Patch(facecolor=colour, alpha=0.45, hatch=hatch, label=legend))
+
+    def mark(self, m: Mark) -> None:
+        from matplotlib.lines import Line2D
+
         if m.kind in FAULT_STYLE:
             colour, marker = FAULT_STYLE[m.kind]
-            lane = f"node {m.node}" if m.node is not None and f"node {m.node}" in lane_y else JOB_LANE
-            put(ax_lanes, m.time, lane, colour, marker, size + 2, m.label, m)
-            if not many:
-                ax_lanes.annotate(
-                    m.label,
-                    (x(m.time), lane_y[lane]),
-                    xytext=(6, 5),
-                    textcoords="offset points",
-                    fontsize=8,
-                    color=colour,
-                    clip_on=True,  # a label near the right edge stops at the panel, not in the legend
-                )
-            used.setdefault(
-                m.kind,
-                Line2D(
-                    [],
-                    [],
-                    color=colour,
-                    marker=marker,
-                    ls="none",
-                    ms=9,
-                    label=CLASSES.get(m.kind, m.kind) if m.kind in CLASSES else "machine loss (replication)",
-                ),
+            legend, lane, size, said = (
+                CLASSES.get(m.kind, "machine loss (replication)"),
+                self.lane(m.node),
+                self.size + 2,
+                True,
             )
         elif m.kind in OTHER_STYLE:
             colour, marker, legend = OTHER_STYLE[m.kind]
             lane = COMMIT_LANE if m.kind.startswith("commit_") else JOB_LANE
-            if m.kind in ("straggler", "injected") and m.node is not None and f"node {m.node}" in lane_y:
-                lane = f"node {m.node}"
-            put(ax_lanes, m.time, lane, colour, marker, size if marker != "|" else size + 3, m.label, m)
-            if m.kind in ("membership", "resume") and not many:
-                ax_lanes.annotate(
-                    m.label,
-                    (x(m.time), lane_y[lane]),
-                    xytext=(5, 5 if m.kind == "resume" else -11),
-                    textcoords="offset points",
-                    fontsize=8,
-                    color=colour,
-                    clip_on=True,  # a label near the right edge stops at the panel, not in the legend
-                )
-            if m.kind == "resume":
-                step = _step_at(t, m.time)
-                if step is not None:
-                    ax_steps.plot([x(m.time)], [step], marker=">", color=colour, ms=9, ls="none", zorder=6)
-            used.setdefault(
-                m.kind,
-                Line2D(
-                    [], [], color=colour, marker=marker, ls="none", ms=9, mew=2 if marker == "|" else 0.6, label=legend
-                ),
+            if m.kind in ("straggler", "injected"):
+                lane = self.lane(m.node)
+            size, said = self.size + (3 if marker == "|" else 0), m.kind in ("membership", "resume")
+        else:
+            return
+        self.put(m, lane, colour, marker, size)
+        if said and not self.many:
+            offset = (5, -11) if m.kind == "membership" else (6, 5)
+            self.ax_lanes.annotate(
+                m.label,
+                (self.x(m.time), self.lane_y[lane]),
+                xytext=offset,
+                textcoords="offset points",
+                fontsize=8,
+                color=colour,
+                clip_on=True,  # a label near the right edge stops at the panel, not in the legend
             )
-    ax_lanes.set_yticks(list(lane_y.values()), list(lane_y.keys()), fontsize=9)
-    ax_lanes.set_ylim(-0.6, len(lanes) - 0.4)
-    for y in lane_y.values():
-        ax_lanes.axhline(y, color="#dddddd", lw=0.6, zorder=0)
-    ax_lanes.grid(True, axis="x", alpha=0.3)
-    ax_lanes.set_xlabel(f"time since the run started ({unit})")
-    ax_lanes.set_xlim(0, x(t.t1) * 1.01)
-    ax_steps.tick_params(labelbottom=True)
+        if m.kind == "resume":
+            step = _step_at(self.t, m.time)
+            if step is not None:
+                self.ax_steps.plot([self.x(m.time)], [step], marker=">", color=colour, ms=9, ls="none", zorder=6)
+        mew = 2 if marker == "|" else 0.6
+        self.legend(m.kind, Line2D([], [], color=colour, marker=marker, ls="none", ms=9, mew=mew, label=legend))
 
-    # -- goodput panel
-    _goodput_panel(ax_good, t)
+    def put(self, m: Mark, lane: str, colour: str, marker: str, size: float) -> None:
+        gid = f"ev{next(self._ids)}"
+        bar = marker == "|"
+        self.ax_lanes.plot(
+            [self.x(m.time)],
+            [self.lane_y[lane]],
+            marker=marker,
+            color=colour,
+            ms=size,
+            mec=colour if bar else "white",
+            mew=2 if bar else 0.6,
+            ls="none",
+            gid=gid,
+            zorder=5,
+        )
+        self.drawing.hover[gid] = _hover(m)
+        self.drawing.placed.append(Placed(gid, m.kind, m.node, self.x(m.time), self.lane_y[lane], m.label))
 
-    fig.legend(
-        handles=list(used.values()),
-        loc="upper right",
-        bbox_to_anchor=(0.995, 0.995),
-        fontsize=8,
-        framealpha=0.9,
-        ncol=1,
-    )
-    fig.subplots_adjust(left=0.07, right=0.80, top=0.95, bottom=0.07)
-    fig.canvas.draw()
-    _to_pixels(drawing, ax_lanes, lane_y)
-    return drawing
+    def finish(self) -> Drawing:
+        ax = self.ax_lanes
+        ax.set_yticks(list(self.lane_y.values()), list(self.lane_y.keys()), fontsize=9)
+        ax.set_ylim(-0.6, len(self.lane_y) - 0.4)
+        for y in self.lane_y.values():
+            ax.axhline(y, color="#dddddd", lw=0.6, zorder=0)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xlabel(f"time since the run started ({self.unit})")
+        ax.set_xlim(0, self.x(self.t.t1) * 1.01)
+        self.ax_steps.tick_params(labelbottom=True)
+        _goodput_panel(self.ax_good, self.t)
+        fig = self.drawing.figure
+        fig.legend(handles=list(self.used.values()), loc="upper right", bbox_to_anchor=(0.995, 0.995), fontsize=8)
+        fig.subplots_adjust(left=0.07, right=0.80, top=0.95, bottom=0.07)
+        fig.canvas.draw()
+        _to_pixels(self.drawing, ax, self.lane_y)
+        return self.drawing
 
 
 def _by_attempt(series: list[tuple[float, int, int]]) -> list[list[tuple[float, int]]]:
@@ -384,7 +321,7 @@ def _goodput_panel(ax: Any, t: Timeline) -> None:
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def _to_pixels(drawing: Drawing, ax: Any, lane_y: dict[str, float]) -> None:
+def _to_pixels(drawing: Drawing, ax: Any, lane_y: dict[str, int]) -> None:
     """Data coordinates of the lanes panel → PNG pixels (origin top-left)."""
     height = drawing.figure.bbox.height
     for p in drawing.placed:

@@ -16,8 +16,9 @@ import re
 import time
 from typing import Any
 
-from launchers.observe.timeline_draw import draw, title
+from launchers.observe.timeline_draw import draw
 from launchers.observe.timeline_model import Timeline
+from launchers.observe.timeline_style import title
 
 _STYLE = """
 body { font-family: sans-serif; margin: 12px; color: #222; }

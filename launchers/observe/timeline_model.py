@@ -25,42 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.observe import goodput
+from launchers.observe import timeline_costs
 from launchers.observe.events_log import EVENTS_FILE, read_events
-from launchers.observe.faults import fault_class, restart_cause, where_hit
+from launchers.observe.faults import where_hit
 from launchers.observe.status_file import STATUS_FILE
+from launchers.observe.timeline_marks import Mark, MarkReader, Span, step_time
 
-ENDS = ("failure", "hang", "regroup", "stop")  # events that end an attempt
+__all__ = ["Mark", "Span", "Timeline", "build", "gather", "load", "newest_run"]
+
 LIVE_PHASES = ("running", "restarting", "starting", "health check", "waiting to join")
-STALE = 30.0  # seconds: a status view older than this is not a running job's
-
-
-@dataclass(frozen=True)
-class Mark:
-    """One moment: ``kind`` (a fault class, restart, resume, commit...), on ``node``'s lane (None: the whole job)."""
-
-    time: float
-    kind: str
-    node: int | None
-    label: str
-    detail: dict[str, Any]
-    rank: int | None = None
-
-
-@dataclass(frozen=True)
-class Span:
-    """One stretch on a lane (``node`` None: the whole job): a hang, a straggler, a recovery."""
-
-    start: float
-    end: float
-    kind: str
-    node: int | None
-    label: str
-    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,18 +116,18 @@ def build(events: list[dict[str, Any]], statuses: list[dict[str, Any]] | None = 
         return Timeline(name, 0.0, 0.0, [0], {}, {}, {}, [], [], None, False, {}, "no events")
     rank_nodes = _rank_nodes(run, status)
     steps, rank_steps = _steps(run, rank_nodes, status)
-    marks, spans = _marks(run, rank_nodes)
+    marks, spans = MarkReader(rank_nodes).read(run)
     nodes = _nodes(run, rank_nodes, steps, marks)
     t0 = run[0]["time"]
     t1 = max(run[-1]["time"], float((status or {}).get("updated") or 0.0))
     end = _end_event(run)
     phase = _phase(end, status)
-    costs, recoveries = _costs(run, steps, rank_nodes)
+    costs, recoveries = timeline_costs.costs(run, steps)
     spans += recoveries
     figures = {k: v for k, v in end.items() if k not in ("time", "event", "node", "job")} if end else None
     estimated = figures is None
     if figures is None:
-        figures = _estimate(run, steps, t1)
+        figures = timeline_costs.estimate(run, t1)
     return Timeline(
         job=name,
         t0=t0,
@@ -207,12 +184,13 @@ def _steps(
     for e in run:
         if e.get("event") != "progress" or not isinstance(e.get("node"), int):
             continue
-        attempt = e.get("attempt") if isinstance(e.get("attempt"), int) else 0
+        attempt: int = e["attempt"] if isinstance(e.get("attempt"), int) else 0
         ranks = {int(k): v for k, v in (e.get("steps") or {}).items() if isinstance(v, int)}
         if ranks:
-            by_node.setdefault(e["node"], []).append((e["time"], min(ranks.values()), attempt))
+            when = step_time(e)
+            by_node.setdefault(e["node"], []).append((when, min(ranks.values()), attempt))
             for rank, step in ranks.items():
-                by_rank.setdefault(rank, []).append((e["time"], step, attempt))
+                by_rank.setdefault(rank, []).append((when, step, attempt))
     if status is not None and status.get("phase") in LIVE_PHASES:  # a running job: its newest steps too
         when = float(status.get("updated") or 0.0)
         attempt = int(status.get("attempt") or 0)
@@ -234,162 +212,6 @@ def _nodes(
     return sorted(nodes) or [0]
 
 
-def _short(event: dict[str, Any], cls: str, rank: int | None) -> str:
-    who = f"rank {rank}" if rank is not None else ""
-    if cls == "sigkill":
-        return f"kill -9 {who}".strip()
-    if cls == "hang":
-        return f"hang {who}".strip()
-    if cls == "signal":
-        return f"signal {event.get('signal')} {who}".strip()
-    if cls == "exit":
-        return f"exit {event.get('exit_code')} {who}".strip()
-    if cls == "node_lost":
-        return "node lost"
-    if cls == "stop":
-        return "stop"
-    return cls
-
-
-def _marks(run: list[dict[str, Any]], rank_nodes: dict[int, int]) -> tuple[list[Mark], list[Span]]:
-    marks: list[Mark] = []
-    spans: list[Span] = []
-    last_progress: dict[int, float] = {}  # rank → time of the progress event that last showed it advancing
-    last_step: dict[int, int] = {}
-    slow: dict[int, dict[str, Any]] = {}  # rank → its straggler event
-    resume_due: int | None = None  # the attempt whose first steps are a resume
-    seen: set[tuple[Any, ...]] = set()
-    for e in run:
-        kind = e.get("event")
-        t = e["time"]
-        once = _same_fact(e, rank_nodes)
-        if once is not None:  # every node writes its own line of a job-wide fact: one mark
-            if once in seen:
-                continue
-            seen.add(once)
-        if kind == "progress":
-            for key, step in (e.get("steps") or {}).items():
-                rank = int(key)
-                if step != last_step.get(rank):
-                    last_step[rank], last_progress[rank] = step, t
-            if resume_due is not None and e.get("attempt") == resume_due:
-                low = min((v for v in (e.get("steps") or {}).values() if isinstance(v, int)), default=None)
-                marks.append(Mark(t, "resume", None, f"resumed, step {low}", e))
-                resume_due = None
-            continue
-        cls = fault_class(e)
-        if kind in ("failure", "hang", "stop"):
-            node, rank = where_hit(e, rank_nodes)
-            assert cls is not None
-            marks.append(Mark(t, cls, node, _short(e, cls, rank), e, rank))
-            if kind == "hang" and rank is not None and rank in last_progress:
-                spans.append(Span(last_progress[rank], t, "hang", node, f"rank {rank}: no progress", e))
-        elif kind == "restart":
-            marks.append(Mark(t, "restart", None, f"restart (attempt {e.get('attempt')})", e))
-        elif kind == "start":
-            if e.get("attempt"):
-                resume_due = e["attempt"]
-        elif kind == "checkpoint":
-            source = e.get("source") or "ranks"
-            marks.append(Mark(t, f"commit_{source}", None, f"commit step {e.get('step')} ({source})", e))
-        elif kind == "membership":
-            label = f"nodes {e.get('nodes_before')} → {e.get('nodes_after')}"
-            marks.append(Mark(t, "membership", None, label, e))
-            for left in e.get("left") or []:
-                node = left.get("node")
-                marks.append(Mark(t, "node_left", node, f"node {node} left", e))
-                silent = left.get("silent_s")
-                if isinstance(silent, (int, float)) and silent > 0:
-                    spans.append(Span(t - silent, t, "silent", node, f"node {node} silent {silent:.1f}s", e))
-            for joined in e.get("joined") or []:
-                node = joined.get("node")
-                marks.append(Mark(t, "node_joined", node, f"node {node} joined", e))
-        elif kind == "straggler":
-            rank = e.get("rank")
-            if isinstance(rank, int):
-                slow[rank] = e
-            marks.append(Mark(t, "straggler", e.get("node"), f"straggler rank {rank}", e, rank))
-        elif kind == "straggler_recovered":
-            rank = e.get("rank")
-            began = slow.pop(rank, None) if isinstance(rank, int) else None
-            if began is not None:
-                spans.append(Span(began["time"], t, "straggler", e.get("node"), f"rank {rank} slow", began))
-        elif kind == "node_loss":
-            marks.append(Mark(t, "node_loss", e.get("node"), f"machine loss: {e.get('how')}", e))
-        elif kind in ("recomputed", "started_over"):
-            marks.append(Mark(t, "warning", None, kind.replace("_", " "), e))
-        elif kind == "injected":  # a fault a test harness injected (benchmarks/chaos_png.py), as it says
-            host = e.get("host")
-            node = host if isinstance(host, int) and host >= 0 else None
-            marks.append(Mark(t, "injected", node, f"injected: {e.get('fault')}", e))
-        elif kind == "health":
-            marks.append(Mark(t, "health", None, "health check", e))
-        elif kind == "end":
-            marks.append(Mark(t, "end", None, f"end (exit {e.get('exit_code')})", e))
-    end = run[-1]["time"]
-    for rank, began in slow.items():  # still slow at the end
-        spans.append(Span(began["time"], end, "straggler", began.get("node"), f"rank {rank} slow", began))
-    return marks, spans
-
-
-def _same_fact(e: dict[str, Any], rank_nodes: dict[int, int]) -> tuple[Any, ...] | None:
-    """What makes two nodes' events one fact (a failure of rank 3 in attempt 2, a restart to attempt 3); None: own."""
-    kind = e.get("event")
-    if kind in ("failure", "hang"):
-        return (kind, e.get("attempt"), where_hit(e, rank_nodes))
-    if kind in ("restart", "membership", "stop", "regroup"):
-        return (kind, e.get("attempt"))
-    if kind == "checkpoint":
-        return (kind, e.get("step"), e.get("source"))
-    if kind == "end":
-        return (kind,)
-    return None
-
-
-def _costs(
-    run: list[dict[str, Any]], steps: dict[int, list[tuple[float, int, int]]], rank_nodes: dict[int, int]
-) -> tuple[dict[str, tuple[int, float]], list[Span]]:
-    """Per fault class: how many, and the seconds from the last step before each to the first step after.
-
-    The ends of one recovery (a failure, then the membership change that explains it) are one
-    cost, of the class ``faults.restart_cause`` gives them (as ``mlaunch_restarts_total`` counts it).
-    """
-    times = sorted({t for series in steps.values() for t, _, _ in series})
-    advancing = _advancing(steps)
-    groups: list[tuple[float, float, list[dict[str, Any]]]] = []  # (last step before, first step after, ends)
-    for e in run:
-        if e.get("event") not in ENDS + ("membership",) or fault_class(e) == "stop":
-            continue
-        if e.get("event") != "regroup" and fault_class(e) is None:
-            continue
-        t = e["time"]
-        if groups and t <= groups[-1][1]:  # in the recovery already counted
-            groups[-1][2].append(e)
-            continue
-        before = max((x for x in advancing if x <= t), default=None)
-        after = next((x for x in times if x > t), None)
-        if before is not None and after is not None:
-            groups.append((before, after, [e]))
-    costs: dict[str, tuple[int, float]] = {}
-    spans: list[Span] = []
-    for before, after, ends in groups:
-        cls = restart_cause(ends) or "membership"
-        count, seconds = costs.get(cls, (0, 0.0))
-        costs[cls] = (count + 1, seconds + (after - before))
-        spans.append(Span(before, after, f"recovery_{cls}", None, f"{after - before:.1f}s without steps", ends[0]))
-    return costs, spans
-
-
-def _advancing(steps: dict[int, list[tuple[float, int, int]]]) -> list[float]:
-    """The times a node's step was seen higher than at its sample before (the job was making progress)."""
-    out: list[float] = []
-    for series in steps.values():
-        for (_, a, _), (t, b, _) in zip(series, series[1:], strict=False):
-            if b > a:
-                out.append(t)
-    return sorted(out)
-
-
 def _end_event(run: list[dict[str, Any]]) -> dict[str, Any] | None:
     ends = [e for e in run if e.get("event") == "end"]
     if not ends:
@@ -405,24 +227,3 @@ def _phase(end: dict[str, Any] | None, status: dict[str, Any] | None) -> str:
     if status is not None:
         return str(status.get("phase") or "running")
     return "running"
-
-
-def _estimate(run: list[dict[str, Any]], steps: dict[int, list[tuple[float, int, int]]], now: float) -> dict[str, Any]:
-    """The goodput figures of a job without an end event, by the end report's own arithmetic."""
-    clock = goodput.Goodput(run[0]["time"])
-    attempts: dict[int, goodput.AttemptTimes] = {}
-    for e in run:
-        attempt = e.get("attempt")
-        kind = e.get("event")
-        if kind == "start" and isinstance(attempt, int) and attempt not in attempts:
-            attempts[attempt] = clock.begin(attempt, e["time"])
-        elif kind == "progress" and attempt in attempts:
-            low = min((v for v in (e.get("steps") or {}).values() if isinstance(v, int)), default=-1)
-            attempts[attempt].note(low, e["time"], low, e["time"], 0.0)
-        elif kind in ENDS and attempt in attempts and attempts[attempt].ended is None:
-            attempts[attempt].ended = e["time"]
-        elif kind == "checkpoint" and isinstance(e.get("step"), int):
-            clock.committed(e["step"], e.get("source") or "ranks")
-        elif kind == "membership":
-            clock.membership_changed()
-    return clock.figures(now)
