@@ -157,8 +157,12 @@ def test_only_the_newest_run_of_a_log_directory_is_drawn_and_a_running_one_is_es
         ev(11, "progress", node=0, attempt=0, steps={"0": 1}),
         ev(14, "progress", node=0, attempt=0, steps={"0": 9}),
     ]
-    t = timeline_model.build(old + new)
+    status = {"updated": T0 + 14, "phase": "failed", "nodes": [{"index": 0, "ranks": [{"rank": 0, "step": 10}]}]}
+    t = timeline_model.build(old + new, [status], now=T0 + 20)  # "failed" for a moment: between two attempts
     assert t.t0 == T0 + 10 and t.faults() == [] and t.running and t.estimated
+    assert t.steps[0][-1] == (T0 + 14, 10, 0)  # the status view's newest step
+    gone = timeline_model.build(old + new, [status], now=T0 + 100)  # nothing written for long, no end event
+    assert not gone.running and gone.phase.startswith("unfinished")
     assert t.goodput is not None and 0 < t.goodput["goodput"] <= 1  # 3 s of steps in 4 s so far
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ from launchers.observe.timeline_marks import Mark, MarkReader, Span, step_time
 
 __all__ = ["Mark", "Span", "Timeline", "build", "gather", "load", "newest_run"]
 
-LIVE_PHASES = ("running", "restarting", "starting", "health check", "waiting to join")
+STALE = 30.0  # seconds: a status view older than this, with no end event, is not a running job's
+UNFINISHED = "unfinished (no end event: mlaunch was killed?)"
 
 
 @dataclass
@@ -59,7 +61,7 @@ class Timeline:
 
     @property
     def running(self) -> bool:
-        return self.phase in LIVE_PHASES
+        return self.phase == "running"
 
     def faults(self) -> list[Mark]:
         return [m for m in self.marks if m.detail.get("event") in ("failure", "hang", "stop", "node_loss")]
@@ -107,21 +109,29 @@ def newest_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------
 
 
-def build(events: list[dict[str, Any]], statuses: list[dict[str, Any]] | None = None, job: str = "") -> Timeline:
-    """The timeline of the newest run in ``events`` (sorted by time), with the newest status view for a live job."""
+def build(
+    events: list[dict[str, Any]], statuses: list[dict[str, Any]] | None = None, job: str = "", now: float | None = None
+) -> Timeline:
+    """The timeline of the newest run in ``events`` (sorted by time), with the newest status view for a live job.
+
+    A run without an ``end`` event is running while a status view of it was updated in the last
+    ``STALE`` seconds before ``now`` (default: the clock), else unfinished (its mlaunch was killed).
+    """
     run = newest_run(events)
     status = _fresh_status(statuses or [], run)
     name = job or next((str(e["job"]) for e in run if e.get("job")), "") or str((status or {}).get("job") or "job")
     if not run:
         return Timeline(name, 0.0, 0.0, [0], {}, {}, {}, [], [], None, False, {}, "no events")
+    end = _end_event(run)
+    updated = float((status or {}).get("updated") or 0.0)
+    live = end is None and (time.time() if now is None else now) - updated < STALE
+    phase = _phase(end, live)
     rank_nodes = _rank_nodes(run, status)
-    steps, rank_steps = _steps(run, rank_nodes, status)
+    steps, rank_steps = _steps(run, rank_nodes, status if live else None)
     marks, spans = MarkReader(rank_nodes).read(run)
     nodes = _nodes(run, rank_nodes, steps, marks)
     t0 = run[0]["time"]
-    t1 = max(run[-1]["time"], float((status or {}).get("updated") or 0.0))
-    end = _end_event(run)
-    phase = _phase(end, status)
+    t1 = max(run[-1]["time"], updated)
     costs, recoveries = timeline_costs.costs(run, steps)
     spans += recoveries
     figures = {k: v for k, v in end.items() if k not in ("time", "event", "node", "job")} if end else None
@@ -191,7 +201,7 @@ def _steps(
             by_node.setdefault(e["node"], []).append((when, min(ranks.values()), attempt))
             for rank, step in ranks.items():
                 by_rank.setdefault(rank, []).append((when, step, attempt))
-    if status is not None and status.get("phase") in LIVE_PHASES:  # a running job: its newest steps too
+    if status is not None:  # a running job: its newest steps too
         when = float(status.get("updated") or 0.0)
         attempt = int(status.get("attempt") or 0)
         for n in status.get("nodes", []):
@@ -220,10 +230,8 @@ def _end_event(run: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(node0 or ends, key=lambda e: float(e.get("wall_s") or 0.0))
 
 
-def _phase(end: dict[str, Any] | None, status: dict[str, Any] | None) -> str:
+def _phase(end: dict[str, Any] | None, live: bool) -> str:
     if end is not None:
         code = end.get("exit_code")
         return "finished" if code == 0 else "stopped" if isinstance(code, int) and code > 128 else "failed"
-    if status is not None:
-        return str(status.get("phase") or "running")
-    return "running"
+    return "running" if live else UNFINISHED
