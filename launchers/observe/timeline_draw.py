@@ -311,9 +311,8 @@ def _goodput_panel(ax: Any, t: Timeline) -> None:
         ax.barh(0, seconds, left=shift, color=colour, height=0.6, alpha=0.8, edgecolor="white")
         said.append(f"{names.get(cls, cls)} ×{count}: {seconds:.1f}s")
         shift += seconds
-    if said:
-        span = max(wall, shift, 1e-3)
-        ax.text(shift + span * 0.01, 0, " · ".join(said), va="center", fontsize=8)
+    if said:  # between the two bars, from the left: never past the panel however long the losses
+        ax.text(0.0, 0.5, "lost: " + " · ".join(said), transform=ax.get_yaxis_transform(), va="center", fontsize=8)
     ax.set_xlim(0, max(wall, shift, 1e-3) * 1.01)
     ax.set_xlabel(
         "seconds of the run (top: where the wall time went; bottom: time without steps after each fault class)"
