@@ -229,6 +229,23 @@ def test_the_metrics_are_served_over_http_and_a_taken_port_is_said_not_fatal() -
         server.close()
 
 
+def test_a_taken_metrics_port_is_said_in_the_events_and_the_status_view_and_the_run_goes_on(tmp_path: Path) -> None:
+    from launchers.observe.events_log import EventLog, read_events
+    from launchers.observe.goodput import Goodput
+    from launchers.observe.metrics_hook import MetricsHook
+
+    log = EventLog(tmp_path, 0, "demo")
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        hook = MetricsHook(taken.getsockname()[1], "demo", 0, True, log)
+    assert hook.server is None and "cannot serve metrics" in hook.state["error"]  # status.json's "metrics"
+    (said,) = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "metrics"]
+    assert said["error"] == hook.state["error"], said
+    hook.publish({"nodes": []}, Goodput(0.0))  # nothing to serve: nothing breaks
+    hook.close()
+
+
 def test_progress_events_come_about_a_hundred_per_run_between_half_a_second_and_thirty() -> None:
     assert progress_every(0) == 0.5 and progress_every(600) == 6.0 and progress_every(86400) == 30.0
 
