@@ -166,6 +166,25 @@ def test_only_the_newest_run_of_a_log_directory_is_drawn_and_a_running_one_is_es
     assert t.goodput is not None and 0 < t.goodput["goodput"] <= 1  # 3 s of steps in 4 s so far
 
 
+def test_a_straggler_is_a_bar_on_its_nodes_lane_from_its_report_to_its_recovery(tmp_path: Path) -> None:
+    from launchers.observe.timeline_draw import save_png
+
+    events = [
+        ev(0, "start", attempt=0),
+        *(ev(1 + i, "progress", node=i % 2, attempt=0, steps={str(i % 2): 10 * i}) for i in range(8)),
+        ev(2, "straggler", node=1, rank=1, step=12, own_step_time_s=0.3, median_s=0.1),
+        ev(6, "straggler_recovered", node=1, rank=1, step=50, own_step_time_s=0.1, median_s=0.1),
+        ev(9, "end", exit_code=0, wall_s=9.0, productive_s=7.0, goodput=0.78),
+    ]
+    t = timeline_model.build(events)
+    (bar,) = [s for s in t.spans if s.kind == "straggler"]
+    assert (bar.start, bar.end, bar.node) == (T0 + 2, T0 + 6, 1)
+    drawing = save_png(t, tmp_path / "straggler.png")
+    (mark,) = [p for p in drawing.placed if p.kind == "straggler"]
+    top, bottom = drawing.lanes["node 1"]
+    assert top <= mark.y <= bottom
+
+
 def test_a_fault_is_classified_alike_for_the_timeline_and_for_the_restart_counter() -> None:
     fold = metrics.EventFold()
     run = [

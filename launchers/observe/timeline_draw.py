@@ -140,11 +140,12 @@ class _Painter:
         ax.set_ylabel("step (newest finished)")
         ax.grid(True, alpha=0.3)
         ax.set_title(title(t), fontsize=13, loc="left", fontweight="bold")
+        thin = 0.4 if self.many else 1.0  # hundreds of restarts: hairlines, the steps stay visible
         for m in t.marks:
             if m.kind == "restart":
-                ax.axvline(x(m.time), color="#d62728", ls="--", lw=0.9, alpha=0.7)
+                ax.axvline(x(m.time), color="#d62728", ls="--", lw=0.9 * thin, alpha=0.7 * thin)
             elif m.kind == "membership":
-                ax.axvline(x(m.time), color="#1f77b4", ls="-.", lw=1.0, alpha=0.8)
+                ax.axvline(x(m.time), color="#1f77b4", ls="-.", lw=thin, alpha=0.8 * thin)
 
     def spans(self) -> None:
         """Hangs, stragglers, silences: bars on their node's lane."""
@@ -203,7 +204,7 @@ class _Painter:
                 color=colour,
                 clip_on=True,  # a label near the right edge stops at the panel, not in the legend
             )
-        if m.kind == "resume":
+        if m.kind == "resume" and not self.many:  # hundreds of triangles would bury the step lines
             step = _step_at(self.t, m.time)
             if step is not None:
                 self.ax_steps.plot([self.x(m.time)], [step], marker=">", color=colour, ms=9, ls="none", zorder=6)
@@ -276,19 +277,21 @@ def _hover(item: Mark | Span) -> str:
 
 
 def _goodput_panel(ax: Any, t: Timeline) -> None:
+    """Where the wall time went, and what each fault class cost; in the time axis's unit."""
     g = t.goodput or {}
     wall = float(g.get("wall_s") or 0.0)
+    scale, unit = time_scale(max(wall, t.t1 - t.t0))
     ax.set_yticks([1, 0], ["wall time", "lost to faults"], fontsize=9)
     ax.set_ylim(-0.6, 1.6)
     left, small = 0.0, []
     if wall > 0 and g.get("productive_s") is not None:
         for key, name, colour in GOODPUT_PARTS:
-            value = float(g.get(key) or 0.0)
+            value = float(g.get(key) or 0.0) / scale
             if value <= 0:
                 continue
             ax.barh(1, value, left=left, color=colour, height=0.6, edgecolor="white")
-            text = f"{name} {value:.1f}s ({value / wall * 100:.0f}%)"
-            if value / wall > 0.15:
+            text = f"{name} {_amount(value, unit)} ({value * scale / wall * 100:.0f}%)"
+            if value * scale / wall > 0.15:
                 ax.text(left + value / 2, 1, text, ha="center", va="center", fontsize=8)
             else:  # too narrow to hold its words: said above the bar, in order
                 small.append(text)
@@ -296,28 +299,27 @@ def _goodput_panel(ax: Any, t: Timeline) -> None:
         if small:
             ax.text(0.0, 1.36, " · ".join(small), transform=ax.get_yaxis_transform(), fontsize=8, va="bottom")
     else:
-        ax.text(
-            0.01,
-            1,
-            "no rank reported progress: only the wall time is known",
-            transform=ax.get_yaxis_transform(),
-            va="center",
-            fontsize=9,
-        )
+        words = "no rank reported progress: only the wall time is known"
+        ax.text(0.01, 1, words, transform=ax.get_yaxis_transform(), va="center", fontsize=9)
     shift, said = 0.0, []
     names = {"sigkill": "kill -9", "node_left": "node left", "node_lost": "node lost", "node_joined": "node joined"}
     for cls, (count, seconds) in sorted(t.costs.items(), key=lambda kv: -kv[1][1]):
         colour = FAULT_STYLE.get(cls, ("#999999", ""))[0]
-        ax.barh(0, seconds, left=shift, color=colour, height=0.6, alpha=0.8, edgecolor="white")
-        said.append(f"{names.get(cls, cls)} ×{count}: {seconds:.1f}s")
-        shift += seconds
+        ax.barh(0, seconds / scale, left=shift, color=colour, height=0.6, alpha=0.8, edgecolor="white")
+        said.append(f"{names.get(cls, cls)} ×{count}: {_amount(seconds / scale, unit)}")
+        shift += seconds / scale
     if said:  # between the two bars, from the left: never past the panel however long the losses
         ax.text(0.0, 0.5, "lost: " + " · ".join(said), transform=ax.get_yaxis_transform(), va="center", fontsize=8)
-    ax.set_xlim(0, max(wall, shift, 1e-3) * 1.01)
+    ax.set_xlim(0, max(wall / scale, shift, 1e-3) * 1.01)
     ax.set_xlabel(
-        "seconds of the run (top: where the wall time went; bottom: time without steps after each fault class)"
+        f"{ {'s': 'seconds', 'min': 'minutes', 'h': 'hours'}[unit] } of the run (top: where the wall time went; "
+        "bottom: time without steps after each fault class)"
     )
     ax.grid(True, axis="x", alpha=0.3)
+
+
+def _amount(value: float, unit: str) -> str:
+    return f"{value:.1f}s" if unit == "s" else f"{value:.1f} {unit}"
 
 
 def _to_pixels(drawing: Drawing, ax: Any, lane_y: dict[str, int]) -> None:
