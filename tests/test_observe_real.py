@@ -102,7 +102,7 @@ def storm(hosts3: list[Host], tmp_path_factory: pytest.TempPathFactory) -> Itera
     job.write_text(
         f"name: {JOB}\nengine: pytorch\nentry: {CHAOS}\nargs: ['--steps', '60', '--save-every', '5']\n"
         f"nodes: 2\nprocs_per_node: 1\nlog_dir: {tmp / 'logs'}\n"
-        f"checkpoint: {{dir: {tmp / 'ckpt'}, grace_period: 20s, keep: 50, replicate: off}}\n"
+        f"checkpoint: {{dir: {tmp / 'ckpt'}, grace_period: 8s, keep: 50, replicate: off}}\n"
         "restart: {max_restarts: 3, backoff: 0s}\nmonitor: {node_timeout: 3s, hang_timeout: 3s}\n"
         f"pytorch: {{nnodes: '1:2'}}\nmetrics: {{port: {PORT}}}\n"
     )
