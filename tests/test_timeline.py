@@ -176,7 +176,9 @@ def test_a_straggler_is_a_bar_on_its_nodes_lane_from_its_report_to_its_recovery(
         ev(6, "straggler_recovered", node=1, rank=1, step=50, own_step_time_s=0.1, median_s=0.1),
         ev(9, "end", exit_code=0, wall_s=9.0, productive_s=7.0, goodput=0.78),
     ]
+    events.insert(-1, ev(7, "kept_in_place", attempt=0, ranks=["node 0 rank 0"]))  # main's in-place recovery
     t = timeline_model.build(events)
+    assert [m.label for m in t.marks if m.kind == "in_place"] == ["kept in place: 1 rank(s)"]
     (bar,) = [s for s in t.spans if s.kind == "straggler"]
     assert (bar.start, bar.end, bar.node) == (T0 + 2, T0 + 6, 1)
     drawing = save_png(t, tmp_path / "straggler.png")

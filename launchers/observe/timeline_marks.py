@@ -170,6 +170,16 @@ class MarkReader:
         host = e.get("host")
         self.add(t, "injected", host if isinstance(host, int) and host >= 0 else None, f"injected: {e.get('fault')}", e)
 
+    def on_kept_in_place(self, e: dict[str, Any], t: float) -> None:
+        """In-place recovery (``@elastic.recoverable``): survivors kept their processes for the next attempt."""
+        self.add(t, "in_place", None, f"kept in place: {len(e.get('ranks') or [])} rank(s)", e)
+
+    def on_rejoined_in_place(self, e: dict[str, Any], t: float) -> None:
+        self.add(t, "in_place", None, f"rejoined in place: {len(e.get('ranks') or [])} rank(s)", e)
+
+    def on_in_place_fallback(self, e: dict[str, Any], t: float) -> None:
+        self.add(t, "warning", None, f"in-place fallback: {e.get('reason')}", e)
+
     def on_health(self, e: dict[str, Any], t: float) -> None:
         self.add(t, "health", None, "health check", e)
 

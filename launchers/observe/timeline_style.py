@@ -27,7 +27,8 @@ OTHER_STYLE: dict[str, tuple[str, str, str]] = {  # kind → (colour, marker, le
     "commit_background": ("#17becf", "|", "background persist commit"),
     "straggler": ("#bcbd22", "o", "straggler reported"),
     "health": ("#7f7f7f", "P", "health check"),
-    "warning": ("#ff9896", "*", "warning (recomputed / started over)"),
+    "warning": ("#ff9896", "*", "warning (recomputed, started over, in-place fallback)"),
+    "in_place": ("#2ca02c", "o", "recovered in place (survivors kept their processes)"),
     "end": ("#000000", "o", "end of the run"),
     "injected": ("#000000", "1", "fault injected by a test harness (as it says)"),
 }
