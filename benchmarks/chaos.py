@@ -181,7 +181,7 @@ def main() -> int:
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out.with_suffix(".raw.json")).write_text(json.dumps(raw, default=lambda o: getattr(o, "__dict__", str(o))) + "\n")
     done = [f for f in storm["faults"] if "done" in f]
-    draw_png(out.with_suffix(".png"), storm["events"], done, storm["restarts"])
+    draw_png(out.with_suffix(".png"), work / "storm" / "logs", done)
     print(f"chaos: report {out}, timeline {out.with_suffix('.png')}", flush=True)
     return 0 if not report["unrecoverable"] and report["committed_steps_lost"] == 0 else 1
 

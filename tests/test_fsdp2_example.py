@@ -66,15 +66,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_kill_9_of_a_rank_is_flash_saved_and_resumed_bit_identical(tmp_path: Path, reference: str) -> None:
-    done = run_mlaunch(
-        ["--engine", "pytorch", str(job(tmp_path, tmp_path / "ckpt", nodes=2, args=", '--kill-rank-at', '3:8'"))]
-    )
+    killed = job(tmp_path, tmp_path / "ckpt", nodes=2, args=", '--kill-rank-at', '3:8'")
+    done = run_mlaunch(["--engine", "pytorch", str(killed)])
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert re.search(r"rank 3 \(pid \d+\) was killed by SIGKILL", done.stderr), done.stderr
     step = int(found(r"committed step (\d+) from shared memory", done.stderr))
     assert step >= 7, done.stderr  # rank 3 staged step 8 before dying; every rank staged at least step 7
     assert found(r"resumed from step (\d+) \(saved by 4 ranks, now 4\)", done.stdout) == str(step)
     assert found(r"final-checksum ([0-9a-f]+)", done.stdout) == reference
+    # the README's kill -9, drawn (issue 46): the kill on rank 3's node, the restart, the resume, the flash save
+    drawn = run_mlaunch(["timeline", str(killed), "-o", str(tmp_path / "timeline.png")])
+    assert drawn.returncode == 0 and "(finished, 2 node(s), 1 fault(s))" in drawn.stdout, drawn.stdout + drawn.stderr
+    from launchers.observe import timeline_model
+
+    marks = {(m.kind, m.node) for m in timeline_model.load([tmp_path / "logs"]).marks}
+    assert {("sigkill", 1), ("restart", None), ("resume", None), ("commit_flash", None)} <= marks, marks
 
 
 def test_sigterm_saves_and_the_next_run_resumes_bit_identical(tmp_path: Path, reference: str) -> None:

@@ -22,6 +22,7 @@ from launchers.config.health import HealthCheckOptions
 from launchers.config.high_availability import HighAvailabilityOptions
 from launchers.config.kubernetes import KubernetesOptions
 from launchers.config.limits import MAX_NODES, MAX_PROCS_PER_NODE, MAX_WORLD_SIZE
+from launchers.config.metrics import MetricsOptions
 from launchers.config.monitor import ControlOptions, MonitorOptions
 from launchers.config.sections import CheckpointOptions, PrestartOptions, RestartOptions
 from launchers.config.slurm import SlurmOptions
@@ -73,6 +74,7 @@ class Job(Section):
     control: ControlOptions = Field(default_factory=lambda: ControlOptions())
     health_check: HealthCheckOptions = Field(default_factory=lambda: HealthCheckOptions())
     elastic: ElasticOptions = Field(default_factory=lambda: ElasticOptions())
+    metrics: MetricsOptions = Field(default_factory=lambda: MetricsOptions())
 
     _source: Path | None = PrivateAttr(None)
 

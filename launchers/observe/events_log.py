@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ class EventLog:
         self.path = log_dir / EVENTS_FILE
         self.node = node
         self.job = job
+        self.on_write: Callable[[dict[str, Any]], None] | None = None  # node 0's metrics count what is written
 
     def write(self, event: str, *, node: int | None = None, **details: Any) -> dict[str, Any]:
         """Append one event; returns it (the goodput report reuses it)."""
@@ -42,6 +44,8 @@ class EventLog:
                 os.write(fd, line.encode())
             finally:
                 os.close(fd)
+        if self.on_write is not None:
+            self.on_write(record)
         return record
 
 

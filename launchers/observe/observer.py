@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from launchers.log import say
 from launchers.observe import goodput
 from launchers.observe.events_log import EventLog
+from launchers.observe.progress_log import ProgressLog
 from launchers.observe.status_file import job_status, node_entry, rank_entry, write_status
 from launchers.observe.steps import StepTracker
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from launchers.config.job import Job
     from launchers.control import JobEvents, Meeting
     from launchers.health.outcome import HealthOutcome
+    from launchers.observe.metrics_hook import MetricsHook
     from launchers.observe.status_relay import StatusRelay
     from launchers.observe.straggler import StragglerDetector
     from launchers.plan import LaunchPlan
@@ -90,6 +92,13 @@ class JobObserver:
         self.node_extra: dict[
             str, Any
         ] = {}  # this node's own figures beside its ranks (replication: persist/replication.py)
+        self.progress = ProgressLog(self.log, self.clock.started)  # the steps over time, for the timeline
+        self.metrics: MetricsHook | None = None
+        if job.metrics.port is not None:  # imported only when job.yaml turns it on
+            from launchers.observe.metrics_hook import MetricsHook
+
+            node = 0 if self.simulated else events.node
+            self.metrics = MetricsHook(job.metrics.port, self.job_name, node, judge, self.log)
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
             from launchers.observe.status_relay import StatusRelay
 
@@ -133,6 +142,7 @@ class JobObserver:
             self.current.note(r.first_step, r.first_wall, r.step, r.last_wall, r.saving)
         self._checkpoints(tracker)
         self._started_over(tracker)
+        self.progress.sample(tracker, self.attempt)
         now = time.monotonic()
         if now >= self._next_status or (self.relay is not None and self.relay.due(now)):
             self._next_status = now + max(STATUS_EVERY, self.events.status_every)  # slower for thousands of nodes
@@ -143,6 +153,7 @@ class JobObserver:
         self.tick()
         if self.tracker is None:
             return
+        self.progress.sample(self.tracker, self.attempt, force=True)  # where the attempt's step line ends
         self.current.ended = time.time()
         phases = {"succeeded": "finished", "signalled": "stopped", "reformed": "restarting"}
         self.phase = phases.get(outcome.status, "failed")
@@ -215,6 +226,8 @@ class JobObserver:
         self.log.write("end", exit_code=code, **figures)
         self.phase = "finished" if code == 0 else "failed" if self.phase != "stopped" else "stopped"
         self._publish()
+        if self.metrics is not None:
+            self.metrics.close()
         return figures
 
     # -- inside -----------------------------------------------------------------------------
@@ -301,6 +314,8 @@ class JobObserver:
             status["started_over"] = self.started_over
         if self.recompute_warnings:
             status["recompute_warnings"] = self.recompute_warnings
+        if self.metrics is not None:
+            status["metrics"] = self.metrics.state
         if not self.simulated and self.node == 0:
             self._summarize(status)
         else:  # node 0's word on the job, beside this node's own ranks
@@ -309,6 +324,8 @@ class JobObserver:
                 status["last_committed_step"] = summary["last_committed_step"]
         if self.relay is None or self.relay.may_write(status):
             write_status(self.log_dir, status)
+        if self.metrics is not None:
+            self.metrics.publish(status, self.clock)
 
     def _summarize(self, status: dict[str, Any]) -> None:
         """Node 0: the job at a glance for every other node (sent on the plane when it changed)."""

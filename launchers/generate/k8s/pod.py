@@ -26,6 +26,7 @@ from typing import Any
 from launchers.config.job import Job, VolumeOptions
 from launchers.config.timers import timer_chain
 from launchers.errors import UserError
+from launchers.generate.k8s.metrics import metrics_exposure
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "mlaunch"}
 SHM_MOUNT = "/dev/shm"
@@ -257,8 +258,9 @@ def pod_template(
     }
     if k8s.env_from_secrets:
         container["envFrom"] = [{"secretRef": {"name": secret}} for secret in k8s.env_from_secrets]
-    if spec.ports:
-        container["ports"] = spec.ports
+    ports, annotations = metrics_exposure(job, spec.ports)
+    if ports:
+        container["ports"] = ports
     res = resources(job, accelerators=spec.accelerators)
     if res:
         container["resources"] = res
@@ -274,4 +276,7 @@ def pod_template(
         pod_spec["nodeSelector"] = dict(k8s.node_selector)
     if k8s.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": secret} for secret in k8s.image_pull_secrets]
-    return {"metadata": {"labels": {**labels(name), **(template_labels or {})}}, "spec": pod_spec}
+    metadata: dict[str, Any] = {"labels": {**labels(name), **(template_labels or {})}}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": pod_spec}
