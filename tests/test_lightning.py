@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch
+from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 
 pytestmark = [pytest.mark.slow, needs_torch]
 
@@ -142,3 +142,26 @@ def test_lightning_ddp_restarts_within_5s_of_a_kill_9_and_finishes(tmp_path: Pat
     assert re.search(r"rank 3 \(pid \d+\) was killed by SIGKILL", everything), out.text()
     assert everything.count("done 60") == 1, out.text()
     print(f"kill -9 of rank 3 → the restarted job's first step after {took:.2f}s")
+
+
+def test_lightning_under_recoverable_keeps_the_surviving_rank(tmp_path: Path) -> None:
+    """Issue 44: the plain Lightning script's ``main`` under ``@elastic.recoverable``, 1 node × 2: rank 1 killed at
+    step 10; rank 0 keeps its process (Lightning tears its strategy down and builds a new Trainer in it), rank 1 is
+    a new one, the run finishes its 30 steps."""
+    job = tmp_path / "job.yaml"
+    marker = tmp_path / "killed"
+    job.write_text(
+        f"entry: {SCRIPT}\nargs: ['--nodes', '1', '--devices', '2', '--steps', '30', '--step-time', '0.02']\n"
+        f"engine: pytorch\nnodes: 1\nprocs_per_node: 2\nlog_dir: {tmp_path / 'logs'}\n"
+        f"env: {{LIGHTNING_RECOVERABLE: '1', LIGHTNING_KILL_AT: '1:10:{marker}'}}\nrestart: {{max_restarts: 2}}\n"
+    )
+    result = run_mlaunch(["--engine", "pytorch", str(job)], env=clean_env(), timeout=240)
+    out = result.stdout
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert marker.exists() and "done 30" in out, out[-2000:]
+    pids: dict[int, list[str]] = {0: [], 1: []}
+    for rank, pid in re.findall(r"\] pid (\d) (\d+)", out):
+        pids[int(rank)].append(pid)
+    assert len(set(pids[0])) == 1 and len(pids[0]) == 2, pids  # rank 0: the same process, in both attempts
+    assert len(set(pids[1])) == 2, pids  # rank 1: a new process
+    assert "rank 0 keep their processes and rejoin in place" in result.stderr

@@ -41,6 +41,12 @@ class Regression(L.LightningModule):
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         if self.global_rank == 0:
             say(f"step {self.global_step} {time.monotonic():.6f}")
+        kill = os.environ.get("LIGHTNING_KILL_AT")  # "RANK:STEP:MARKER": that rank kill -9s itself once
+        if kill:
+            rank, step, marker = kill.split(":", 2)
+            if self.global_rank == int(rank) and self.global_step == int(step) and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), 9)
         time.sleep(self.step_time)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -78,4 +84,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if os.environ.get("LIGHTNING_RECOVERABLE") == "1":  # the same script under @elastic.recoverable
+        from launchers import elastic
+
+        elastic.recoverable(main)()
+    else:
+        main()
