@@ -46,6 +46,7 @@ from launchers.control.events import (
 )
 from launchers.control.reductions import BUILTIN, How, Reducers, Reduction
 from launchers.control.topics import Exchange
+from launchers.log import say
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
@@ -77,10 +78,12 @@ def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None
         return LocalEvents(table)
     from launchers.config.elastic import node_range
     from launchers.control.agent import NetworkEvents
-    from launchers.control.wire import job_secret
+    from launchers.control.wire import PUBLIC_KEY_WARNING, job_secret, keyed_from_public_facts
 
     port = control_port(job, cluster.master_port, cluster.control_port)
     secret = job_secret(job.job_name, cluster.master_addr, port, cluster.env, cluster.control_key)
+    if cluster.node_rank == 0 and keyed_from_public_facts(cluster.env, cluster.control_key):
+        say(PUBLIC_KEY_WARNING)  # once: node 0 opens its plane once per run
     return NetworkEvents(
         node=cluster.node_rank,
         nnodes=cluster.nnodes,

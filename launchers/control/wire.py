@@ -20,6 +20,21 @@ MAC_SIZE = 32  # HMAC-SHA256
 JOB_ID_ENV = ("MLAUNCH_JOB_ID", "MA_JOB_ID", "VC_JOB_ID", "SLURM_JOB_ID", "JOB_ID")  # the same on every node
 
 
+PUBLIC_KEY_WARNING = (
+    "control plane: no MLAUNCH_JOB_SECRET is set, so its key is derived from public facts (the job's name, "
+    "master address, port and job id): anyone who can read the pod spec or the process list can forge its "
+    "messages. Set MLAUNCH_JOB_SECRET to the same random value on every node (`mlaunch manifest` and "
+    "`mlaunch sbatch` do it for you: `openssl rand -hex 32`)"
+)
+
+
+def keyed_from_public_facts(env: Mapping[str, str], key_file: str = "") -> bool:
+    """Whether ``job_secret`` falls back to facts anyone who sees the job can assemble (node 0 says so, once)."""
+    import os
+
+    return not (os.environ.get(SECRET_ENV) or env.get(SECRET_ENV) or key_file)
+
+
 def job_secret(job_name: str, master_addr: str, port: int, env: Mapping[str, str], key_file: str = "") -> bytes:
     """The per-job key: the given secret, else one derived from the facts every node shares.
 
