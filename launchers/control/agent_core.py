@@ -47,6 +47,7 @@ from launchers.control.life import AgentPhase, Life
 from launchers.control.reductions import How, wire
 from launchers.control.status_mirror import StatusMirror
 from launchers.control.topics import feature
+from launchers.control.transport import CurveKeys, secure_agent
 from launchers.control.wire import seal, unseal
 
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
@@ -333,9 +334,12 @@ class AgentState:
 _HANDLERS = m.handlers(AgentState, m.HUB)
 
 
-def dealer(context: zmq.Context[Any], address: str, state: AgentState) -> zmq.Socket[Any]:
-    """The agent's socket: it queues nothing for a hub it is not connected to (a late hub gets no backlog)."""
+def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: CurveKeys | None) -> zmq.Socket[Any]:
+    """The agent's socket: it queues nothing for a hub it is not connected to (a late hub gets no backlog).
+
+    ``keys``: the job's CURVE keys (``transport``): only the job's hub can answer, encrypted."""
     sock = context.socket(zmq.DEALER)
+    secure_agent(sock, keys, state.nnodes)
     sock.setsockopt(zmq.LINGER, 500)
     sock.setsockopt(zmq.IMMEDIATE, 1)
     sock.setsockopt(zmq.IDENTITY, f"node-{state.node}-{state.incarnation}".encode())
