@@ -82,9 +82,10 @@ def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None
 
     port = control_port(job, cluster.master_port, cluster.control_port)
     secret = job_secret(job.job_name, cluster.master_addr, port, cluster.env, cluster.control_key)
-    if cluster.node_rank == 0 and keyed_from_public_facts(cluster.env, cluster.control_key):
+    public = keyed_from_public_facts(cluster.env, cluster.control_key)
+    if cluster.node_rank == 0 and public:
         say(PUBLIC_KEY_WARNING)  # once: node 0 opens its plane once per run
-    return NetworkEvents(
+    events = NetworkEvents(
         node=cluster.node_rank,
         nnodes=cluster.nnodes,
         master_addr=cluster.master_addr,
@@ -96,6 +97,8 @@ def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None
         last_call=job.elastic.last_call,  # the first start waits this long for nodes beyond MIN
         reducers=table,
     )
+    events.keyed_from_public_facts = public  # shown by `mlaunch status`
+    return events
 
 
 __all__ = [
