@@ -204,7 +204,9 @@ def _replica(node: dict[str, Any]) -> str:
         return "no buddy (a job of one node)"
     behind = node.get("replica_behind")
     lag = f" ({behind} steps behind: a loss would cost about {behind} steps)" if node.get("replica_at_risk") else ""
-    return f"step {_or_dash(node.get('replicated_step'))}{lag}"
+    refused = node.get("replica_refused")
+    tampered = f"; refused {refused} slots whose digest did not match" if refused else ""
+    return f"step {_or_dash(node.get('replicated_step'))}{lag}{tampered}"
 
 
 def _node(entry: dict[str, Any]) -> str:
