@@ -6,21 +6,28 @@ zmq socket of the test's own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
 from netns import Host, hosts_fixture
 
 from launchers.config.job import Job
 from launchers.control import open_job_events
+from launchers.control.transport import curve_keys, secure_agent
+from launchers.control.wire import job_secret
+from launchers.outcome import Failure
 from launchers.platform.cluster import Cluster
 
 
@@ -58,6 +65,106 @@ def test_node0_says_once_when_the_plane_is_keyed_from_public_facts(
     assert len(said) == (1 if warned else 0), err
     if warned:
         assert "MLAUNCH_JOB_SECRET" in said[0]
+
+
+# ----------------------------------------------------------------------------------------
+# Identities and replays (loopback)
+# ----------------------------------------------------------------------------------------
+
+KEY = b"k" * 32
+
+
+def pair(port: int, node1_port: int | None = None) -> tuple[Any, Any]:
+    from launchers.control.agent import NetworkEvents
+
+    a, b = (
+        NetworkEvents(node=n, nnodes=2, master_addr="127.0.0.1", port=p, secret=KEY, node_timeout=5.0)
+        for n, p in ((0, port), (1, node1_port or port))
+    )
+    deadline = time.monotonic() + 30
+    assert a.joined(deadline) and b.joined(deadline)
+    return a, b
+
+
+def until(check: Any, limit: float = 10.0) -> bool:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.02)
+    return bool(check())
+
+
+def test_a_stranger_cannot_take_over_a_nodes_identity() -> None:
+    """The hub hands an identity to whoever reconnects with it (ROUTER_HANDOVER): a stranger who knows node 1's
+    identity (it travelled in clear before) and connects with it must not receive what the hub says to node 1."""
+    port = free_port()
+    a, b = pair(port)
+    context = zmq.Context()
+    try:
+        identity = a.hub.peers[1]
+        thieves = []
+        for keys in (None, curve_keys(job_secret("demo", "127.0.0.1", port, {}))):  # none, or guessed from facts
+            thief = context.socket(zmq.DEALER)
+            thief.setsockopt(zmq.IDENTITY, identity)
+            if keys is not None:
+                secure_agent(thief, keys, 2)
+            thief.connect(f"tcp://127.0.0.1:{port}")
+            thief.send(b"x")
+            thieves.append(thief)
+        assert until(lambda: a.hub.strangers.handshake_failed >= 2)
+        a.report_failure(Failure("rank 0", 0, 1, 9, None, [], None))
+        assert until(lambda: b.first_failure(0) is not None)  # node 1 still hears the hub
+        assert all(not thief.poll(200) for thief in thieves) and a.hub.peers[1] == identity
+    finally:
+        context.destroy(linger=0)
+        b.close(0)
+        a.close(0)
+
+
+def recording_link(target: int) -> tuple[int, bytearray]:
+    """A local port forwarding to ``target``, keeping every byte the client sent (a wire tap)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    said = bytearray()
+
+    def pump(src: socket.socket, dst: socket.socket, keep: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                if keep:
+                    said.extend(data)
+                dst.sendall(data)
+
+    def accept() -> None:
+        client, _ = server.accept()
+        upstream = socket.create_connection(("127.0.0.1", target))
+        threading.Thread(target=pump, args=(client, upstream, True), daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client, False), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return int(server.getsockname()[1]), said
+
+
+def test_a_captured_connection_replayed_later_is_not_acted_on() -> None:
+    """Everything node 1 sent, from its handshake to a failure report, replayed on a new connection: refused in
+    the handshake (fresh session keys on each connection), never a message the hub reads."""
+    port = free_port()
+    tap, said = recording_link(port)
+    a, b = pair(port, tap)
+    try:
+        b.report_failure(Failure("rank 1", 1, 1, 9, None, [], None))
+        assert until(lambda: a.first_failure(0) is not None)
+        assert until(lambda: a.hub.strangers.authenticated == 2)  # node 0's and node 1's (the monitor lags a tick)
+        authenticated, failed = a.hub.strangers.authenticated, a.hub.strangers.handshake_failed
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as replay:
+                replay.sendall(bytes(said))
+                time.sleep(0.3)
+        assert until(lambda: a.hub.strangers.handshake_failed >= failed + 3)
+        assert a.hub.strangers.authenticated == authenticated  # no replayed connection got to say anything
+        assert a.hub.dropped.unverified == a.hub.dropped.malformed == 0
+    finally:
+        b.close(0)
+        a.close(0)
 
 
 # ----------------------------------------------------------------------------------------
