@@ -25,8 +25,8 @@ from netns import Host, hosts_fixture
 
 from launchers.config.job import Job
 from launchers.control import open_job_events
-from launchers.control.transport import curve_keys, secure_agent
-from launchers.control.wire import job_secret
+from launchers.control.transport import MAX_IN, curve_keys, secure_agent
+from launchers.control.wire import job_secret, seal
 from launchers.outcome import Failure
 from launchers.platform.cluster import Cluster
 
@@ -116,6 +116,29 @@ def test_a_stranger_cannot_take_over_a_nodes_identity() -> None:
         a.report_failure(Failure("rank 0", 0, 1, 9, None, [], None))
         assert until(lambda: b.first_failure(0) is not None)  # node 1 still hears the hub
         assert all(not thief.poll(200) for thief in thieves) and a.hub.peers[1] == identity
+    finally:
+        context.destroy(linger=0)
+        b.close(0)
+        a.close(0)
+
+
+def test_a_frame_over_the_limit_cuts_its_connection_before_it_is_held() -> None:
+    """Even from a holder of the job's key: a frame over ``MAX_IN`` is never read whole (ZMQ_MAXMSGSIZE), the
+    connection is cut, and the members go on; an agent's own message over it is said, never sent."""
+    port = free_port()
+    a, b = pair(port)
+    context = zmq.Context()
+    try:
+        insider = context.socket(zmq.DEALER)
+        insider.setsockopt(zmq.LINGER, 0)
+        secure_agent(insider, curve_keys(KEY), 2)
+        insider.connect(f"tcp://127.0.0.1:{port}")
+        insider.send(seal(KEY, {"t": "status", "node": 1, "entry": {"x": "y" * (MAX_IN + 1)}})[0])
+        assert until(lambda: a.hub.strangers.authenticated >= 3)
+        time.sleep(1.0)
+        assert a.hub.traffic.bytes_in < MAX_IN and a.hub.status.get(1) != {"x": "y" * (MAX_IN + 1)}
+        a.report_failure(Failure("rank 0", 0, 1, 9, None, [], None))
+        assert until(lambda: b.first_failure(0) is not None)
     finally:
         context.destroy(linger=0)
         b.close(0)

@@ -47,8 +47,9 @@ from launchers.control.life import AgentPhase, Life
 from launchers.control.reductions import How, wire
 from launchers.control.status_mirror import StatusMirror
 from launchers.control.topics import feature
-from launchers.control.transport import CurveKeys, secure_agent
+from launchers.control.transport import MAX_IN, CurveKeys, secure_agent
 from launchers.control.wire import seal, unseal
+from launchers.log import say
 
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
 
@@ -372,8 +373,13 @@ def flush(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -
     """Everything due, sealed and sent without blocking; what the socket does not take waits if it must arrive."""
     out = state.due(now)
     for index, message in enumerate(out):
+        frames = seal(secret, message.to_wire())
+        if len(frames[0]) > MAX_IN:  # the hub would cut the connection on it (``transport``): said, never sent
+            say(f"control plane: node {state.node}'s {message.KIND!r} is {len(frames[0])} bytes, over the hub's "
+                f"limit of {MAX_IN}: not sent")  # fmt: skip
+            continue
         try:
-            sock.send_multipart(seal(secret, message.to_wire()), zmq.NOBLOCK)
+            sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.ZMQError:  # not connected (yet) or the hub's pipe is full
             state.unsent(out[index:])
             return
