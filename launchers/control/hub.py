@@ -90,7 +90,7 @@ class Hub(threading.Thread):
         self.cadence: Cadence = cadence(len(self.roster.members), node_timeout)
         self.sock = context.socket(zmq.ROUTER)
         self.curve = curve_keys(secret)  # None: this libzmq has no CURVE (the HMAC alone keys the plane)
-        secure_hub(self.sock, self.curve)
+        secure_hub(self.sock, self.curve, nnodes)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node that reconnects takes its identity back
         self.sock.setsockopt(zmq.BACKLOG, max(100, min(nnodes, 65536)))  # every node connecting at once

@@ -10,8 +10,9 @@ connection. Without CURVE in the installed libzmq (a source build without libsod
 plane runs on the HMAC of ``wire`` alone, and says so.
 
 Bounds: a frame longer than ``MAX_IN`` closes the connection before it is held in memory
-(``ZMQ_MAXMSGSIZE``); a connection that has not authenticated within ``HANDSHAKE`` seconds
-is closed (``ZMQ_HANDSHAKE_IVL``), so the connections of strangers live at most that long.
+(``ZMQ_MAXMSGSIZE``); a connection that has not authenticated within ``handshake_limit``
+(5 s, more for thousands of nodes) is closed (``ZMQ_HANDSHAKE_IVL``), so the connections of
+strangers live at most that long.
 
 ``Strangers`` reads the hub's socket monitor: connections accepted, handshakes failed (raw
 bytes, a wrong key), connections closed before or after their handshake; what it counts is
@@ -30,7 +31,14 @@ import zmq
 from zmq.utils import z85
 
 MAX_IN = 16 << 20  # bytes: the largest message an agent says (a status entry is ~1 KiB; an exchange's value more)
-HANDSHAKE = 5.0  # seconds a connection may take to authenticate (thousands of nodes connect at once: seconds)
+HANDSHAKE = 5.0  # seconds a connection may take to authenticate, at least
+HANDSHAKE_PER_NODE = 0.005  # and this much per node of the job: node 0 does every node's handshake (~0.3 ms of
+# CPU each, on one I/O thread) when they all connect at once; cut sooner, they would be cut and come again
+
+
+def handshake_limit(nnodes: int) -> float:
+    """Seconds a connection may take to authenticate: 5 s, 20 s at 4,096 nodes (a stranger's lives that long)."""
+    return max(HANDSHAKE, nnodes * HANDSHAKE_PER_NODE)
 MONITORED = (
     zmq.EVENT_ACCEPTED
     | zmq.EVENT_DISCONNECTED
@@ -71,10 +79,10 @@ def curve_keys(job_key: bytes) -> CurveKeys | None:
     return CurveKeys(server_public, server_secret, client_public, client_secret)
 
 
-def secure_hub(sock: zmq.Socket[Any], keys: CurveKeys | None) -> None:
+def secure_hub(sock: zmq.Socket[Any], keys: CurveKeys | None, nnodes: int) -> None:
     """The hub's ROUTER: CURVE server (when there is CURVE), frames bounded, handshakes bounded in time."""
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_IN)
-    sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE * 1000))
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(handshake_limit(nnodes) * 1000))
     if keys is not None:
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
@@ -83,7 +91,7 @@ def secure_hub(sock: zmq.Socket[Any], keys: CurveKeys | None) -> None:
 def secure_agent(sock: zmq.Socket[Any], keys: CurveKeys | None, nnodes: int) -> None:
     """An agent's DEALER: CURVE client of the job's hub; what the hub says may be as large as the job's view."""
     sock.setsockopt(zmq.MAXMSGSIZE, max(4 * MAX_IN, nnodes * (64 << 10)))
-    sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE * 1000))
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(handshake_limit(nnodes) * 1000))
     if keys is not None:
         sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
@@ -130,5 +138,5 @@ class Strangers:
         return False
 
     def pending(self) -> int:
-        """Connections open that have not authenticated (bounded in time by ``HANDSHAKE``)."""
+        """Connections open that have not authenticated (bounded in time by ``handshake_limit``)."""
         return max(0, len(self.open_fds) - self._handshaken)
