@@ -39,6 +39,8 @@ HANDSHAKE_PER_NODE = 0.005  # and this much per node of the job: node 0 does eve
 def handshake_limit(nnodes: int) -> float:
     """Seconds a connection may take to authenticate: 5 s, 20 s at 4,096 nodes (a stranger's lives that long)."""
     return max(HANDSHAKE, nnodes * HANDSHAKE_PER_NODE)
+
+
 MONITORED = (
     zmq.EVENT_ACCEPTED
     | zmq.EVENT_DISCONNECTED
