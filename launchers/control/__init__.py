@@ -5,8 +5,9 @@ rendezvous port + 1000); every node's mlaunch joins it. Through it the first fai
 anywhere reaches every node (each stops its ranks, the flash save agrees on a step, all
 restart together at generation g+1), a node silent for ``monitor.node_timeout`` is declared
 lost (the others stop and exit non-zero naming it), and node 0's exit code ends nodes that
-follow it. Every message is JSON signed with a per-job HMAC-SHA256 key (``wire``); one that
-does not verify is dropped and counted.
+follow it. Connections are CURVE-encrypted with keys derived from the per-job key, and only
+its holders complete one (``transport``); every message is JSON signed with an HMAC-SHA256
+under that key (``wire``); one that does not verify is dropped and counted.
 
 The protocol (every message kind, its fields, who says it, which must arrive) is defined once,
 in ``messages``; ``hub`` (node 0's thread, the one owner of the hub's state, publishing a

@@ -4,7 +4,9 @@ The secret is ``MLAUNCH_JOB_SECRET`` when set (the same value on every node), el
 from what every node of the job shares and nothing outside it is told: the job's name,
 the master address, the control port, the platform's job id where one is set, and a
 secret file every node holds where the engine has one (MPI: the job's ssh key). A
-message whose MAC does not match is dropped (and counted), never acted on.
+message whose MAC does not match is dropped (and counted), never acted on. Keyed from public
+facts alone (no secret, no key file), node 0 says so (``PUBLIC_KEY_WARNING``). Encryption,
+freshness and who may connect at all are the sockets' (``transport``: CURVE, keyed from this key).
 """
 
 from __future__ import annotations
