@@ -20,8 +20,11 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import ROOT, clean_env, mlaunch_cmd, run_mlaunch
+from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 from netns import Host, hosts_fixture
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from elastic_testlib import CHAOS, final_checksum  # noqa: E402
 
 from launchers.config.job import Job
 from launchers.control import open_job_events
@@ -252,3 +255,59 @@ def test_a_stranger_host_changes_nothing_and_is_counted_in_status(tmp_path: Path
     assert plane["handshake_failed"] + plane["closed_unauthenticated"] >= 200 + flood, (plane, attack.stdout)
     shown = run_mlaunch(["status", str(job)], timeout=60).stdout
     assert "control plane: refused" in shown
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@needs_torch
+def test_training_under_a_strangers_attack_ends_with_the_fault_free_parameters(
+    tmp_path: Path, hosts3: list[Host]
+) -> None:
+    """Real DDP training (the example) on two hosts with a random key while the third host attacks node 0's
+    control port: no restart, exit 0, and the final parameters equal the fault-free local run's."""
+    args = "'--steps', '40', '--save-every', '10'"
+
+    def job_file(home: Path) -> Path:
+        home.mkdir()
+        path = home / "job.yaml"
+        path.write_text(
+            f"name: trust\nengine: pytorch\nentry: {CHAOS}\nargs: [{args}]\nnodes: 2\nprocs_per_node: 1\n"
+            f"log_dir: {home / 'logs'}\ncheckpoint: {{dir: {home / 'ckpt'}, grace_period: 5s}}\n"
+            f"restart: {{max_restarts: 1, backoff: 0s}}\nmonitor: {{node_timeout: {NODE_TIMEOUT}s}}\n"
+        )
+        return path
+
+    reference = run_mlaunch(
+        ["--engine", "pytorch", str(job_file(tmp_path / "reference"))], env=clean_env(GLOO_SOCKET_IFNAME="lo")
+    )
+    expected = final_checksum(reference.stdout)
+    assert reference.returncode == 0 and expected, reference.stderr
+    job, job_hosts = job_file(tmp_path / "attacked"), hosts3[:2]
+    secret, procs = secrets.token_hex(32), []
+    for host in job_hosts:
+        env = clean_env(
+            MA_NUM_GPUS="1", MA_NUM_HOSTS="2", VC_TASK_INDEX=str(host.index), GLOO_SOCKET_IFNAME="eth0",
+            VC_WORKER_HOSTS=",".join(h.name for h in job_hosts), MLAUNCH_JOB_SECRET=secret, CHAOS_STEP_SLEEP="0.2",
+        )  # fmt: skip
+        argv = [*mlaunch_cmd(), "--engine", "pytorch", str(job), "--init_method", f"tcp://{job_hosts[0].name}:6666"]
+        argv += ["--rank", str(host.index), "--world_size", "2"]
+        procs.append(host.popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    attack = hosts3[2].run(
+        [sys.executable, str(STRANGER), job_hosts[0].ip, "7666", "trust", "10"],
+        env=clean_env(PYTHONPATH=str(ROOT)), timeout=120,
+    )  # fmt: skip
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+        results.append((proc.returncode, out, err))
+    text = f"stranger:\n{attack.stdout}{attack.stderr}\n" + "\n".join(
+        f"--- host {i} exit {rc}\n{out[-2000:]}\n{err[-3000:]}" for i, (rc, out, err) in enumerate(results)
+    )
+    assert [rc for rc, _, _ in results] == [0, 0] and "stranger: flood_connections" in attack.stdout, text
+    assert all("attempt 1" not in err for _, _, err in results), text
+    assert final_checksum(results[0][1]) == expected, text
