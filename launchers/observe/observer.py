@@ -295,15 +295,15 @@ class JobObserver:
                 stragglers=sorted(self._stragglers),
             ),
         }
+        wire = self.events.wire_stats()  # node 0: strangers dropped on the control plane (issue 47)
+        if wire is not None:
+            status["control_plane"] = wire
         if self.members is not None:
             status["membership"] = self.members
         if self.started_over is not None:
             status["started_over"] = self.started_over
         if self.recompute_warnings:
             status["recompute_warnings"] = self.recompute_warnings
-        wire = self.events.wire_stats()  # node 0: strangers dropped on the control plane (issue 47)
-        if wire is not None:
-            status["control_plane"] = wire
         if not self.simulated and self.node == 0:
             self._summarize(status)
         else:  # node 0's word on the job, beside this node's own ranks
