@@ -311,3 +311,18 @@ def test_training_under_a_strangers_attack_ends_with_the_fault_free_parameters(
     assert [rc for rc, _, _ in results] == [0, 0] and "stranger: flood_connections" in attack.stdout, text
     assert all("attempt 1" not in err for _, _, err in results), text
     assert final_checksum(results[0][1]) == expected, text
+
+
+def test_status_says_what_node_0_refused_and_a_key_from_public_facts() -> None:
+    """`mlaunch status`'s control-plane line (node 0's counters in status.json); nothing when nothing happened."""
+    from launchers.cli.commands.status import control_plane_line
+
+    quiet = {"encrypted": True, "unverified": 0, "malformed": 0, "handshake_failed": 0, "closed_unauthenticated": 0}
+    assert control_plane_line({"control_plane": quiet}) is None and control_plane_line({}) is None
+    busy = {**quiet, "unverified": 3, "handshake_failed": 2, "closed_unauthenticated": 200, "pending": 5}
+    line = control_plane_line({"control_plane": {**busy, "keyed_from_public_facts": True, "encrypted": False}})
+    assert line == (
+        "control plane: keyed from public facts (set MLAUNCH_JOB_SECRET); not encrypted (this libzmq has no CURVE); "
+        "dropped 3 messages (3 did not verify, 0 malformed); refused 202 connections (2 failed the handshake, "
+        "200 closed before authenticating); 5 not authenticated yet"
+    )
