@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from launchers.control import ExchangeFailed, Lost, RemoteFailure
+from launchers.control.transport import curve_keys, secure_agent
 from launchers.control.wire import seal, unseal
 from launchers.outcome import Failure
 from launchers.platform.cluster import free_port
@@ -183,6 +184,7 @@ def test_a_peer_that_never_reads_does_not_hold_up_the_others() -> None:
         context = zmq.Context()
         stuck = context.socket(zmq.DEALER)
         stuck.setsockopt(zmq.RCVHWM, 1)
+        secure_agent(stuck, curve_keys(KEY), 3)
         stuck.connect(f"tcp://127.0.0.1:{port}")
         try:
             stuck.send_multipart(seal(KEY, {"t": "hello", "node": 2, "host": "stuck"}))
@@ -202,6 +204,7 @@ def test_messages_with_another_key_or_a_node_out_of_range_are_dropped() -> None:
     with plane(3, node_timeout=1.0, port=port, started=2) as nodes:  # node 2 is the rogue socket (lost at the end)
         context = zmq.Context()
         rogue = context.socket(zmq.DEALER)
+        secure_agent(rogue, curve_keys(KEY), 3)  # it holds the job's key (an insider): past the encryption
         rogue.connect(f"tcp://127.0.0.1:{port}")
         try:
             rogue.send_multipart(seal(b"x" * 32, {"t": "put", "node": 2, "topic": "t/1", "value": 1, "how": "count"}))

@@ -88,9 +88,29 @@ def template_env(container: dict[str, Any], pod_ip: str, pod_name: str, labels: 
     for entry in container.get("env", []):
         if "value" in entry:
             env[entry["name"]] = str(entry["value"])
+        elif "secretKeyRef" in entry["valueFrom"]:  # resolved from the manifest's Secret (``resolve_secrets``)
+            ref = entry["valueFrom"]["secretKeyRef"]
+            env[entry["name"]] = f"{SECRET_REF}{ref['name']}/{ref['key']}"
         else:
             env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
+
+
+SECRET_REF = "secret-ref:"
+
+
+def resolve_secrets(pods: list[Pod], documents: list[dict[str, Any]]) -> None:
+    """The kubelet's part: each secretKeyRef as the value the manifest's Secret holds (a missing one fails)."""
+    held = {
+        f"{d['metadata']['name']}/{key}": value
+        for d in documents
+        if d["kind"] == "Secret"
+        for key, value in d.get("stringData", {}).items()
+    }
+    for pod in pods:
+        for name, value in pod.env.items():
+            if value.startswith(SECRET_REF):
+                pod.env[name] = held[value.removeprefix(SECRET_REF)]
 
 
 def pods_of(
@@ -358,8 +378,11 @@ def round_trip(
 ) -> RoundTrip:
     job_file = write_job(tmp_path, engine, nodes, procs, extra)
     job = load_job(job_file)
-    doc, *_ = manifest_docs(job, target, engine)
+    documents = manifest_docs(job, target, engine)
+    doc = documents[0]
     pods = OPERATORS[target](doc, tmp_path)
+    resolve_secrets(pods, documents)
+    assert len({pod.env["MLAUNCH_JOB_SECRET"] for pod in pods}) == 1  # one key, in every pod
     if any("MLAUNCH_SSH_KEYS" in pod.env for pod in pods):  # the mounted Secret made by `mlaunch keys`
         from bootstrap.keys import generate
 

@@ -198,3 +198,62 @@ def test_status_names_a_node_whose_copies_are_too_far_behind() -> None:
     ]
     line = replica_line({"nodes": nodes}) or ""
     assert "node 0: step 40," in line and "node 1: step 31 (9 steps behind: a loss would cost about 9" in line, line
+
+
+def tampering_link(target: int, at: int) -> int:
+    """A local port forwarding to ``target`` that flips the byte at offset ``at`` of each connection's stream."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def pump(src: socket.socket, dst: socket.socket, flip: bool) -> None:
+        seen = 0
+        try:
+            while data := bytearray(src.recv(1 << 16)):
+                if flip and seen <= at < seen + len(data):
+                    data[at - seen] ^= 0xFF
+                seen += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                s.close()
+
+    def accept() -> None:
+        with server:
+            while True:
+                try:
+                    client, _ = server.accept()
+                except OSError:
+                    return
+                upstream = socket.create_connection(("127.0.0.1", target))
+                threading.Thread(target=pump, args=(client, upstream, True), daemon=True).start()
+                threading.Thread(target=pump, args=(upstream, client, False), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return int(server.getsockname()[1])
+
+
+def test_a_tampered_stream_is_refused_counted_and_never_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A byte of the image changed on the way (past the sealed header): the buddy refuses the slot, counts it,
+    says so, and holds nothing the survivors' commit could write (issue 47, item 3)."""
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
+    store = ReplicaStore(SECRET, bind="127.0.0.1")
+    sender = PeerCopy("tampered", 0, 0, {0}, ("127.0.0.1", tampering_link(store.port, 100_000)), SECRET, "peer")
+    sender.start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLAUNCH_SHM_DIR": str(tmp_path)}
+    try:
+        writer = subprocess.run(
+            [sys.executable, "-c", WRITER, "tampered", str(tmp_path / "ckpt"), "3"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert writer.returncode == 0 and "done" in writer.stdout, writer.stderr
+        deadline = time.monotonic() + 20
+        while store.refused < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        sender.stop()
+        store.close()
+    assert store.refused >= 1 and store.holding(0) == {} and store.received_bytes == 0
+    assert sender.stats.last_sent == -1  # never counted as replicated
+    said = store.messages.get_nowait()
+    assert "refused rank 0's step" in said and "keyed digest" in said

@@ -9,6 +9,7 @@ slurmd is test_slurm_real.py (slow suite).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,7 @@ def test_grace_period_against_kill_wait(tmp_path: Path) -> None:
 STUBS = {
     "srun": """#!/usr/bin/env bash
 echo "srun $*" >> "$STUB_LOG"
+printf '%s' "${MLAUNCH_JOB_SECRET-unset}" > "$STUB_DIR/key"  # what every task's mlaunch gets
 if [[ $SRUN_MODE == wait ]]; then
   trap 'echo "mlaunch got TERM" >> "$STUB_LOG"; exit 143' TERM
   echo $$ > "$STUB_DIR/srun.pid"
@@ -136,7 +138,7 @@ kill -TERM "$(cat "$STUB_DIR/ready")"
 
 
 def run_script(
-    tmp_path: Path, mode: str, restarts: str = "0", slurm: str = "", name: str = "ddp"
+    tmp_path: Path, mode: str, restarts: str = "0", slurm: str = "", name: str = "ddp", **extra_env: str
 ) -> tuple[int, str, str]:
     """Run the generated script with stand-ins on PATH; (exit code, stand-ins' log, script's stderr)."""
     stubs = tmp_path / "stubs"
@@ -157,6 +159,7 @@ def run_script(
         SLURM_JOB_ID="77",
         SLURM_JOB_NUM_NODES="3",
         SLURM_RESTART_COUNT=restarts,
+        **extra_env,
     )
     proc = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
     if mode == "wait":
@@ -181,6 +184,19 @@ def test_success_ends_the_job(tmp_path: Path) -> None:
     assert calls.splitlines() == [
         f"srun --ntasks-per-node=1 --ntasks=3 --kill-on-bad-exit=0 mlaunch --engine pytorch {tmp_path / 'job.yaml'}"
     ]
+
+
+def test_every_task_gets_a_random_job_key_made_at_run_time(tmp_path: Path) -> None:
+    """Issue 47: MLAUNCH_JOB_SECRET for srun's tasks, new at each run (a requeue too), not in the script itself."""
+    keys = []
+    for _ in range(2):
+        code, _, _ = run_script(tmp_path, "0")
+        keys.append((tmp_path / "stubs" / "key").read_text())
+        assert code == 0 and re.fullmatch(r"[0-9a-f]{64}", keys[-1]), keys
+        assert keys[-1] not in (tmp_path / "job.sbatch").read_text()
+    assert keys[0] != keys[1]
+    code, _, _ = run_script(tmp_path, "0", MLAUNCH_JOB_SECRET="given-by-the-user")
+    assert code == 0 and (tmp_path / "stubs" / "key").read_text() == "given-by-the-user"
 
 
 @pytest.mark.parametrize("status", ["143", "137"])

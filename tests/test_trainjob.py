@@ -47,7 +47,8 @@ def trainjob_docs(job_file: Path, *, cluster: bool = False) -> tuple[dict[str, A
     """(runtime, TrainJob) as kubectl would read them from the rendered file."""
     job = load_job(job_file)
     text = render(build(job, "trainjob", "pytorch", cluster_runtime=cluster), job, "pytorch")
-    runtime, train_job = [d for d in yaml.safe_load_all(text) if d]
+    runtime, train_job, key = [d for d in yaml.safe_load_all(text) if d]
+    assert key["kind"] == "Secret"  # the job's control-plane key, last (tests/test_manifest.py checks it)
     return runtime, train_job
 
 
@@ -160,7 +161,7 @@ def test_cli_writes_the_runtime_first_and_refuses_what_it_cannot_run(tmp_path: P
     text = out.read_text()
     assert "pytorch.master_port 6000 is not used" in text  # Trainer fixes PET_MASTER_PORT at 29500
     kinds = [d["kind"] for d in yaml.safe_load_all(text) if d]
-    assert kinds == ["ClusterTrainingRuntime", "TrainJob"]
+    assert kinds == ["ClusterTrainingRuntime", "TrainJob", "Secret"]
     for args, message in [
         (["-t", "pytorchjob", "--cluster-runtime"], "--cluster-runtime applies to --target trainjob only"),
         (["-t", "trainjob", "--engine", "mpi"], "use --target"),

@@ -5,8 +5,9 @@ rendezvous port + 1000); every node's mlaunch joins it. Through it the first fai
 anywhere reaches every node (each stops its ranks, the flash save agrees on a step, all
 restart together at generation g+1), a node silent for ``monitor.node_timeout`` is declared
 lost (the others stop and exit non-zero naming it), and node 0's exit code ends nodes that
-follow it. Every message is JSON signed with a per-job HMAC-SHA256 key (``wire``); one that
-does not verify is dropped and counted.
+follow it. Connections are CURVE-encrypted with keys derived from the per-job key, and only
+its holders complete one (``transport``); every message is JSON signed with an HMAC-SHA256
+under that key (``wire``); one that does not verify is dropped and counted.
 
 The protocol (every message kind, its fields, who says it, which must arrive) is defined once,
 in ``messages``; ``hub`` (node 0's thread, the one owner of the hub's state, publishing a
@@ -46,6 +47,7 @@ from launchers.control.events import (
 )
 from launchers.control.reductions import BUILTIN, How, Reducers, Reduction
 from launchers.control.topics import Exchange
+from launchers.log import say
 
 if TYPE_CHECKING:
     from launchers.config.job import Job
@@ -77,11 +79,14 @@ def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None
         return LocalEvents(table)
     from launchers.config.elastic import node_range
     from launchers.control.agent import NetworkEvents
-    from launchers.control.wire import job_secret
+    from launchers.control.wire import PUBLIC_KEY_WARNING, job_secret, keyed_from_public_facts
 
     port = control_port(job, cluster.master_port, cluster.control_port)
     secret = job_secret(job.job_name, cluster.master_addr, port, cluster.env, cluster.control_key)
-    return NetworkEvents(
+    public = keyed_from_public_facts(cluster.env, cluster.control_key)
+    if cluster.node_rank == 0 and public:
+        say(PUBLIC_KEY_WARNING)  # once: node 0 opens its plane once per run
+    events = NetworkEvents(
         node=cluster.node_rank,
         nnodes=cluster.nnodes,
         master_addr=cluster.master_addr,
@@ -93,6 +98,8 @@ def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None
         last_call=job.elastic.last_call,  # the first start waits this long for nodes beyond MIN
         reducers=table,
     )
+    events.keyed_from_public_facts = public  # shown by `mlaunch status`
+    return events
 
 
 __all__ = [

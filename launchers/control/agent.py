@@ -68,6 +68,7 @@ class NetworkEvents(JobEvents):
         self.node = node
         self.nnodes = nnodes
         self.secret = secret
+        self.keyed_from_public_facts = False  # no MLAUNCH_JOB_SECRET nor key file (``open_job_events`` says so)
         self.hub: Hub | None = None
         self._own = driver is None
         if driver is None:
@@ -170,6 +171,11 @@ class NetworkEvents(JobEvents):
         if self.node == 0:
             self.state.send(m.Summary(0, summary))
             self._kick()
+
+    def wire_stats(self) -> dict[str, Any] | None:
+        if self.hub is None:
+            return None
+        return {**self.hub.wire_stats(), "keyed_from_public_facts": self.keyed_from_public_facts}
 
     def summary(self) -> dict[str, Any]:
         with self.state.cond:

@@ -47,7 +47,9 @@ from launchers.control.life import AgentPhase, Life
 from launchers.control.reductions import How, wire
 from launchers.control.status_mirror import StatusMirror
 from launchers.control.topics import feature
+from launchers.control.transport import MAX_IN, CurveKeys, secure_agent
 from launchers.control.wire import seal, unseal
+from launchers.log import say
 
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
 
@@ -333,9 +335,12 @@ class AgentState:
 _HANDLERS = m.handlers(AgentState, m.HUB)
 
 
-def dealer(context: zmq.Context[Any], address: str, state: AgentState) -> zmq.Socket[Any]:
-    """The agent's socket: it queues nothing for a hub it is not connected to (a late hub gets no backlog)."""
+def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: CurveKeys | None) -> zmq.Socket[Any]:
+    """The agent's socket: it queues nothing for a hub it is not connected to (a late hub gets no backlog).
+
+    ``keys``: the job's CURVE keys (``transport``): only the job's hub can answer, encrypted."""
     sock = context.socket(zmq.DEALER)
+    secure_agent(sock, keys, state.nnodes)
     sock.setsockopt(zmq.LINGER, 500)
     sock.setsockopt(zmq.IMMEDIATE, 1)
     sock.setsockopt(zmq.IDENTITY, f"node-{state.node}-{state.incarnation}".encode())
@@ -368,8 +373,13 @@ def flush(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -
     """Everything due, sealed and sent without blocking; what the socket does not take waits if it must arrive."""
     out = state.due(now)
     for index, message in enumerate(out):
+        frames = seal(secret, message.to_wire())
+        if len(frames[0]) > MAX_IN:  # the hub would cut the connection on it (``transport``): said, never sent
+            say(f"control plane: node {state.node}'s {message.KIND!r} is {len(frames[0])} bytes, over the hub's "
+                f"limit of {MAX_IN}: not sent")  # fmt: skip
+            continue
         try:
-            sock.send_multipart(seal(secret, message.to_wire()), zmq.NOBLOCK)
+            sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.ZMQError:  # not connected (yet) or the hub's pipe is full
             state.unsent(out[index:])
             return

@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 
 from launchers.control.agent_core import AgentState, dealer, flush, receive
+from launchers.control.transport import curve_keys
 
 TIMERS = 0.2  # seconds between looks at every agent's timers (heartbeat, status, hello retry, the hub's silence)
 
@@ -29,6 +30,7 @@ class Driver(threading.Thread):
         super().__init__(name=name, daemon=True)
         self.context = context
         self.secret = secret
+        self.keys = curve_keys(secret)  # derived once: a benchmark's driver opens thousands of sockets
         self._kick_r, self._kick_w = os.pipe()
         for fd in (self._kick_r, self._kick_w):
             os.set_blocking(fd, False)
@@ -117,7 +119,7 @@ class Driver(threading.Thread):
         while self._changes:
             state, change = self._changes.popleft()
             if isinstance(change, str):
-                sock = sockets[id(state)] = dealer(self.context, change, state)
+                sock = sockets[id(state)] = dealer(self.context, change, state, self.keys)
                 agents[sock] = state
                 poller.register(sock, zmq.POLLIN)
                 monitor = monitor_of[id(state)] = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)

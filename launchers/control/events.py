@@ -256,6 +256,10 @@ class JobEvents:
         """Node 0: the job at a glance (phase, stragglers, committed step) for every node (``summary``)."""
         self._summary = dict(summary)
 
+    def wire_stats(self) -> dict[str, Any] | None:
+        """Node 0's hub: what strangers' messages and connections it dropped (``mlaunch status``); None elsewhere."""
+        return None
+
     def summary(self) -> dict[str, Any]:
         """Node 0's newest summary of the job (empty until one came)."""
         return dict(self._summary)

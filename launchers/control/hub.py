@@ -34,6 +34,7 @@ from launchers.control.hub_view import HubView, Publisher
 from launchers.control.membership import Membership
 from launchers.control.reductions import BUILTIN, Reducers
 from launchers.control.roster import IllegalTransition, NodeStatus, Roster
+from launchers.control.transport import MONITORED, Strangers, curve_keys, secure_hub
 from launchers.control.wire import seal, unseal
 from launchers.log import say
 
@@ -41,6 +42,14 @@ VIEW_CACHE = 0.5  # seconds an encoded whole view is reused for other nodes aski
 _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)  # plain ints: the per-peer loop is the cost
 BATCH = 2000  # messages taken in before the timers are looked at again
 GONE_AGAIN = "it was left out of the job earlier"
+
+
+@dataclass
+class Dropped:
+    """Messages the hub did not act on, by why (``mlaunch status`` shows them with ``transport.Strangers``)."""
+
+    unverified: int = 0  # no valid MAC: garbage, a forgery, another job's key
+    malformed: int = 0  # sealed with the job's key, but not a message the hub knows
 
 
 @dataclass
@@ -80,12 +89,17 @@ class Hub(threading.Thread):
         self.membership = Membership(self.roster, elastic, node_timeout, last_call)
         self.cadence: Cadence = cadence(len(self.roster.members), node_timeout)
         self.sock = context.socket(zmq.ROUTER)
+        self.curve = curve_keys(secret)  # None: this libzmq has no CURVE (the HMAC alone keys the plane)
+        secure_hub(self.sock, self.curve, nnodes)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node that reconnects takes its identity back
         self.sock.setsockopt(zmq.BACKLOG, max(100, min(nnodes, 65536)))  # every node connecting at once
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.bind(f"tcp://*:{port}")
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if elastic is not None else None
+        self.monitor = self.sock.get_monitor_socket(MONITORED)  # strangers counted; a member's close: ``on_close``
+        self.elastic = elastic is not None
+        self.strangers = Strangers()
+        self.dropped = Dropped()
         self.peers: dict[int, bytes] = {}  # node → its socket's identity
         self.gone: dict[bytes, int] = {}  # the sockets of incarnations left out → their node: told so when they speak
         self.first: dict[int, m.Fail] = {}  # generation → its first failure
@@ -175,12 +189,16 @@ class Hub(threading.Thread):
     def _decode(self, frames: list[bytes]) -> m.Message | None:
         """The agent's message; None (counted when it does not verify or is malformed) when there is none to act on."""
         wire = unseal(self.secret, frames)
-        if wire is None or m.sender(wire, self.nnodes) is None:
+        if wire is None:
+            self.dropped.unverified += 1
             self._reject()
             return None
         try:
+            if m.sender(wire, self.nnodes) is None:
+                raise ValueError("no such node")
             message = m.decode(wire)
         except (KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
+            self.dropped.malformed += 1
             self._reject()
             return None
         return message if message is not None and message.KIND in _HANDLERS else None  # the hub's own kinds: no
@@ -323,15 +341,31 @@ class Hub(threading.Thread):
 
     # -- liveness ---------------------------------------------------------------------------------
     def _closed_connections(self, now: float) -> None:
-        """A peer's TCP connection closed (its process likely ended): silent members are judged sooner."""
+        """A peer's TCP connection closed (its process likely ended): silent members are judged sooner.
+
+        Only the close of a connection that had authenticated: a stranger's closes must not shorten
+        the members' fuse (``transport.Strangers`` tells them apart)."""
         if self.monitor is None:
             return
-        while True:
+        for _ in range(BATCH):
             try:
-                self.monitor.recv_multipart(zmq.NOBLOCK)
+                event = self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.membership.on_close(now)
+            if self.strangers.on_event(event) and self.elastic:
+                self.membership.on_close(now)
+
+    def wire_stats(self) -> dict[str, Any]:
+        """What strangers cost the hub so far (any thread: plain ints, read whole enough for a status line)."""
+        strangers = self.strangers
+        return {
+            "encrypted": self.curve is not None,
+            "unverified": self.dropped.unverified,
+            "malformed": self.dropped.malformed,
+            "handshake_failed": strangers.handshake_failed,
+            "closed_unauthenticated": strangers.closed_unauthenticated,
+            "pending": strangers.pending(),
+        }
 
     def _check_lost(self, now: float) -> None:
         close, short = self.membership.fuse(now, self.cadence.heartbeat)  # ``silence_limit``, said once

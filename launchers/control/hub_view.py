@@ -62,8 +62,9 @@ class Publisher:
         self._everyone_left.set()
 
     def behind(self, roster: Roster) -> bool:
-        """A node changed status since the last view (it must be published before anyone is told)."""
-        return roster.version != self._roster_version[0]
+        """A node changed status or was first heard since the last view (published before anyone is told: a
+        node welcomed must never find node 0's ``wait_everyone_left`` still answering from before its hello)."""
+        return (roster.version, roster.heard_version) != self._roster_version
 
     def status_changed(self) -> None:
         self._status_dirty = True

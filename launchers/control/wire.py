@@ -4,7 +4,9 @@ The secret is ``MLAUNCH_JOB_SECRET`` when set (the same value on every node), el
 from what every node of the job shares and nothing outside it is told: the job's name,
 the master address, the control port, the platform's job id where one is set, and a
 secret file every node holds where the engine has one (MPI: the job's ssh key). A
-message whose MAC does not match is dropped (and counted), never acted on.
+message whose MAC does not match is dropped (and counted), never acted on. Keyed from public
+facts alone (no secret, no key file), node 0 says so (``PUBLIC_KEY_WARNING``). Encryption,
+freshness and who may connect at all are the sockets' (``transport``: CURVE, keyed from this key).
 """
 
 from __future__ import annotations
@@ -18,6 +20,21 @@ from typing import Any
 SECRET_ENV = "MLAUNCH_JOB_SECRET"
 MAC_SIZE = 32  # HMAC-SHA256
 JOB_ID_ENV = ("MLAUNCH_JOB_ID", "MA_JOB_ID", "VC_JOB_ID", "SLURM_JOB_ID", "JOB_ID")  # the same on every node
+
+
+PUBLIC_KEY_WARNING = (
+    "control plane: no MLAUNCH_JOB_SECRET is set, so its key is derived from public facts (the job's name, "
+    "master address, port and job id): anyone who can read the pod spec or the process list can forge its "
+    "messages. Set MLAUNCH_JOB_SECRET to the same random value on every node (`mlaunch manifest` and "
+    "`mlaunch sbatch` do it for you: `openssl rand -hex 32`)"
+)
+
+
+def keyed_from_public_facts(env: Mapping[str, str], key_file: str = "") -> bool:
+    """Whether ``job_secret`` falls back to facts anyone who sees the job can assemble (node 0 says so, once)."""
+    import os
+
+    return not (os.environ.get(SECRET_ENV) or env.get(SECRET_ENV) or key_file)
 
 
 def job_secret(job_name: str, master_addr: str, port: int, env: Mapping[str, str], key_file: str = "") -> bytes:

@@ -308,6 +308,9 @@ class JobObserver:
                 stragglers=sorted(self._stragglers),
             ),
         }
+        wire = self.events.wire_stats()  # node 0: strangers dropped on the control plane (issue 47)
+        if wire is not None:
+            status["control_plane"] = wire
         if self.members is not None:
             status["membership"] = self.members
         if self.started_over is not None:

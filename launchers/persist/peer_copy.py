@@ -318,8 +318,10 @@ class PeerCopy:
                 "sharded": bool(self.sharded),
                 "anchor": agreed.anchor,  # the buddy keeps it beside the newest
             }
-            sock.sendall(replica_store.seal_header(self.secret, header))
+            sealed = replica_store.seal_header(self.secret, header)
+            sock.sendall(sealed)
             sock.sendall(image)
+            sock.sendall(replica_store.image_mac(self.secret, sealed, image))  # checked before the buddy keeps it
         for _ in images:
             ack = replica_store.read_exact(sock, 1)
             if ack is None or ack != b"\x01":

@@ -15,7 +15,10 @@ the slot as replicated).
 
 Trust: every transfer starts with a JSON header sealed with the job's control-plane secret
 (HMAC-SHA256); a connection whose header does not verify is closed, so only the job's own
-mlaunch can fill a buddy's memory. The bytes are the rank's staged image as is.
+mlaunch can fill a buddy's memory. The image follows as is, then its keyed digest
+(``image_mac``: HMAC-SHA256 under the same secret, bound to the header's MAC, so an image
+cannot be moved under another header): a slot whose digest does not match is refused,
+counted (``refused``) and never stored, so the survivors' commit never writes it.
 
 Threads: one accepting, one per connection (a node has one predecessor; a reconnect replaces
 it). They never print (the supervisor may fork while they run); ``messages`` carries what is
@@ -51,6 +54,13 @@ def seal_header(secret: bytes, header: Mapping[str, Any]) -> bytes:
     return _LEN.pack(len(raw)) + raw + hmac.digest(secret, raw, hashlib.sha256)
 
 
+def image_mac(secret: bytes, header_frame: bytes | bytearray, image: bytes | bytearray) -> bytes:
+    """The image's keyed digest, bound to its header (``seal_header``'s frame, whose last bytes are its MAC)."""
+    mac = hmac.new(secret, b"mlaunch-replica-image\0" + bytes(header_frame[-_MAC:]), hashlib.sha256)
+    mac.update(image)  # OpenSSL, the GIL released: the training's threads go on meanwhile
+    return mac.digest()
+
+
 def read_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray | None:
     """``n`` bytes from ``sock`` (None when it closed first), into ``into`` when it is ``n`` long."""
     buf = into if into is not None and len(into) == n else bytearray(n)
@@ -67,8 +77,8 @@ def read_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> by
     return buf
 
 
-def open_header(secret: bytes, sock: socket.socket) -> dict[str, Any] | None:
-    """The next verified header on ``sock`` (None: closed, too long, or not sealed with the job's secret)."""
+def open_header(secret: bytes, sock: socket.socket) -> tuple[dict[str, Any], bytes] | None:
+    """The next verified header on ``sock`` and its MAC (None: closed, too long, or not sealed with the secret)."""
     prefix = read_exact(sock, _LEN.size)
     if prefix is None:
         return None
@@ -82,7 +92,7 @@ def open_header(secret: bytes, sock: socket.socket) -> dict[str, Any] | None:
     if not hmac.compare_digest(hmac.digest(secret, raw, hashlib.sha256), mac):
         return None
     header = json.loads(raw)
-    return header if isinstance(header, dict) else None
+    return (header, mac) if isinstance(header, dict) else None
 
 
 class ReplicaStore:
@@ -99,6 +109,7 @@ class ReplicaStore:
         self._lent: set[int] = set()
         self.messages: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.received_bytes = 0
+        self.refused = 0  # slots whose digest did not match (tampered or torn in transit): never stored
         self._server = socket.create_server((bind, 0), backlog=16)
         self.port = int(self._server.getsockname()[1])
         self._closed = threading.Event()
@@ -185,13 +196,25 @@ class ReplicaStore:
         with contextlib.suppress(OSError, ValueError), conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while not self._closed.is_set():
-                header = open_header(self.secret, conn)
-                if header is None:
+                opened = open_header(self.secret, conn)
+                if opened is None:
                     return
+                header, header_mac = opened
                 length, key = int(header["length"]), (int(header["attempt"]), int(header["rank"]))
                 image = read_exact(conn, length, into=self._take_spare(key))
-                if image is None:
+                digest = read_exact(conn, _MAC) if image is not None else None
+                if image is None or digest is None:
                     return
+                if not hmac.compare_digest(image_mac(self.secret, header_mac, image), bytes(digest)):
+                    self.refused += 1
+                    self.messages.put(
+                        f"replica store: refused rank {header.get('rank')}'s step {header.get('step')} from node "
+                        f"{header.get('node')}: its bytes do not match their keyed digest (tampered or torn in transit)"
+                    )
+                    with self._lock:
+                        self._recycle(key, image)
+                    conn.sendall(b"\x00")
+                    return  # a stream that lies once is not read further
                 if shardfile.image_size(image[: min(length, 1 << 16)]) != length:
                     self.messages.put(f"replica store: rank {header.get('rank')}'s image is not a whole shard")
                     with self._lock:

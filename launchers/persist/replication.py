@@ -161,6 +161,7 @@ class Replication:
             "replica_at_risk": sender is not None and sender.stats.behind > LAG_WARN,
             "holds_step": max(held.values()) if held else None,
             "replica_bytes": self.store.bytes_held(),
+            "replica_refused": self.store.refused,  # slots whose keyed digest did not match: never stored
         }
 
     def close(self) -> None:

@@ -36,12 +36,14 @@ def manifest(
 
     Nothing from job.yaml's `env:` is copied: mlaunch applies it inside the pod.
 
+    Every run writes a Secret `<job>-mlaunch-key` with a new random control-plane key, read by every pod as MLAUNCH_JOB_SECRET: keep the file private (-o writes it readable by its owner only).
+
       mlaunch manifest --target pytorchjob examples/k8s/pytorch.yaml -o pytorchjob.yaml
 
       mlaunch manifest -t volcano job.yaml | kubectl apply -f -
 
       mlaunch manifest -t trainjob job.yaml -o trainjob.yaml   (Kubeflow Trainer v2)
-    """
+    """  # noqa: E501 - one line per paragraph: the help renderer re-wraps it
     from launchers.config.job import load_job
     from launchers.errors import UserError
     from launchers.generate.k8s.manifests import TARGETS, build, render
@@ -58,7 +60,7 @@ def manifest(
         return
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+        _write_private(output, text)
     except OSError as exc:
         raise UserError(f"cannot write {output}: {exc.strerror or exc}") from None
     kinds = ", ".join(f"{d['kind']} {d['metadata']['name']}" for d in built.documents)
@@ -67,3 +69,13 @@ def manifest(
 
 def register(app: typer.Typer) -> None:
     app.command(name="manifest")(manifest)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable by its owner only (it holds the job's control-plane key)."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file that existed keeps its mode through O_CREAT
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)

@@ -104,6 +104,9 @@ def render(data: dict[str, Any], path: Path) -> Any:
             f"{over.get('committed_step', '?')} is committed (checkpoint.on_unreadable: start_over)",
             style="bold",
         )
+    plane = control_plane_line(data)
+    if plane:
+        head.append(f"\n{plane}", style="bold" if "public facts" in plane else "")
     replicas = replica_line(data)
     if replicas:
         head.append(f"\n{replicas}")
@@ -167,6 +170,33 @@ def replica_line(data: dict[str, Any]) -> str | None:
     return f"machine-loss replication, newest step a buddy holds: {', '.join(parts)}{more}; {copies}"
 
 
+def control_plane_line(data: dict[str, Any]) -> str | None:
+    """Node 0's control plane: what strangers sent or tried, dropped and counted; a key anyone could derive."""
+    plane = data.get("control_plane")
+    if not isinstance(plane, dict):
+        return None
+    parts = []
+    if plane.get("keyed_from_public_facts"):
+        parts.append("keyed from public facts (set MLAUNCH_JOB_SECRET)")
+    if not plane.get("encrypted"):
+        parts.append("not encrypted (this libzmq has no CURVE)")
+    dropped = int(plane.get("unverified") or 0) + int(plane.get("malformed") or 0)
+    refused = int(plane.get("handshake_failed") or 0) + int(plane.get("closed_unauthenticated") or 0)
+    if dropped:
+        parts.append(
+            f"dropped {dropped} messages ({plane.get('unverified', 0)} did not verify, "
+            f"{plane.get('malformed', 0)} malformed)"
+        )
+    if refused:
+        parts.append(
+            f"refused {refused} connections ({plane.get('handshake_failed', 0)} failed the handshake, "
+            f"{plane.get('closed_unauthenticated', 0)} closed before authenticating)"
+        )
+    if plane.get("pending"):
+        parts.append(f"{plane['pending']} not authenticated yet")
+    return f"control plane: {'; '.join(parts)}" if parts else None
+
+
 def _replica(node: dict[str, Any]) -> str:
     if node.get("replica") == "replicated state":
         return "replicated state (no copy needed)"
@@ -174,7 +204,9 @@ def _replica(node: dict[str, Any]) -> str:
         return "no buddy (a job of one node)"
     behind = node.get("replica_behind")
     lag = f" ({behind} steps behind: a loss would cost about {behind} steps)" if node.get("replica_at_risk") else ""
-    return f"step {_or_dash(node.get('replicated_step'))}{lag}"
+    refused = node.get("replica_refused")
+    tampered = f"; refused {refused} slots whose digest did not match" if refused else ""
+    return f"step {_or_dash(node.get('replicated_step'))}{lag}{tampered}"
 
 
 def _node(entry: dict[str, Any]) -> str:

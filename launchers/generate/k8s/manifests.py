@@ -14,9 +14,11 @@ package with its ``NAME``, the ``ENGINES`` it runs and ``build(job, engine)``:
 Every pod is ``launchers.generate.k8s.pod``'s template; what several targets share around it
 (metadata, ports, replicas, the MPI ssh secret, the rank table) is in ``parts``.
 
-Nothing secret is written: job.yaml's ``env`` is applied by mlaunch inside the pod, never
-copied here; the MPI job's ssh secret (``mlaunch keys DIR``) is a Secret the user creates and the
-pods mount by name; ``kubernetes.env_from_secrets`` references Secrets by name.
+The one secret written is the job's control-plane key: a Secret with a random value made anew
+at each generation, read by every pod as ``MLAUNCH_JOB_SECRET`` (``job_key``). Nothing else
+secret is written: job.yaml's ``env`` is applied by mlaunch inside the pod, never copied here;
+the MPI job's ssh secret (``mlaunch keys DIR``) is a Secret the user creates and the pods mount
+by name; ``kubernetes.env_from_secrets`` references Secrets by name.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from typing import Any
 from launchers.config.job import Job
 from launchers.errors import UserError
 from launchers.generate.k8s import ascendjob, mpijob, pytorchjob, tfjob, trainjob, volcano
+from launchers.generate.k8s.job_key import with_job_key
 from launchers.generate.k8s.parts import Manifest
-from launchers.generate.k8s.pod import where
+from launchers.generate.k8s.pod import check_namespace, where
 
 _BY_NAME = {module.NAME: module for module in (volcano, pytorchjob, tfjob, mpijob, ascendjob, trainjob)}
 TARGETS: dict[str, tuple[str, ...]] = {name: module.ENGINES for name, module in _BY_NAME.items()}
@@ -60,9 +63,10 @@ def build(job: Job, target: str, engine: str, *, cluster_runtime: bool = False) 
 
         check_high_availability(job, job.nodes * job.procs_per_node)
     if target == trainjob.NAME:
-        return trainjob.build(job, engine, cluster_runtime=cluster_runtime)
-    built: Manifest = _BY_NAME[target].build(job, engine)
-    return built
+        built = trainjob.build(job, engine, cluster_runtime=cluster_runtime)
+    else:
+        built = _BY_NAME[target].build(job, engine)
+    return with_job_key(built, job.job_name, check_namespace(job))
 
 
 def render(manifest: Manifest, job: Job, engine: str, output: str | None = None) -> str:
