@@ -118,3 +118,33 @@ def test_accelerate_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_
 def test_deepspeed_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     # ZeRO stage 2 (each rank's optimizer partition in its own file); stages 0 and 1 write a subset of those files
     _faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, extra=("--zero", "2"))
+
+
+SAVES = Path(__file__).resolve().parent / "scripts" / "framework_saves.py"
+
+
+@pytest.mark.parametrize("framework", ["accelerate"])
+def test_a_materialised_flash_save_is_what_the_framework_writes(
+    framework: str,
+    tmp_path: Path,
+    trainers_python: Path,  # noqa: F811
+) -> None:
+    """A tied-embedding GPT-2 (from config): the step mlaunch stages and materialises after a kill -9 is, file
+    for file and byte for byte, the checkpoint the framework's own save writes of that step, and the framework's
+    own load takes it (Accelerate's ``load_state`` refused a file holding both tied names)."""
+    import json
+    import subprocess
+
+    proc = subprocess.run(
+        [str(trainers_python), str(SAVES), framework, str(tmp_path)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
+    result = json.loads(lines[-1])
+    assert "error" not in result, result["error"]
+    assert result["files"] and set(result["files"].values()) == {"same"}, result["files"]
+    assert result["loads"] and result["tied"], result

@@ -1,0 +1,99 @@
+"""Tied and shared tensors survive staging: the materialised checkpoint shares what the framework's would.
+
+Why: staging copies each tensor of a state on its own (``format.shardfile``), so two entries that were
+one tensor — a language model's tied input and output embeddings (GPT-2's ``transformer.wte.weight`` and
+``lm_head.weight``), any storage two parameters share — come back as two independent copies. The
+frameworks' own writers decide on that sharing: Accelerate's ``save`` and transformers' ``save_pretrained``
+drop every name but one of a shared storage before ``safetensors`` writes (and ``safetensors``'
+``load_model`` then refuses a file that holds both: "Unexpected key(s) in state_dict"), ``torch.save``
+writes a shared storage once. A checkpoint written from the staged copies without the sharing differs
+from the framework's own, and may not load at all.
+
+So an integration records ``shared(state)`` beside the state it stages (plain data: the paths of the
+entries that share a storage, with each view's offset, shape, stride and dtype) and calls
+``retie(state, groups)`` on the copy it reads back before handing it to the framework's writer: every
+group becomes views of one new storage again, holding the staged bytes, exactly as it was shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["retie", "shared"]
+
+Path = list[Any]  # keys (dicts) and indices (lists) from the state's root to a tensor
+
+
+def shared(state: Any) -> list[dict[str, Any]]:
+    """The groups of tensors in ``state`` that share a storage (two or more entries each), as plain data.
+
+    Only dicts and lists are walked (the containers ``retie`` can write back into); tensor subclasses
+    other than ``nn.Parameter`` (a ``DTensor``) and tensors without storage are left out.
+    """
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for path, tensor in _tensors(state, []):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() == 0:
+            continue
+        key = (tensor.device.type, tensor.device.index, storage.data_ptr())
+        group = groups.setdefault(key, {"nbytes": storage.nbytes(), "members": []})
+        group["members"].append(
+            {
+                "path": path,
+                "offset": tensor.storage_offset(),
+                "shape": list(tensor.shape),
+                "stride": list(tensor.stride()),
+                "dtype": str(tensor.dtype).removeprefix("torch."),
+            }
+        )
+    return [g for g in groups.values() if len(g["members"]) > 1]
+
+
+def retie(state: Any, groups: list[dict[str, Any]]) -> Any:
+    """Make each group of ``shared`` views of one storage again, holding the values in ``state``; returns it.
+
+    The new storage has the original's size; bytes no entry covers are zero. A path that no longer
+    leads to a tensor of the recorded shape leaves its group as it is (said by the caller's own check).
+    """
+    for group in groups:
+        members = group["members"]
+        found = [_get(state, m["path"]) for m in members]
+        pairs = zip(found, members, strict=True)
+        if any(not isinstance(t, torch.Tensor) or list(t.shape) != m["shape"] for t, m in pairs):
+            continue
+        storage = torch.zeros(int(group["nbytes"]), dtype=torch.uint8).untyped_storage()
+        for tensor, member in zip(found, members, strict=True):
+            dtype = getattr(torch, member["dtype"])
+            view = torch.empty(0, dtype=dtype).set_(storage, member["offset"], member["shape"], member["stride"])
+            view.copy_(tensor)
+            _put(state, member["path"], view)
+    return state
+
+
+def _tensors(obj: Any, path: Path) -> Iterator[tuple[Path, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided:
+            yield path, obj
+    elif isinstance(obj, Mapping):
+        for key, value in obj.items():
+            yield from _tensors(value, [*path, key])
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from _tensors(value, [*path, i])
+
+
+def _get(state: Any, path: Path) -> Any:
+    for key in path:
+        try:
+            state = state[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return state
+
+
+def _put(state: Any, path: Path, value: Any) -> None:
+    parent = _get(state, path[:-1])
+    parent[path[-1]] = value

@@ -1,0 +1,119 @@
+"""A materialised flash save against the framework's own save of the same step (one process, CPU).
+
+``python framework_saves.py <framework> <workdir>`` trains a GPT-2 built from a tiny config (its input and
+output embeddings tied, as most language models' are) for two steps through the framework with mlaunch's
+integration, then writes the same step twice: once with the framework's own save, once as mlaunch would
+after a kill -9 — the integration's capture of the step, through the staging format (``shardfile``: the
+bytes the agent persists), written by the integration's materialiser. It prints one JSON line:
+``{"framework", "files": {name: "same" | "differs" | "missing" | "extra"}, "loads": bool, "error"}`` —
+``loads`` says whether the framework's own load accepts the materialised checkpoint (Accelerate's
+``load_state`` refused a file holding both tied names: "Unexpected key(s) in state_dict").
+
+Files the framework writes deterministically are compared byte for byte; the test names the ones that
+legitimately differ (a timestamp) and checks what they hold instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from launchers.elastic.format import shardfile
+
+
+def tiny_gpt2() -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=97, n_positions=16, tie_word_embeddings=True)
+    model = GPT2LMHeadModel(config)
+    assert model.lm_head.weight is model.transformer.wte.weight, "the embeddings are not tied"
+    return model
+
+
+def batch(step: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, 97, (4, 16), generator=torch.Generator().manual_seed(step))
+    return {"input_ids": ids, "labels": ids}
+
+
+def through_staging(state: Any, where: Path) -> Any:
+    """``state`` as the restarted rank reads it back: encoded as staging does, persisted, read."""
+    path = where / "shard.mlck"
+    shardfile.write_file(path, shardfile.encode(state, {"step": 0}, trusted=True))
+    return shardfile.read_file(path, trusted=True)[0]
+
+
+def compare(native: Path, materialised: Path) -> dict[str, str]:
+    names = {p.relative_to(native) for p in native.rglob("*") if p.is_file()}
+    ours = {p.relative_to(materialised) for p in materialised.rglob("*") if p.is_file()}
+    verdict = {}
+    for name in sorted(names | ours, key=str):
+        if name not in ours:
+            verdict[str(name)] = "missing"
+        elif name not in names:
+            verdict[str(name)] = "extra"
+        else:
+            same = (native / name).read_bytes() == (materialised / name).read_bytes()
+            verdict[str(name)] = "same" if same else "differs"
+    return verdict
+
+
+def accelerate(work: Path) -> dict[str, Any]:
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    from launchers.elastic.integrations.accelerate import MlaunchAccelerate
+
+    project = ProjectConfiguration(project_dir=str(work / "acc"), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=project)
+    model = tiny_gpt2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.9)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    mlaunch = MlaunchAccelerate(accelerator, model=model)
+    for step in (1, 2):
+        accelerator.backward(model(**batch(step)).loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        mlaunch.step = step
+    saved = through_staging(mlaunch._capture(2), work)
+    native = Path(accelerator.save_state())  # checkpoint_0
+    materialised = work / "materialised"
+    materialised.mkdir()
+    mlaunch._write(materialised, saved)
+    result: dict[str, Any] = {"files": compare(native, materialised)}
+    before = {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    accelerator.load_state(str(materialised))
+    plain = accelerator.unwrap_model(model)
+    result["loads"] = all(torch.equal(before[k], v) for k, v in plain.state_dict().items())
+    result["tied"] = plain.lm_head.weight is plain.transformer.wte.weight
+    return result
+
+
+FRAMEWORKS = {"accelerate": accelerate}
+
+
+def main() -> None:
+    framework, work = sys.argv[1], Path(sys.argv[2])
+    os.environ.pop("MLAUNCH_RUN_ID", None)  # one process, no mlaunch: capture and materialise by hand
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        result = {"framework": framework, **FRAMEWORKS[framework](Path(tempfile.mkdtemp(dir=work)))}
+    except Exception:  # noqa: BLE001 - the test shows it
+        result = {"framework": framework, "error": traceback.format_exc()}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
