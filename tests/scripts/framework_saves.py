@@ -101,7 +101,59 @@ def accelerate(work: Path) -> dict[str, Any]:
     return result
 
 
-FRAMEWORKS = {"accelerate": accelerate}
+class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i % 4] for k, v in batch(i).items()}
+
+
+def transformers(work: Path) -> dict[str, Any]:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from launchers.elastic.integrations import transformers as integration
+
+    captured: dict[str, Any] = {}
+
+    class Capture(TrainerCallback):  # type: ignore[misc]
+        """At step 2, what the integration stages under mlaunch (the Trainer then saves checkpoint-2)."""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == 2:
+                captured.update(integration._capture(args, state, control, kw, callback._flos()))
+
+    training = TrainingArguments(
+        output_dir=str(work / "hf"),
+        max_steps=2,
+        save_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    model = tiny_gpt2()
+    callback = integration.MlaunchCallback()
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=[callback, Capture()])
+    trainer.train()
+    saved = through_staging(captured, work)
+    # what on_init_end does with every rank's staged state of the step (one rank here)
+    saved["trainer_state"] = integration._with_flos(saved["trainer_state"], [saved["flos"]])
+    materialised = work / "materialised"
+    materialised.mkdir()
+    integration._write(materialised, saved, model, training)
+    result: dict[str, Any] = {"files": compare(work / "hf" / "checkpoint-2", materialised)}
+    again = Trainer(model=tiny_gpt2(), args=training, train_dataset=Tokens())
+    again._load_from_checkpoint(str(materialised))
+    theirs = again.model.state_dict()
+    result["loads"] = all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items())
+    result["tied"] = again.model.lm_head.weight is again.model.transformer.wte.weight
+    return result
+
+
+FRAMEWORKS = {"accelerate": accelerate, "transformers": transformers}
 
 
 def main() -> None:
