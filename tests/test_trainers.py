@@ -123,7 +123,7 @@ def test_deepspeed_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_p
 SAVES = Path(__file__).resolve().parent / "scripts" / "framework_saves.py"
 
 
-@pytest.mark.parametrize("framework", ["accelerate", "transformers"])
+@pytest.mark.parametrize("framework", ["accelerate", "transformers", "lightning"])
 def test_a_materialised_flash_save_is_what_the_framework_writes(
     framework: str,
     tmp_path: Path,

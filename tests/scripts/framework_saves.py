@@ -50,8 +50,8 @@ def through_staging(state: Any, where: Path) -> Any:
     return shardfile.read_file(path, trusted=True)[0]
 
 
-def compare(native: Path, materialised: Path) -> dict[str, str]:
-    names = {p.relative_to(native) for p in native.rglob("*") if p.is_file()}
+def compare(native: Path, materialised: Path, only: list[str] | None = None) -> dict[str, str]:
+    names = {p.relative_to(native) for p in native.rglob("*") if p.is_file() and (only is None or p.name in only)}
     ours = {p.relative_to(materialised) for p in materialised.rglob("*") if p.is_file()}
     verdict = {}
     for name in sorted(names | ours, key=str):
@@ -153,7 +153,85 @@ def transformers(work: Path) -> dict[str, Any]:
     return result
 
 
-FRAMEWORKS = {"accelerate": accelerate, "transformers": transformers}
+def lightning(work: Path) -> dict[str, Any]:
+    import lightning as L
+    from lightning.pytorch.plugins.environments import LightningEnvironment
+
+    from launchers.elastic.integrations import lightning as integration
+
+    class LM(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt = tiny_gpt2()
+
+        def training_step(self, data: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+            return self.gpt(**data).loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    captured: dict[str, Any] = {}
+    native = work / "native" / "last.ckpt"
+
+    class Capture(L.Callback):
+        """At step 2, what the integration stages under mlaunch, then Lightning's own save of that step."""
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, data: Any, i: int) -> None:
+            if trainer.global_step == 2:
+                captured.update(callback._capture(trainer, 2))
+                trainer.save_checkpoint(native)
+
+    callback = integration.MlaunchCallback()
+    module = LM()
+    loader = torch.utils.data.DataLoader(Tokens(), batch_size=4)
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback, Capture()],
+        default_root_dir=str(work),
+        plugins=[LightningEnvironment()],  # no detection: mpi4py is installed without an MPI library
+    )
+    trainer.fit(module, loader)
+    saved = through_staging(captured, work)
+    ours = integration.last_checkpoint([saved], callback.state_key)
+    theirs = torch.load(native, weights_only=False)
+    materialised = work / "materialised"
+    materialised.mkdir()
+    integration.save(ours, materialised / native.name)
+    result: dict[str, Any] = {"files": compare(native.parent, materialised, [native.name])}
+    ours = torch.load(materialised / native.name, weights_only=False)
+    result["same_tree"] = same_tree(theirs, ours)
+    weights = ours["state_dict"]
+    result["tied"] = weights["gpt.lm_head.weight"].data_ptr() == weights["gpt.transformer.wte.weight"].data_ptr()
+    again = LM()
+    again.load_state_dict(weights)
+    result["loads"] = all(torch.equal(v, weights[k]) for k, v in again.state_dict().items())
+    return result
+
+
+def same_tree(a: Any, b: Any, where: str = "") -> bool:
+    """Equal values and types, tensors bit for bit (the file's bytes carry pickle's memo of each run)."""
+    if isinstance(a, torch.Tensor):
+        same = isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, dict):
+        same = isinstance(b, dict) and list(a) == list(b) and all(same_tree(a[k], b[k], f"{where}/{k}") for k in a)
+    elif isinstance(a, (list, tuple)):
+        same = (
+            type(a) is type(b) and len(a) == len(b) and all(same_tree(x, y, where) for x, y in zip(a, b, strict=True))
+        )
+    else:
+        same = type(a) is type(b) and a == b
+    if not same:
+        shown = (list(a), list(b)) if isinstance(a, dict) and isinstance(b, dict) else (str(a)[:200], str(b)[:200])
+        print(f"differs at {where or '/'}: {shown[0]} != {shown[1]}", file=sys.stderr)
+    return same
+
+
+FRAMEWORKS = {"accelerate": accelerate, "transformers": transformers, "lightning": lightning}
 
 
 def main() -> None:

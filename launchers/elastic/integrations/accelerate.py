@@ -28,7 +28,7 @@ What the helper does:
   ``accelerator.step``) in shared memory; mlaunch commits the newest step every rank staged.
   ``resume()`` writes that step as a native checkpoint directory when it is newer than the newest
   complete one there, then loads it with ``accelerator.load_state``. Written with Accelerate's own ``save``
-  from the staged copies, tied weights shared again (``_tied``): the directory holds the files, and bytes,
+  from the staged copies, tied weights shared again (``_structure``): the directory holds the files, and bytes,
   ``save_state`` would have written of that step (a tied embedding once, under the name Accelerate keeps).
 - **where**: with ``automatic_checkpoint_naming`` the checkpoints are Accelerate's
   ``<project_dir>/checkpoints/checkpoint_<i>`` (``resume`` also sets the next ``i``, which
@@ -61,7 +61,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launchers.elastic import ddp_buckets
 from launchers.elastic.integrations._session import Session, barrier, write_once
-from launchers.elastic.integrations._tied import retie, shared
+from launchers.elastic.integrations._structure import record, restore
 
 __all__ = ["MlaunchAccelerate"]
 
@@ -153,7 +153,7 @@ class MlaunchAccelerate:
         from accelerate.utils import save
 
         acc = self.accelerator
-        retie(saved, saved.get("shared", []))  # tied weights: one tensor again, as save_state sees them
+        restore(saved, saved.get("structure"))  # tied weights one tensor again, as save_state sees them
         rng = dict(saved["rng"])
         version, internal, gauss = rng["random_state"]
         rng["random_state"] = (version, tuple(internal), gauss)
@@ -203,7 +203,7 @@ class MlaunchAccelerate:
             state["optimizers"] = [o.state_dict() for o in acc._optimizers]
             state["schedulers"] = [s.state_dict() for s in acc._schedulers]
             state["custom"] = [o.state_dict() for o in acc._custom_objects]
-            state["shared"] = shared(state)  # staging copies tied weights apart; _write ties them again
+            state["structure"] = record(state)  # staging copies tied weights apart; _write ties them again
         return state
 
     def _ddp(self) -> DistributedDataParallel | None:

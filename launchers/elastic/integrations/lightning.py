@@ -47,8 +47,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.nn.parallel import DistributedDataParallel
 
 from launchers.elastic import ddp_buckets
-from launchers.elastic.format import shardfile
 from launchers.elastic.integrations._session import Session, rank_world, write_once
+from launchers.elastic.integrations._structure import record, restore
 
 __all__ = ["MlaunchCallback"]
 
@@ -76,22 +76,13 @@ class MlaunchCallback(Callback):
         got = self.session.newer_commit(_native_step(last))
         if got is None:
             return None
-        step, _own = got
-        write_once(last, step, lambda tmp: self._write(tmp, step), directory=False)
+        step, own = got
+        write_once(last, step, lambda tmp: self._write(tmp, step, own), directory=False)
         return step
 
-    def _write(self, tmp: Path, step: int) -> None:
+    def _write(self, tmp: Path, step: int, own: Any) -> None:
         """Rank 0: the staged checkpoint with every rank's RNG state, written as ``last.ckpt``."""
-        item = next(c for c in self.session.ckpt.committed() if c.step == step)
-        checkpoint: dict[str, Any] = {}
-        rngs: dict[str, Any] = {}
-        for rank in range(item.world_size):
-            state, _meta = shardfile.read_file(item.shard(rank), trusted=True)
-            rngs[str(rank)] = state["rng"]
-            checkpoint = state.get("checkpoint", checkpoint)
-        own = checkpoint.setdefault("callbacks", {}).setdefault(self.state_key, {})
-        own["rng"] = rngs
-        torch.save(checkpoint, tmp)
+        save(last_checkpoint(self.session.every_rank(step, own), self.state_key), tmp)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.install()  # fit() wrapped our handler in one that runs a collective
@@ -116,7 +107,7 @@ class MlaunchCallback(Callback):
             every: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(every, own)  # save_checkpoint runs on every rank
             return {"rng": {str(r): s for r, s in enumerate(every)}, "ddp_buckets": self._buckets}
-        return {"rng": {"0": own}}
+        return {"rng": {"0": own}, "ddp_buckets": self._buckets}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._rng = state_dict.get("rng", {}).get(str(rank_world()[0]))
@@ -149,10 +140,31 @@ class MlaunchCallback(Callback):
                 state["checkpoint"] = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             finally:
                 self._dumping = False
+            state["structure"] = record(state["checkpoint"])  # tied weights, _metadata: staging loses them
         return state
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.finished()
+
+
+def last_checkpoint(states: list[Any], state_key: str) -> dict[str, Any]:
+    """``last.ckpt`` from every rank's staged state (by rank): rank 0's dump of the checkpoint, its tied
+    tensors shared again, with every rank's RNG state in the callback's own entry."""
+    checkpoint: dict[str, Any] = {}
+    for state in states:
+        if "checkpoint" in state:
+            checkpoint = restore(state["checkpoint"], state.get("structure"))
+    own = checkpoint.setdefault("callbacks", {}).setdefault(state_key, {})
+    own["rng"] = {str(rank): state["rng"] for rank, state in enumerate(states)}
+    return checkpoint
+
+
+def save(checkpoint: dict[str, Any], path: Path) -> None:
+    """Write ``checkpoint`` as ``trainer.save_checkpoint`` does (``TorchCheckpointIO``: ``torch.save`` into a
+    buffer, whose records are named ``archive/``, then the file): the same bytes for the same checkpoint."""
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    TorchCheckpointIO().save_checkpoint(checkpoint, path)
 
 
 def _last_path(trainer: pl.Trainer) -> Path | None:

@@ -44,7 +44,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from launchers.elastic.integrations._session import Session, rank_world, write_once
-from launchers.elastic.integrations._tied import retie, shared
+from launchers.elastic.integrations._structure import record, restore
 
 __all__ = ["MlaunchCallback"]
 
@@ -134,7 +134,7 @@ def _capture(
         if scheduler is not None:
             captured["scheduler"] = scheduler.state_dict()
         captured["trainer_state"] = json.dumps(as_json, indent=2, sort_keys=True) + "\n"
-        captured["shared"] = shared(captured["model"])  # tied embeddings: staging copies them apart
+        captured["structure"] = record(captured["model"])  # tied embeddings: staging copies them apart
     return captured
 
 
@@ -173,7 +173,7 @@ def _write(tmp: Path, saved: dict[str, Any], model: Any, args: TrainingArguments
     if "model" not in saved:
         return
     # tied weights shared again, so save_pretrained keeps the one name it keeps for the live model
-    model.save_pretrained(str(tmp), state_dict=retie(saved["model"], saved.get("shared", [])))
+    model.save_pretrained(str(tmp), state_dict=restore(saved["model"], saved.get("structure")))
     torch.save(args, tmp / "training_args.bin")  # as the Trainer's save_model writes it
     torch.save(saved["optimizer"], tmp / "optimizer.pt")
     if "scheduler" in saved:

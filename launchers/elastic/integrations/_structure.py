@@ -1,6 +1,8 @@
-"""Tied and shared tensors survive staging: the materialised checkpoint shares what the framework's would.
+"""What staging loses of a state, put back: the materialised checkpoint is the one the framework would write.
 
-Why: staging copies each tensor of a state on its own (``format.shardfile``), so two entries that were
+Two things: tensors that share a storage, and a module state dict's ``_metadata``.
+
+Why the first: staging copies each tensor of a state on its own (``format.shardfile``), so two entries that were
 one tensor — a language model's tied input and output embeddings (GPT-2's ``transformer.wte.weight`` and
 ``lm_head.weight``), any storage two parameters share — come back as two independent copies. The
 frameworks' own writers decide on that sharing: Accelerate's ``save`` and transformers' ``save_pretrained``
@@ -9,22 +11,45 @@ drop every name but one of a shared storage before ``safetensors`` writes (and `
 writes a shared storage once. A checkpoint written from the staged copies without the sharing differs
 from the framework's own, and may not load at all.
 
-So an integration records ``shared(state)`` beside the state it stages (plain data: the paths of the
-entries that share a storage, with each view's offset, shape, stride and dtype) and calls
-``retie(state, groups)`` on the copy it reads back before handing it to the framework's writer: every
-group becomes views of one new storage again, holding the staged bytes, exactly as it was shared.
+Why the second: ``Module.state_dict()`` is an ``OrderedDict`` carrying ``_metadata`` (each submodule's
+state version, which ``load_state_dict`` hands to ``_load_from_state_dict``: how a module reads a state
+saved by an older version of itself); ``torch.save`` writes it; staging keeps the mapping, not the attribute.
+
+So an integration stages ``record(state)`` beside the state (plain data: the paths of the entries that
+share a storage, with each view's offset, shape, stride and dtype; each ``_metadata`` by the path of its
+dict) and calls ``restore(state, recorded)`` on the copy it reads back before handing it to the framework's
+writer: every group becomes views of one new storage again, holding the staged bytes, as it was shared, and
+each dict has its ``_metadata`` again.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["retie", "shared"]
+__all__ = ["record", "restore"]
 
 Path = list[Any]  # keys (dicts) and indices (lists) from the state's root to a tensor
+
+
+def record(state: Any) -> dict[str, Any]:
+    """What ``restore`` needs to put back into a staged copy of ``state`` (plain data)."""
+    return {"shared": shared(state), "metadata": [[path, meta] for path, meta in _metadata(state, [])]}
+
+
+def restore(state: Any, recorded: dict[str, Any] | None) -> Any:
+    """Put ``record``'s findings back into ``state`` (the copy read back from staging); returns it."""
+    if not recorded:
+        return state
+    retie(state, recorded.get("shared", []))
+    for path, meta in recorded.get("metadata", []):
+        target = _get(state, path)
+        if isinstance(target, dict):
+            target._metadata = OrderedDict(meta)  # type: ignore[attr-defined]  # as Module.state_dict makes it
+    return state
 
 
 def shared(state: Any) -> list[dict[str, Any]]:
@@ -71,6 +96,18 @@ def retie(state: Any, groups: list[dict[str, Any]]) -> Any:
             view.copy_(tensor)
             _put(state, member["path"], view)
     return state
+
+
+def _metadata(obj: Any, path: Path) -> Iterator[tuple[Path, Any]]:
+    if isinstance(obj, Mapping):
+        meta = getattr(obj, "_metadata", None)
+        if isinstance(meta, dict):
+            yield path, {key: dict(value) for key, value in meta.items()}
+        for key, value in obj.items():
+            yield from _metadata(value, [*path, key])
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from _metadata(value, [*path, i])
 
 
 def _tensors(obj: Any, path: Path) -> Iterator[tuple[Path, torch.Tensor]]:
