@@ -223,6 +223,12 @@ def same_tree(a: Any, b: Any, where: str = "") -> bool:
         same = (
             type(a) is type(b) and len(a) == len(b) and all(same_tree(x, y, where) for x, y in zip(a, b, strict=True))
         )
+    elif type(a).__module__ == "numpy":
+        import numpy as np
+
+        same = type(a) is type(b) and np.array_equal(a, b)
+    elif hasattr(a, "__dict__") and not callable(a):  # an object (DeepSpeed's LossScaler): its attributes
+        same = type(a) is type(b) and same_tree(vars(a), vars(b), f"{where}.__dict__")
     else:
         same = type(a) is type(b) and a == b
     if not same:
@@ -231,7 +237,59 @@ def same_tree(a: Any, b: Any, where: str = "") -> bool:
     return same
 
 
-FRAMEWORKS = {"accelerate": accelerate, "transformers": transformers, "lightning": lightning}
+def deepspeed(work: Path) -> dict[str, Any]:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed as ds
+
+    from launchers.elastic.integrations import deepspeed as integration
+
+    ds.init_distributed(dist_backend="gloo")
+    stage = int(os.environ.get("ZERO_STAGE", "2"))
+    model = tiny_gpt2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    engine, _, _, _ = ds.initialize(model=model, optimizer=optimizer, config=config)
+    mlaunch = integration.MlaunchDeepSpeed(engine, work / "native")
+    for step in (1, 2):
+        engine.backward(engine(**batch(step)).loss)
+        engine.step()
+    saved = through_staging(mlaunch._capture(2), work)
+    mlaunch.save()
+    materialised = work / "materialised"
+    materialised.mkdir()
+    integration.write_files(materialised, 2, saved, integration.client_state([saved], saved))
+    native = work / "native" / "global_step2"
+    result: dict[str, Any] = {"files": compare(native, materialised)}
+    for name, verdict in result["files"].items():
+        if verdict == "differs":  # the same values and structure? (then only pickle's memo differs)
+            same = same_tree(
+                torch.load(native / name, weights_only=False), torch.load(materialised / name, weights_only=False)
+            )
+            result["files"][name] = "same values" if same else "differs"
+    module = torch.load(materialised / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    result["tied"] = module["lm_head.weight"].data_ptr() == module["transformer.wte.weight"].data_ptr()
+    before = {k: v.clone() for k, v in engine.module.state_dict().items()}
+    (work / "native" / "latest").write_text("global_step2")
+    with torch.no_grad():
+        for p in engine.module.parameters():
+            p.zero_()
+    engine.load_checkpoint(str(work / "native"), "global_step2")
+    result["loads"] = all(torch.equal(before[k], v) for k, v in engine.module.state_dict().items())
+    return result
+
+
+FRAMEWORKS = {"accelerate": accelerate, "transformers": transformers, "lightning": lightning, "deepspeed": deepspeed}
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """What staging loses of a state, put back: the materialised checkpoint is the one the framework would write.
 
-Two things: tensors that share a storage, and a module state dict's ``_metadata``.
+Tensors that share a storage, a module state dict's ``_metadata``, a tensor's ``requires_grad`` (and
+whether it was an ``nn.Parameter``), and which strings were one object.
 
 Why the first: staging copies each tensor of a state on its own (``format.shardfile``), so two entries that were
 one tensor — a language model's tied input and output embeddings (GPT-2's ``transformer.wte.weight`` and
@@ -15,15 +16,21 @@ Why the second: ``Module.state_dict()`` is an ``OrderedDict`` carrying ``_metada
 state version, which ``load_state_dict`` hands to ``_load_from_state_dict``: how a module reads a state
 saved by an older version of itself); ``torch.save`` writes it; staging keeps the mapping, not the attribute.
 
+Why the others: ``torch.save`` writes them (``requires_grad`` and the ``Parameter`` type in each tensor's
+record; pickle writes a string once and refers back to it where the same object recurs). The names a
+framework's code writes are interned literals, so equal strings were one object there: interning the copy's
+strings writes the same bytes (a JSON-decoded "cpu" key otherwise made the Trainer's ``rng_state.pth`` differ).
+
 So an integration stages ``record(state)`` beside the state (plain data: the paths of the entries that
 share a storage, with each view's offset, shape, stride and dtype; each ``_metadata`` by the path of its
 dict) and calls ``restore(state, recorded)`` on the copy it reads back before handing it to the framework's
-writer: every group becomes views of one new storage again, holding the staged bytes, as it was shared, and
-each dict has its ``_metadata`` again.
+writer: every group becomes views of one new storage again, holding the staged bytes, as it was shared,
+each dict has its ``_metadata`` again, each tensor its ``requires_grad``, and each string is interned.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -37,7 +44,9 @@ Path = list[Any]  # keys (dicts) and indices (lists) from the state's root to a 
 
 def record(state: Any) -> dict[str, Any]:
     """What ``restore`` needs to put back into a staged copy of ``state`` (plain data)."""
-    return {"shared": shared(state), "metadata": [[path, meta] for path, meta in _metadata(state, [])]}
+    grads = [[path, isinstance(t, torch.nn.Parameter)] for path, t in _tensors(state, []) if t.requires_grad]
+    metadata = [[path, meta] for path, meta in _metadata(state, [])]
+    return {"shared": shared(state), "metadata": metadata, "grads": grads}
 
 
 def restore(state: Any, recorded: dict[str, Any] | None) -> Any:
@@ -49,7 +58,11 @@ def restore(state: Any, recorded: dict[str, Any] | None) -> Any:
         target = _get(state, path)
         if isinstance(target, dict):
             target._metadata = OrderedDict(meta)  # type: ignore[attr-defined]  # as Module.state_dict makes it
-    return state
+    for path, parameter in recorded.get("grads", []):
+        tensor = _get(state, path)
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            _put(state, path, torch.nn.Parameter(tensor) if parameter else tensor.requires_grad_(True))
+    return _intern(state)
 
 
 def shared(state: Any) -> list[dict[str, Any]]:
@@ -108,6 +121,22 @@ def _metadata(obj: Any, path: Path) -> Iterator[tuple[Path, Any]]:
     elif isinstance(obj, list):
         for i, value in enumerate(obj):
             yield from _metadata(value, [*path, i])
+
+
+def _intern(obj: Any) -> Any:
+    """``obj`` with every string in its dicts (keys and values), lists and tuples interned (in place where
+    the container allows: a dict keeps its type, order and attributes)."""
+    if isinstance(obj, str):
+        return sys.intern(obj) if type(obj) is str else obj
+    if isinstance(obj, dict):
+        items = [(_intern(key), _intern(value)) for key, value in obj.items()]
+        obj.clear()
+        obj.update(items)
+    elif isinstance(obj, list):
+        obj[:] = [_intern(value) for value in obj]
+    elif type(obj) is tuple:
+        return tuple(_intern(value) for value in obj)
+    return obj
 
 
 def _tensors(obj: Any, path: Path) -> Iterator[tuple[Path, torch.Tensor]]:
