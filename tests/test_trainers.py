@@ -39,6 +39,7 @@ from trainer_jobs import Run, extensions_dir, job_yaml, steps_lost
 pytestmark = [pytest.mark.slow, needs_torch]
 
 STEPS, SAVE_EVERY = 24, 10
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def _env() -> dict[str, str]:
@@ -57,6 +58,7 @@ def _faults_lose_nothing(
     step_time: float = 0.0,
     extra: tuple[str, ...] = (),
     procs_per_node: int = 1,
+    script: Path | None = None,
 ) -> None:
     world = 2 * procs_per_node
     rng = random.Random()
@@ -64,16 +66,22 @@ def _faults_lose_nothing(
     # step_time: a job whose steps take milliseconds would finish before the SIGTERM reaches it
     args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--step-time", str(step_time), *extra]
     env = _env()
+
+    def job(workdir: Path, restarts: int) -> Path:
+        return job_yaml(
+            workdir, framework, python, args, restarts=restarts, procs_per_node=procs_per_node, script=script
+        )
+
     base = tmp_path / "uninterrupted"
     base.mkdir()
-    reference = Run(job_yaml(base, framework, python, args, restarts=0, procs_per_node=procs_per_node), env, world)
+    reference = Run(job(base, 0), env, world)
     assert reference.wait() == 0, reference.tail()
     expected = reference.checksum()
     assert expected, reference.tail()
 
     work = tmp_path / "faulted"
     work.mkdir()
-    run = Run(job_yaml(work, framework, python, args, restarts=1, procs_per_node=procs_per_node), env, world)
+    run = Run(job(work, 1), env, world)
     try:
         run.wait_step(kill_at, attempt=0)
         run.kill_rank(world - 1, attempt=0, sig=signal.SIGKILL)  # the last rank: on node 1
@@ -94,7 +102,7 @@ def _faults_lose_nothing(
     assert code == 143, where
     assert not any("SIGKILL to" in line and "grace period" in line for line in run.lines), f"SIGTERM hung {where}"
 
-    resumed = Run(job_yaml(work, framework, python, args, restarts=0, procs_per_node=procs_per_node), env, world)
+    resumed = Run(job(work, 0), env, world)
     resumed_from = resumed.wait_start(0)
     assert resumed.wait() == 0, resumed.tail()
     assert steps_lost(run.attempts[1], resumed_from) == 0, f"SIGTERM lost steps {where}\n{resumed.tail()}"
@@ -111,6 +119,15 @@ def test_lightning_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_p
     _faults_lose_nothing("lightning", trainers_python, tmp_path)
 
 
+def test_lightning_plain_shuffled_loader_resumes_bit_identical(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
+    """2 × 2, a tied GPT-2 from config fed by ``DataLoader(shuffle=True)`` (Lightning injects its
+    ``DistributedSampler``), the one line ``MlaunchCallback``: kill -9 then SIGTERM mid-epoch, in later epochs
+    (5 batches an epoch), and the run ends bit-identical to its uninterrupted twin. Without the callback's
+    data resume Lightning restarted each epoch from its first batch (lost 0 steps, ended elsewhere)."""
+    script = SCRIPTS / "plain_lightning.py"
+    _faults_lose_nothing("lightning", trainers_python, tmp_path, step_time=0.2, procs_per_node=2, script=script)
+
+
 def test_accelerate_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3)
 
@@ -120,7 +137,7 @@ def test_deepspeed_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_p
     _faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, extra=("--zero", "2"))
 
 
-SAVES = Path(__file__).resolve().parent / "scripts" / "framework_saves.py"
+SAVES = SCRIPTS / "framework_saves.py"
 
 
 # pickle writes a string once where the same object recurs: the materialised copy's strings are interned (as

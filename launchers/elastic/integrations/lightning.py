@@ -20,8 +20,11 @@ What the callback does:
   is written as the ``last.ckpt`` if it is newer than the one there, so ``ckpt_path="last"`` resumes it.
 - **RNG and data**: the checkpoint carries every rank's Python/NumPy/torch RNG state (restored at the
   first batch of the resumed run). Lightning resumes the data position mid-epoch only for a dataloader
-  with ``state_dict``/``load_state_dict`` (e.g. ``launchers.elastic.pytorch.ResumableLoader``, with
-  ``use_distributed_sampler=False``).
+  with ``state_dict``/``load_state_dict``; for a plain ``DataLoader`` (shuffled or not, with the
+  ``DistributedSampler`` Lightning injects) the callback does it at ``on_train_start``, as HF's ``Trainer``
+  does: the sampler's epoch set, the batches the loop received skipped by index (``resume_data``). Where
+  that cannot be exact (an ``IterableDataset`` without state; a ``RandomSampler`` in one process, which
+  draws its order from an RNG at each epoch start) it says so once, at the start of training.
 - **the end**: the rank reports completion to mlaunch and the process group ends at exit.
 
 Limits: data-parallel strategies (``ddp``, one device): sharded strategies (FSDP, DeepSpeed) hold state
@@ -34,6 +37,7 @@ boundary then differs from the uninterrupted run in dropout.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -43,12 +47,15 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from launchers.elastic import ddp_buckets
 from launchers.elastic.integrations._session import Session, rank_world, write_once
 from launchers.elastic.integrations._structure import record, restore
+from launchers.elastic.ranks import collective
 
 __all__ = ["MlaunchCallback"]
 
@@ -86,6 +93,7 @@ class MlaunchCallback(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.install()  # fit() wrapped our handler in one that runs a collective
+        resume_data(trainer)  # a plain DataLoader resumes at the first batch the loop never received
         if self._buckets is not None and isinstance(trainer.strategy.model, DistributedDataParallel):
             ddp_buckets.set_layout(trainer.strategy.model, self._buckets)  # the resumed step reduces as before
         self.last = _last_path(trainer)  # every ModelCheckpoint has resolved its dirpath by now
@@ -165,6 +173,78 @@ def save(checkpoint: dict[str, Any], path: Path) -> None:
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
     TorchCheckpointIO().save_checkpoint(checkpoint, path)
+
+
+def resume_data(trainer: pl.Trainer) -> None:
+    """Resume each plain train ``DataLoader`` exactly where the restored step left its epoch, as HF's
+    ``Trainer`` does: the sampler's epoch set (``DistributedSampler.set_epoch``), the batches the loop
+    received before the checkpoint skipped by index (no data is loaded for them), then a fresh iterator.
+
+    Lightning itself restores the position only of a dataloader with ``state_dict``; a plain one restarts
+    its epoch from the first batch while the step counters go on. Said once, at the start of training,
+    for what cannot be resumed exactly this way (an ``IterableDataset`` without state, a ``RandomSampler``
+    that draws its order from an RNG at each epoch start).
+    """
+    loop = trainer.fit_loop
+    combined = getattr(loop, "_combined_loader", None)
+    if combined is None:
+        return
+    progress = loop.epoch_loop.batch_progress
+    received = 0 if progress.is_last_batch else int(progress.current.ready)  # the next epoch starts afresh
+    skipped = False
+    for loader in combined.flattened:
+        if not isinstance(loader, DataLoader) or callable(getattr(loader, "load_state_dict", None)):
+            continue  # Lightning restores a stateful loader's position itself
+        problem = _inexact(loader)
+        if problem and trainer.is_global_zero:
+            collective.say(f"MlaunchCallback: {problem}")
+        if received and not problem:
+            _set_sampler_epoch(loader, trainer.current_epoch)
+            _skip_first(loader, received)
+            skipped = True
+    if skipped and loop._data_fetcher is not None:
+        iter(loop._data_fetcher)  # the iterator setup_data made began the epoch at its first batch
+        if trainer.is_global_zero:
+            collective.say(f"resuming the train dataloader at batch {received} of epoch {trainer.current_epoch}")
+
+
+def _inexact(loader: DataLoader) -> str | None:
+    """Why a mid-epoch resume of ``loader`` cannot be exact, or None."""
+    if isinstance(loader.dataset, IterableDataset):
+        return (
+            "the train dataloader's IterableDataset has no state_dict/load_state_dict: a resume mid-epoch restarts "
+            "its iteration (give it state, or use a stateful dataloader, for an exact resume)"
+        )
+    sampler = getattr(loader.batch_sampler, "sampler", loader.sampler)
+    if isinstance(sampler, RandomSampler):
+        return (
+            "the train dataloader's RandomSampler draws its order from an RNG at each epoch start: a resume mid-epoch "
+            "continues in another order (several devices get Lightning's DistributedSampler, which is exact; "
+            "or use launchers.elastic.pytorch.ResumableSampler)"
+        )
+    return None
+
+
+class _SkipFirst:
+    """A batch sampler that leaves out the first ``n`` batches of ``inner`` once, then puts ``inner`` back."""
+
+    def __init__(self, loader: DataLoader, inner: Any, n: int) -> None:
+        self.loader, self.inner, self.n = loader, inner, n
+        self.sampler = getattr(inner, "sampler", None)
+        self.batch_size = getattr(inner, "batch_size", None)
+        self.drop_last = getattr(inner, "drop_last", False)
+
+    def __iter__(self) -> Any:
+        object.__setattr__(self.loader, "batch_sampler", self.inner)  # the next epoch iterates in full
+        return itertools.islice(iter(self.inner), self.n, None)
+
+    def __len__(self) -> int:
+        return len(self.inner)  # Lightning counts the skipped batches as received (its restored progress)
+
+
+def _skip_first(loader: DataLoader, n: int) -> None:
+    # DataLoader refuses a new batch_sampler after __init__; its iterator reads the attribute when it starts
+    object.__setattr__(loader, "batch_sampler", _SkipFirst(loader, loader.batch_sampler, n))
 
 
 def _last_path(trainer: pl.Trainer) -> Path | None:
