@@ -128,6 +128,41 @@ def test_lightning_plain_shuffled_loader_resumes_bit_identical(tmp_path: Path, t
     _faults_lose_nothing("lightning", trainers_python, tmp_path, step_time=0.2, procs_per_node=2, script=script)
 
 
+def test_ddp_resume_differs_by_the_bucket_layout_alone(tmp_path: Path) -> None:
+    """The cause, reproduced (3 ranks, gloo): the state a resumed DDP loads equals the saved one bit for bit, its
+    run ends in other bits than the uninterrupted one, and the same resume ends bit-identical once the fresh DDP
+    is given the bucket layout the old one had rebuilt after its first iteration."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "ddp_first_step.py"), "3"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
+    got = json.loads(lines[-1])
+    assert got["constructor_layout"] != got["rebuilt_layout"], got
+    assert got["loaded_exact"], got
+    assert got["resumed"] != got["uninterrupted"], got
+    assert got["resumed_with_layout"] == got["uninterrupted"], got
+
+
+def test_ddp_staging_its_module_state_dict_resumes_bit_identical(tmp_path: Path) -> None:
+    """2 × 2 (more than two ranks: the bucket layout decides gloo's summation order), a DDP script that stages
+    ``model.module.state_dict()`` (never the DDP wrapper): kill -9 then SIGTERM, and the run ends bit-identical
+    to its uninterrupted twin. Without ``ddp_layouts`` the restarted DDP's first step reduced with the
+    constructor's bucket layout and the run ended elsewhere (``tests/scripts/ddp_first_step.py``)."""
+    import sys
+
+    script = SCRIPTS / "ddp_state_dict.py"
+    _faults_lose_nothing("ddp", Path(sys.executable), tmp_path, step_time=0.2, procs_per_node=2, script=script)
+
+
 def test_accelerate_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3)
 
