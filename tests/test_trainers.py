@@ -167,6 +167,14 @@ def test_accelerate_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_
     _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3)
 
 
+def test_accelerate_tied_gpt2_plain_loader_resumes_bit_identical(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
+    """2 × 2, a tied GPT-2 from config, a plain shuffled ``DataLoader`` through ``accelerator.prepare`` and
+    ``skip_first_batches`` on resume: kill -9 then SIGTERM, bit-identical to the uninterrupted run. The kill -9
+    used to end the job: every restarted rank failed in ``load_state`` on the tied weight."""
+    script = SCRIPTS / "plain_accelerate.py"
+    _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3, procs_per_node=2, script=script)
+
+
 def test_deepspeed_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     # ZeRO stage 2 (each rank's optimizer partition in its own file); stages 0 and 1 write a subset of those files
     _faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, extra=("--zero", "2"))
