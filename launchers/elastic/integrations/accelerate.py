@@ -40,6 +40,11 @@ What the helper does:
   (``launchers.elastic.ddp_buckets``): with more than two ranks the resumed run then matches the
   uninterrupted one to the last bit, not only closely.
 
+- **RNG**: ``load_state`` restores every rank's RNG state; the helper sets it again right before the
+  model's first forward, after the loop made its iterator (``skip_first_batches`` of a plain shuffled
+  ``DataLoader`` through ``prepare``: the iterator draws a seed from torch's global RNG, which the
+  uninterrupted run drew at its epoch start), so dropout continues as in the uninterrupted run.
+
 Limits: data-parallel training (DDP, or one process): FSDP and DeepSpeed inside Accelerate keep state
 the main process cannot capture alone; ``sampler.bin`` and ``dl_state_dict.bin`` (an iterable dataset's
 seedable sampler, a stateful dataloader) and the fp16 ``GradScaler`` are not staged: register a
@@ -141,12 +146,34 @@ class MlaunchAccelerate:
             return 0
         n, path, _step = native
         self.accelerator.load_state(str(path))
+        self._rng_at_first_forward()
         if self.automatic:
             self.accelerator.project_configuration.iteration = n + 1  # load_state leaves it at 0
         model = self._ddp()
         if self._buckets is not None and model is not None:
             ddp_buckets.set_layout(model, self._buckets)  # the resumed step reduces as before
         return self.step
+
+    def _rng_at_first_forward(self) -> None:
+        """Put the RNG state ``load_state`` restored back right before the model's first forward.
+
+        Between ``resume()`` and that forward the loop makes its iterator (``skip_first_batches``, a new
+        epoch): a ``DataLoader`` without its own ``generator=`` draws its workers' base seed from torch's
+        global RNG there, which the uninterrupted run drew at its epoch start, before the saved step — so
+        dropout would run one draw ahead of the uninterrupted run's.
+        """
+        models = [self.model] if self.model is not None else list(self.accelerator._models)
+        if not models or not isinstance(models[0], torch.nn.Module):
+            return
+        state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+        def before_forward(module: torch.nn.Module, _args: Any) -> None:
+            handle.remove()
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+            torch.set_rng_state(state[2])
+
+        handle = models[0].register_forward_pre_hook(before_forward)
 
     def _write(self, tmp: Path, saved: dict[str, Any]) -> None:
         """This rank's files of ``save_state``'s directory, from what it staged."""
