@@ -163,6 +163,20 @@ def test_ddp_staging_its_module_state_dict_resumes_bit_identical(tmp_path: Path)
     _faults_lose_nothing("ddp", Path(sys.executable), tmp_path, step_time=0.2, procs_per_node=2, script=script)
 
 
+@pytest.mark.parametrize(("data", "says"), [("iterable", "IterableDataset"), ("random", "RandomSampler")])
+def test_lightning_says_once_when_the_data_cannot_resume_exactly(data: str, says: str) -> None:
+    """An ``IterableDataset`` without state, or a ``RandomSampler`` in one process: ``MlaunchCallback`` cannot
+    resume the data mid-epoch exactly and says so once, at the start of training (nothing silent)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, str(SCRIPTS / "lightning_inexact.py"), data]
+    proc = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "MlaunchCallback:" in line]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(said) == 1 and says in said[0], said
+
+
 def test_accelerate_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3)
 
