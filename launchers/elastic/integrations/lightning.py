@@ -30,9 +30,7 @@ What the callback does:
 Limits: data-parallel strategies (``ddp``, one device): sharded strategies (FSDP, DeepSpeed) hold state
 rank 0 cannot dump alone. The staged checkpoint may hold any object Lightning's does (hyperparameters),
 so it is staged with ``trusted=True``: keep ``checkpoint.dir`` writable by you alone, as ``last.ckpt``
-(a pickle, loaded with ``weights_only=False``) already must be. A dataloader without its own
-``generator=`` draws a seed from torch's global RNG at each epoch start; a resume exactly at an epoch
-boundary then differs from the uninterrupted run in dropout.
+(a pickle, loaded with ``weights_only=False``) already must be.
 """
 
 from __future__ import annotations
@@ -94,6 +92,8 @@ class MlaunchCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.install()  # fit() wrapped our handler in one that runs a collective
         resume_data(trainer)  # a plain DataLoader resumes at the first batch the loop never received
+        if self._rng is not None and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._new_epoch_after_rng(trainer)
         if self._buckets is not None and isinstance(trainer.strategy.model, DistributedDataParallel):
             ddp_buckets.set_layout(trainer.strategy.model, self._buckets)  # the resumed step reduces as before
         self.last = _last_path(trainer)  # every ModelCheckpoint has resolved its dirpath by now
@@ -103,6 +103,21 @@ class MlaunchCallback(Callback):
             tmp = hint.with_suffix(".tmp")
             tmp.write_text(json.dumps({"last": str(self.last)}))
             os.replace(tmp, hint)
+
+    def _new_epoch_after_rng(self, trainer: pl.Trainer) -> None:
+        """Resumed at an epoch's end: the RNG state first, then the next epoch's iterator, as in the
+        uninterrupted run (a ``DataLoader`` without ``generator=`` draws a seed from torch's global RNG when
+        its iterator starts; mid-epoch no iterator starts, so there the state waits for the first batch)."""
+        assert self._rng is not None
+        _set_rng_state(self._rng)
+        self._rng = None
+        combined = getattr(trainer.fit_loop, "_combined_loader", None)
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if combined is None or fetcher is None:
+            return
+        for loader in combined.flattened:
+            _set_sampler_epoch(loader, trainer.current_epoch)
+        iter(fetcher)
 
     # -- RNG: in the checkpoint for every rank, put back at the first batch ------------
     def state_dict(self) -> dict[str, Any]:
