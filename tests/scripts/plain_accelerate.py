@@ -3,8 +3,9 @@
 
 The issue-48 case: after a kill -9 the step mlaunch materialised as Accelerate's checkpoint held both tied names
 and every restarted rank failed in ``load_state``. The dataset is one epoch long over the run (a prepared
-loader's shuffle generator is not in Accelerate's checkpoint: a resume in a later epoch shuffles differently). Prints what ``tests/trainer_jobs.py`` parses: ``rank R pid P``, ``rank R start S``, ``rank R step
-N`` and, on rank 0, ``final-checksum <sha256 of the parameters>``.
+loader's shuffle generator is not in Accelerate's checkpoint: a resume in a later epoch shuffles differently).
+Prints what ``tests/trainer_jobs.py`` parses: ``rank R pid P``, ``rank R start S``, ``rank R step N`` and, on
+rank 0, ``final-checksum <sha256 of the parameters>``.
 """
 
 from __future__ import annotations
