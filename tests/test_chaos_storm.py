@@ -6,6 +6,7 @@ background commits); the benchmark's fault-free run is skipped (``--no-baseline`
 lost: no unrecoverable error, no committed step lost by any resume, no process, shared memory or
 partial checkpoint left on any host, every fault injected. ``CHAOS_LONG=1`` also runs a longer
 storm. Timings are the benchmark's business (ratios against the fault-free run), never asserted here.
+A short same-membership storm runs with its fault-free twin and must end with the twin's parameters (issue 48).
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ def test_a_short_storm_of_every_class_loses_nothing(tmp_path: Path) -> None:
         tmp_path, "--faults", "13", "--seed", "35", "--spacing", "3", "--nproc", "1", "--no-baseline", timeout=600
     )
     check(report, every_class=True)
+
+
+def test_a_short_same_membership_storm_ends_as_its_fault_free_twin(tmp_path: Path) -> None:
+    """6 faults that keep the membership (seed 35: kill -9 of a rank and of a standby, a slow node, a link flap,
+    SIGTERM to node 0's mlaunch, a hang), 3 hosts × 1 rank (3 ranks: DDP's bucket layout decides gloo's
+    summation order), then the same job without faults to the same last step: nothing lost, and the final
+    parameters equal bit for bit (the worker stages ``model.module.state_dict()``; before ``ddp_layouts`` each
+    restart's first step reduced with DDP's constructor layout and the digests differed)."""
+    report = storm(
+        tmp_path, "--faults", "6", "--seed", "35", "--spacing", "3", "--nproc", "1", "--same-membership", timeout=600
+    )
+    check(report, every_class=False)
+    assert report["same_membership"], report["_output"]
+    assert report["final_equal_to_fault_free"] is True, report["_output"]
 
 
 @pytest.mark.skipif(not os.environ.get("CHAOS_LONG"), reason="a long storm: set CHAOS_LONG=1 (minutes)")

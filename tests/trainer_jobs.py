@@ -38,13 +38,16 @@ def job_yaml(
     restarts: int,
     grace: str = "30s",
     procs_per_node: int = 2,
+    script: Path | None = None,
 ) -> Path:
-    """A 2 × ``procs_per_node`` job of ``examples/<framework>/train.py`` run by ``python`` in ``workdir``."""
+    """A 2 × ``procs_per_node`` job of ``examples/<framework>/train.py`` (or ``script``) run by ``python`` in
+    ``workdir``."""
     job = workdir / "job.yaml"
     quoted = ", ".join(f'"{a}"' for a in [*args, "--output", str(workdir / "out")])
+    script = script or ROOT / "examples" / framework / "train.py"
     job.write_text(
-        f"name: {framework}-test\nengine: pytorch\nentry: train.py\npython: {python}\n"
-        f"code_dir: {ROOT / 'examples' / framework}\nargs: [{quoted}]\nnodes: 2\nprocs_per_node: {procs_per_node}\n"
+        f"name: {framework}-test\nengine: pytorch\nentry: {script.name}\npython: {python}\n"
+        f"code_dir: {script.parent}\nargs: [{quoted}]\nnodes: 2\nprocs_per_node: {procs_per_node}\n"
         f"log_dir: {workdir / 'logs'}\n"
         "env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: '1', DS_ACCELERATOR: cpu,"
         f" TORCH_EXTENSIONS_DIR: {extensions_dir(python)}}}\n"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.elastic import resume
+from launchers.elastic import ddp_layouts, resume
 from launchers.elastic.errors import CheckpointError as CheckpointError
 from launchers.elastic.format import layout, plain, shardfile
 from launchers.elastic.ipc import commit_tail, progress, rank_segment
@@ -380,6 +380,7 @@ class Checkpointer:
             "attempt": env.attempt(),
             "resumed_from": self.loaded.id if self.loaded else None,
             **self.lineage(),
+            **ddp_layouts.header(),  # DDP's gradient bucket layouts: a resume reduces as the run did (issue 48)
         }
 
     def lineage(self) -> dict[str, Any]:

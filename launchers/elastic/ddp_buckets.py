@@ -29,6 +29,47 @@ from torch.nn.parallel import DistributedDataParallel
 from launchers.elastic.ranks.collective import say
 
 _CACHE = "_mlaunch_ddp_buckets"  # attribute on the DDP object: the layout, once it is final
+_UNREADABLE = "_mlaunch_ddp_buckets_unreadable"
+
+
+UNREADABLE = (
+    "cannot read DDP's gradient bucket layout in this torch: a resumed run may differ from an uninterrupted one "
+    "in the last bits (with more than two ranks); DistributedDataParallel(..., find_unused_parameters=True) "
+    "keeps the constructor's layout in every run, which makes it exact (at a graph traversal per step)"
+)
+UNSETTABLE = UNREADABLE.replace("cannot read", "cannot set")
+
+
+def rebuilt_layout(model: DistributedDataParallel) -> list[list[int]] | None:
+    """The layout DDP rebuilt after its first iteration, read without a collective; None before the rebuild
+    (or where it cannot be read: ``unreadable``). Cached once found."""
+    cached = getattr(model, _CACHE, None)
+    if cached is not None:
+        return cached
+    if unreadable(model):
+        return None
+    try:
+        if not model._get_ddp_logging_data().get("has_rebuilt_buckets"):
+            return None
+        buckets = current_layout(model)
+    except (AttributeError, KeyError, RuntimeError, TypeError):
+        setattr(model, _UNREADABLE, True)
+        return None
+    setattr(model, _CACHE, buckets)
+    return buckets
+
+
+def unreadable(model: DistributedDataParallel) -> bool:
+    """True when this model's layout cannot be read (no C++ reducer, or its internals are not the ones used here)."""
+    if getattr(model, _UNREADABLE, False):
+        return True
+    return getattr(model, "reducer", None) is None or bool(getattr(model, "_use_python_reducer", False))
+
+
+def current_layout(model: DistributedDataParallel) -> list[list[int]]:
+    """The layout the reducer holds now (parameter indices per bucket, in reduction order)."""
+    index = {id(p): i for i, p in enumerate(model._build_params_for_reducer()[0])}
+    return [[index[id(p)] for p in bucket.parameters()] for bucket in model.reducer._get_zeros_like_grad_buckets()]
 
 
 def layout(model: DistributedDataParallel) -> list[list[int]] | None:
@@ -45,23 +86,23 @@ def layout(model: DistributedDataParallel) -> list[list[int]] | None:
         rebuilt = reducer._rebuild_buckets()
         if not rebuilt and not model._get_ddp_logging_data().get("has_rebuilt_buckets"):
             return None  # no backward yet: the next step still uses the constructor's layout
-        index = {id(p): i for i, p in enumerate(model._build_params_for_reducer()[0])}
-        buckets = [[index[id(p)] for p in bucket.parameters()] for bucket in reducer._get_zeros_like_grad_buckets()]
+        buckets = current_layout(model)
     except (AttributeError, KeyError, RuntimeError, TypeError):
         return None
     setattr(model, _CACHE, buckets)
     return buckets
 
 
-def set_layout(model: DistributedDataParallel, buckets: list[list[int]]) -> bool:
-    """Rebuild ``model``'s reducer with ``buckets`` (from ``layout``); False when it cannot."""
+def set_layout(model: DistributedDataParallel, buckets: list[list[int]], *, quiet: bool = False) -> bool:
+    """Rebuild ``model``'s reducer with ``buckets`` (from ``layout``); False when it cannot (said unless quiet)."""
     if getattr(model, "reducer", None) is None or getattr(model, "_use_python_reducer", False):
         return False
     try:
         params, expect_sparse = model._build_params_for_reducer()
         order = sorted(i for bucket in buckets for i in bucket)
         if order != list(range(len(params))):
-            say(f"not restoring DDP's bucket layout: it names {len(order)} parameters, the model has {len(params)}")
+            if not quiet:
+                say(f"not restoring DDP's bucket layout: it names {len(order)} parameters, the model has {len(params)}")
             return False
         names = model._build_debug_param_to_name_mapping(params)
         with _assignment(buckets, model.bucket_bytes_cap):
@@ -71,7 +112,9 @@ def set_layout(model: DistributedDataParallel, buckets: list[list[int]]) -> bool
         for hook, state in getattr(model, "_comm_hooks", []):  # hooks lived on the old reducer
             dist._register_comm_hook(model.reducer, state, hook)
     except (AttributeError, RuntimeError, TypeError) as exc:
-        say(f"not restoring DDP's bucket layout ({type(exc).__name__}: {exc}); the resume may differ in the last bits")
+        if not quiet:
+            why = f"{type(exc).__name__}: {exc}"
+            say(f"not restoring DDP's bucket layout ({why}); the resume may differ in the last bits")
         return False
     setattr(model, _CACHE, [list(b) for b in buckets])
     return True

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from launchers.elastic import replicated
+from launchers.elastic import ddp_layouts, replicated
 from launchers.elastic.errors import CheckpointError
 from launchers.elastic.format import layout, shardfile
 from launchers.elastic.ipc import progress, rank_segment
@@ -92,6 +92,7 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
             raise CheckpointError(f"cannot load step {item.step}: {why}")
         if ok:
             ckpt.loaded = item
+            ddp_layouts.resumed(item.shard(rank))  # DDP's bucket layouts, set before the first step (issue 48)
             rank_segment.update_status(rank, world, committed_step=item.step)
             return got.value
         why = got.error or "another rank cannot read its part (see its message)"

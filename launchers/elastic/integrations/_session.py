@@ -113,6 +113,14 @@ class Session:
             return item.step, state
         return None
 
+    def every_rank(self, step: int, own: Any) -> list[Any]:
+        """Every rank's staged state of the committed ``step``, by rank, ``own`` (this rank's, already read)
+        in its place: what rank 0 needs of the others (their RNG states, their share of a sum)."""
+        item = next(c for c in self.ckpt.committed() if c.step == step)
+        rank = rank_world()[0]
+        read = shardfile.read_file
+        return [own if r == rank else read(item.shard(r), trusted=self.ckpt.trusted)[0] for r in range(item.world_size)]
+
     # -- the end -----------------------------------------------------------------------
     def finished(self) -> None:
         """This rank completed training: nothing staged is persisted any more; the group ends at exit."""

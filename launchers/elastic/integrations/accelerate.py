@@ -27,7 +27,9 @@ What the helper does:
   process: models, optimizers, schedulers and the registered objects; every rank its RNG state and
   ``accelerator.step``) in shared memory; mlaunch commits the newest step every rank staged.
   ``resume()`` writes that step as a native checkpoint directory when it is newer than the newest
-  complete one there, then loads it with ``accelerator.load_state``.
+  complete one there, then loads it with ``accelerator.load_state``. Written with Accelerate's own ``save``
+  from the staged copies, tied weights shared again (``_structure``): the directory holds the files, and bytes,
+  ``save_state`` would have written of that step (a tied embedding once, under the name Accelerate keeps).
 - **where**: with ``automatic_checkpoint_naming`` the checkpoints are Accelerate's
   ``<project_dir>/checkpoints/checkpoint_<i>`` (``resume`` also sets the next ``i``, which
   ``load_state`` does not); with ``output_dir`` they are ``<output_dir>/checkpoint_<step>``.
@@ -37,6 +39,11 @@ What the helper does:
   records the gradient bucket layout DDP rebuilt after its first step and starts the resumed DDP with it
   (``launchers.elastic.ddp_buckets``): with more than two ranks the resumed run then matches the
   uninterrupted one to the last bit, not only closely.
+
+- **RNG**: ``load_state`` restores every rank's RNG state; the helper sets it again right before the
+  model's first forward, after the loop made its iterator (``skip_first_batches`` of a plain shuffled
+  ``DataLoader`` through ``prepare``: the iterator draws a seed from torch's global RNG, which the
+  uninterrupted run drew at its epoch start), so dropout continues as in the uninterrupted run.
 
 Limits: data-parallel training (DDP, or one process): FSDP and DeepSpeed inside Accelerate keep state
 the main process cannot capture alone; ``sampler.bin`` and ``dl_state_dict.bin`` (an iterable dataset's
@@ -49,6 +56,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +66,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launchers.elastic import ddp_buckets
 from launchers.elastic.integrations._session import Session, barrier, write_once
+from launchers.elastic.integrations._structure import record, restore
 
 __all__ = ["MlaunchAccelerate"]
 
@@ -137,6 +146,7 @@ class MlaunchAccelerate:
             return 0
         n, path, _step = native
         self.accelerator.load_state(str(path))
+        self._rng_at_first_forward()
         if self.automatic:
             self.accelerator.project_configuration.iteration = n + 1  # load_state leaves it at 0
         model = self._ddp()
@@ -144,11 +154,33 @@ class MlaunchAccelerate:
             ddp_buckets.set_layout(model, self._buckets)  # the resumed step reduces as before
         return self.step
 
+    def _rng_at_first_forward(self) -> None:
+        """Put the RNG state ``load_state`` restored back right before the model's first forward.
+
+        Between ``resume()`` and that forward the loop makes its iterator (``skip_first_batches``, a new
+        epoch): a ``DataLoader`` without its own ``generator=`` draws its workers' base seed from torch's
+        global RNG there, which the uninterrupted run drew at its epoch start, before the saved step — so
+        dropout would run one draw ahead of the uninterrupted run's.
+        """
+        models = [self.model] if self.model is not None else list(self.accelerator._models)
+        if not models or not isinstance(models[0], torch.nn.Module):
+            return
+        state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+        def before_forward(module: torch.nn.Module, _args: Any) -> None:
+            handle.remove()
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+            torch.set_rng_state(state[2])
+
+        handle = models[0].register_forward_pre_hook(before_forward)
+
     def _write(self, tmp: Path, saved: dict[str, Any]) -> None:
         """This rank's files of ``save_state``'s directory, from what it staged."""
         from accelerate.utils import save
 
         acc = self.accelerator
+        restore(saved, saved.get("structure"))  # tied weights one tensor again, as save_state sees them
         rng = dict(saved["rng"])
         version, internal, gauss = rng["random_state"]
         rng["random_state"] = (version, tuple(internal), gauss)
@@ -157,6 +189,7 @@ class MlaunchAccelerate:
         if "models" not in saved:
             return
         for i, state in enumerate(saved["models"]):
+            state = OrderedDict(state)  # save() drops the duplicate names of a shared storage from an OrderedDict
             save(state, tmp / ("model.safetensors" if i == 0 else f"model_{i}.safetensors"), safe_serialization=True)
         for kind in ("optimizer", "scheduler"):
             for i, state in enumerate(saved[f"{kind}s"]):
@@ -197,6 +230,7 @@ class MlaunchAccelerate:
             state["optimizers"] = [o.state_dict() for o in acc._optimizers]
             state["schedulers"] = [s.state_dict() for s in acc._schedulers]
             state["custom"] = [o.state_dict() for o in acc._custom_objects]
+            state["structure"] = record(state)  # staging copies tied weights apart; _write ties them again
         return state
 
     def _ddp(self) -> DistributedDataParallel | None:

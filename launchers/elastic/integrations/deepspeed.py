@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from launchers.elastic.format import shardfile
 from launchers.elastic.integrations._session import Session, barrier, rank_world, write_once
+from launchers.elastic.integrations._structure import record, restore
 
 __all__ = ["MlaunchDeepSpeed"]
 
@@ -129,20 +129,8 @@ class MlaunchDeepSpeed:
 
     def _write(self, tmp: Path, step: int, saved: dict[str, Any]) -> None:
         """This rank's files of ``global_step<N>/`` from what it staged (rank 0 adds every rank's RNG)."""
-        for name, state in saved["files"].items():
-            if name.endswith("model_states.pt") and rank_world()[0] == 0:
-                state = {**state, "mlaunch": self._client_from_commit(step, saved)}
-            target = tmp / Path(name).relative_to(f"global_step{step}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(state, target)
-
-    def _client_from_commit(self, step: int, saved: dict[str, Any]) -> dict[str, Any]:
-        item = next(c for c in self.session.ckpt.committed() if c.step == step)
-        rngs = {}
-        for rank in range(item.world_size):
-            state, _meta = shardfile.read_file(item.shard(rank), trusted=True)
-            rngs[str(rank)] = state["rng"]
-        return {"rng": rngs, "data": saved.get("data")}
+        every = self.session.every_rank(step, saved) if rank_world()[0] == 0 else [saved]
+        write_files(tmp, step, saved, client_state(every, saved))
 
     # -- each step ---------------------------------------------------------------------
     def step_end(self, step: int) -> None:
@@ -192,7 +180,14 @@ class MlaunchDeepSpeed:
         finally:
             engine.checkpoint_engine = original
             quiet.setLevel(level)
-        return {"step": step, "files": capture.files, "rng": _rng_state(), "data": self._data_state()}
+        files = capture.files
+        return {
+            "step": step,
+            "files": files,
+            "structure": record(files),
+            "rng": _rng_state(),
+            "data": self._data_state(),
+        }
 
     def _data_state(self) -> Any:
         return self.data.state_dict() if self.data is not None else None
@@ -219,3 +214,20 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def client_state(every: list[dict[str, Any]], own: dict[str, Any]) -> dict[str, Any]:
+    """The ``client_state["mlaunch"]`` the helper's ``save`` writes, from every rank's staged state."""
+    return {"rng": {str(rank): state["rng"] for rank, state in enumerate(every)}, "data": own.get("data")}
+
+
+def write_files(tmp: Path, step: int, saved: dict[str, Any], client: dict[str, Any]) -> None:
+    """This rank's files of ``global_step<step>/`` into ``tmp``, as DeepSpeed's ``save_checkpoint`` writes them:
+    what staging lost put back, the model states file with the ``client`` state (on the rank that has it)."""
+    files = restore(saved["files"], saved.get("structure"))
+    for name, state in files.items():
+        if name.endswith("model_states.pt"):
+            state.update({"mlaunch": client})  # as save_checkpoint's state.update(client_state)
+        target = tmp / Path(name).relative_to(f"global_step{step}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, target)

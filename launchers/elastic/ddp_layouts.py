@@ -1,0 +1,147 @@
+"""Exact by default for DDP: every DDP model's gradient bucket layout travels with each staged or saved shard.
+
+Why: a process that resumes builds a fresh ``DistributedDataParallel``, whose first step reduces with the
+constructor's bucket layout, while the uninterrupted run's same step used the layout DDP rebuilt after its
+first iteration; with more than two ranks gloo (and NCCL's ring) sum an element in an order that depends
+on its offset in the bucket, so the resumed run ends in other last bits although it loaded the state bit
+for bit (``tests/scripts/ddp_first_step.py`` shows it; ``ddp_buckets`` says how the layout is read and set).
+Scripts stage ``model.module.state_dict()``, not the DDP wrapper, so the layout has to be found without them:
+
+- ``header()`` (one line in ``Checkpointer._meta``: every shard staged or saved) returns the layout of each
+  DDP model of this process, once DDP has rebuilt it, for the shard's JSON header. Read-only, never
+  collective: a model whose rebuild is still pending (only its first step done) has none yet. The models
+  are found by creation order: ``DistributedDataParallel.__init__`` is wrapped the first time this runs
+  (earlier ones are found once through the garbage collector's list).
+- ``resumed(shard)`` (one line where ``load_latest`` settles on a checkpoint) reads that header and gives each
+  DDP model of this process — built before or after the load — its recorded layout in a forward pre-hook,
+  so before its first step. The n-th DDP model built gets the n-th layout recorded (the same script builds
+  its models in the same order); a model whose parameters do not match is left alone, said once.
+
+Where a layout cannot be read or set (DDP's internals changed, the Python reducer), it says so once, and
+the resumed run is only close (the last bits) to the uninterrupted one.
+
+Importing this module imports no torch; it works only in a process that already imported DDP.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+_KEY = "ddp_buckets"  # in a shard's header: [{"index", "params", "buckets"}] per DDP model
+_lock = threading.Lock()
+_models: list[weakref.ReferenceType[Any]] = []  # every DDP model of this process, in creation order
+_tracking = False
+_pending: dict[int, dict[str, Any]] = {}  # creation index → the layout recorded for it
+_said: set[str] = set()
+
+
+def header() -> dict[str, Any]:
+    """``{"ddp_buckets": [...]}`` for a shard's header; empty when this process has no DDP model."""
+    ddp = _ddp_class()
+    if ddp is None:
+        return {}
+    _track(ddp)
+    from launchers.elastic import ddp_buckets
+
+    entries = []
+    for index, ref in enumerate(list(_models)):
+        model = ref()
+        if model is None:
+            continue
+        buckets = ddp_buckets.rebuilt_layout(model)
+        if buckets is None:
+            if ddp_buckets.unreadable(model):
+                _say_once("read", ddp_buckets.UNREADABLE)
+            continue
+        entries.append({"index": index, "params": sum(len(b) for b in buckets), "buckets": buckets})
+    return {_KEY: entries} if entries else {}
+
+
+def resumed(shard: Path) -> None:
+    """After ``load_latest`` chose a checkpoint: give each DDP model its layout recorded in ``shard``."""
+    ddp = _ddp_class()
+    if ddp is None or not shard.is_file():
+        return
+    from launchers.elastic.format import shardfile
+
+    try:
+        entries = shardfile.read_meta(shard).get(_KEY) or []  # the JSON header only
+    except (OSError, ValueError):
+        return
+    _track(ddp)
+    with _lock:
+        _pending.clear()
+        _pending.update({int(e["index"]): e for e in entries})
+        models = list(enumerate(_models))
+    for index, ref in models:
+        model = ref()
+        if model is not None and index in _pending:
+            _arm(model, index)
+
+
+def _ddp_class() -> Any:
+    module = sys.modules.get("torch.nn.parallel.distributed")
+    return getattr(module, "DistributedDataParallel", None) if module is not None else None
+
+
+def _track(ddp: Any) -> None:
+    """Register every DDP model: those alive now (once), and each one built from now on."""
+    global _tracking
+    with _lock:
+        if _tracking:
+            return
+        _tracking = True
+        import gc
+
+        for obj in gc.get_objects():
+            if isinstance(obj, ddp):
+                _models.append(weakref.ref(obj))
+        original = ddp.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            with _lock:
+                _models.append(weakref.ref(self))
+                index = len(_models) - 1
+                armed = index in _pending
+            if armed:
+                _arm(self, index)
+
+        init.__wrapped__ = original  # type: ignore[attr-defined]
+        ddp.__init__ = init
+
+
+def _arm(model: Any, index: int) -> None:
+    """Set the recorded layout on ``model`` right before its next forward (its first step after the resume)."""
+    if getattr(model, "_mlaunch_layout_hook", None) is not None:
+        return
+
+    def before_forward(module: Any, _args: Any) -> None:
+        handle = module._mlaunch_layout_hook
+        module._mlaunch_layout_hook = None
+        handle.remove()
+        with _lock:
+            entry = _pending.pop(index, None)
+        if entry is None:
+            return
+        from launchers.elastic import ddp_buckets
+
+        if ddp_buckets.current_layout(module) == entry["buckets"]:
+            return  # already set (restore() of capture's state, an integration)
+        if not ddp_buckets.set_layout(module, entry["buckets"], quiet=True):
+            _say_once("set", ddp_buckets.UNSETTABLE)
+
+    model._mlaunch_layout_hook = model.register_forward_pre_hook(before_forward)
+
+
+def _say_once(key: str, message: str) -> None:
+    if key in _said:
+        return
+    _said.add(key)
+    from launchers.elastic.ranks.collective import say
+
+    say(message)
