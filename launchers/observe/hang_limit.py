@@ -1,0 +1,141 @@
+"""How long a rank may be silent before it is hung (``monitor.hang_timeout``), learned from the job's own steps.
+
+``hang_timeout: auto`` (the default) judges a rank hung when it has been silent for
+
+    max(K × the slowest step the job has been seen to take, FLOOR)
+
+K = 3 and FLOOR = 10 s. The slowest step is learned on each node from every rank it supervises
+(cross-rank MAX: in lock-step training the fast ranks' intervals include their wait for the
+slow one), checkpoint and evaluation steps included once one has been seen, and it is kept
+across the restarts and re-forms of the run (a new ``mlaunch`` learns afresh: nothing is stored
+on disk, so a changed job never inherits a stale limit). A process's first interval — from its
+first report to the next, where a compiled model compiles and a restored one warms up — is
+neither learned nor judged by it: it stays under ``monitor.start_timeout``, as does the time
+before a first report.
+
+A step much longer than any seen before (the first checkpoint, the first evaluation) is what a
+learned limit gets wrong, so ``auto`` asks one more question before it judges: has the rank's
+main thread run Python code within the limit? ``launchers.elastic`` asks the interpreter to run
+a tiny callback every ``progress.PYTHON_EVERY`` seconds (``Py_AddPendingCall``: it runs only
+between two bytecodes of the main thread), which stamps the time in the progress file. A rank
+stopped (SIGSTOP), stuck in the kernel or a driver, blocked in a collective, a lock or a
+``sleep`` runs no Python; a rank evaluating, saving or loading data does, at least every few
+seconds (a DataLoader's wait wakes every 5 s, hence the 10 s floor). A silent rank that still
+runs Python is *busy*: judged only after ``monitor.start_timeout``; while one is, the node
+declares no hang (its other ranks may be waiting for it). A fixed ``hang_timeout`` (a duration)
+keeps the plain rule: silent that long is hung.
+
+Everything here is a pure function of what the monitor observed; ``launchers.run.hang`` applies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+K = 3.0  # × the slowest step seen
+FLOOR = 10.0  # seconds: the least an auto limit is
+AUTO: Final = "auto"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What job.yaml says: a fixed ``hang_timeout`` (seconds), ``auto``, or off (None); and ``start_timeout``."""
+
+    hang_timeout: float | str | None
+    start_timeout: float | None
+
+    @property
+    def auto(self) -> bool:
+        return self.hang_timeout == AUTO
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One rank at one poll, as the monitor sees it."""
+
+    reports: int  # progress reports of this process in this attempt (0: none yet)
+    silent: float  # seconds since its last report (since the attempt began when it has none)
+    python_idle: float | None = None  # seconds since its main thread last ran Python (None: not known)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a rank is hung, and the limit (and its name) it was judged against."""
+
+    hung: bool
+    limit: float | None  # None: not judged at all
+    rule: str  # "start_timeout", "first_step", "hang_timeout", "auto" or "busy"
+
+
+def auto_limit(slowest: float | None) -> float:
+    """``max(K × slowest, FLOOR)``; FLOOR while no step has been measured."""
+    return max(K * slowest, FLOOR) if slowest is not None else FLOOR
+
+
+def judge(seen: Seen, policy: Policy, slowest: float | None) -> Verdict:
+    """One rank's verdict: hung once silent for its limit (see the module's docstring for which)."""
+    if seen.reports == 0:
+        return _against(seen.silent, policy.start_timeout, "start_timeout")
+    if not policy.auto:
+        fixed = policy.hang_timeout if isinstance(policy.hang_timeout, float | int) else None
+        return _against(seen.silent, fixed, "hang_timeout")
+    if seen.reports == 1:  # its first step (compile, warm-up) is neither learned nor judged by the learned limit
+        return _against(seen.silent, policy.start_timeout, "first_step")
+    limit = auto_limit(slowest)
+    if seen.python_idle is not None and seen.python_idle < limit and seen.silent >= limit:
+        return _against(seen.silent, max(limit, policy.start_timeout or limit), "busy")
+    return _against(seen.silent, limit, "auto")
+
+
+def _against(silent: float, limit: float | None, rule: str) -> Verdict:
+    return Verdict(limit is not None and silent >= limit, limit, rule)
+
+
+def hung_on_node(verdicts: Iterable[Verdict]) -> bool:
+    """Whether the node declares a hang: a rank is hung and no silent rank of the node is still busy."""
+    verdicts = list(verdicts)
+    return any(v.hung for v in verdicts) and not any(v.rule == "busy" and not v.hung for v in verdicts)
+
+
+def interval(before: tuple[int, float] | None, now: tuple[int, float]) -> float | None:
+    """The step interval to learn from two reads of one process's (report count, last report time).
+
+    An upper bound on the longest gap between its reports in between (the gaps after the first
+    one all fall within one poll). None when nothing new was reported, or when the span includes
+    the process's first interval (compile and warm-up: ``start_timeout``'s business).
+    """
+    if before is None or now[0] <= before[0] or before[0] < 2:
+        return None
+    return max(0.0, now[1] - before[1])
+
+
+@dataclass
+class StepTimes:
+    """The slowest step interval seen in a run (kept across its attempts), learned from every process's reports."""
+
+    slowest: float | None = None
+    _last: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid → (count, monotonic)
+
+    def learn(self, pid: int, count: int, monotonic: float) -> None:
+        step = interval(self._last.get(pid), (count, monotonic))
+        self._last[pid] = (count, monotonic)
+        if step is not None and (self.slowest is None or step > self.slowest):
+            self.slowest = step
+
+    def forget(self, pids: Iterable[int]) -> None:
+        """Processes that are gone (an attempt ended): their last reads are of no use."""
+        for pid in pids:
+            self._last.pop(pid, None)
+
+    def limit(self) -> float:
+        return auto_limit(self.slowest)
+
+
+_RUNS: dict[str, StepTimes] = {}
+
+
+def for_run(run_id: str) -> StepTimes:
+    """The run's learned step times: one per run, shared by its attempts' monitors and the status view."""
+    return _RUNS.setdefault(run_id, StepTimes())
