@@ -249,7 +249,7 @@ class HangMonitor:
         if outside:
             cause += "; also outside a collective: " + ", ".join(f"{s.describe()} {_where(s)}" for s in outside)
         if waiting:
-            cause += "; waiting in a collective: " + ", ".join(s.describe() for s in waiting)
+            cause += "; waiting in a collective: " + ", ".join(_waits(s) for s in waiting)
         details: dict[str, Any] = {
             "outside_collective": [s.worker.spec.rank for s in stale if not s.in_collective],
             "in_collective": [s.worker.spec.rank for s in stale if s.in_collective],
@@ -278,6 +278,10 @@ class HangMonitor:
         if verdict.rule == "busy":
             return f"no progress for {limit} although it still runs Python ({how}, then monitor.start_timeout)"
         return f"no progress for {s.age:.1f}s ({how} = {format_duration(self.learned.limit())})"
+
+
+def _waits(s: Stale) -> str:
+    return s.describe() + (f" in {s.frame}" if s.frame and collective_frame(s.frame) else "")
 
 
 def _where(s: Stale) -> str:
