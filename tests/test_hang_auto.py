@@ -53,7 +53,8 @@ def test_a_sigstopped_rank_is_judged_hung_within_the_learned_limit_and_named_as_
     assert event["stuck"] == {"1": "stopped (process state T: SIGSTOP or a debugger)"}, event
     assert event["hang_limit_s"] == FLOOR and event["slowest_step_s"] < 1.0, event
     cause = event["cause"]
-    assert re.search(r"waiting in a collective: (rank \d \([^)]*\) in distributed_c10d.py:\d+ in all_reduce(, )?){3}$", cause), cause
+    waiter = r"rank \d \([^)]*\) in distributed_c10d.py:\d+ in all_reduce"
+    assert re.search(rf"waiting in a collective: {waiter}, {waiter}, {waiter}$", cause), cause
     assert "outside any collective wait" not in cause, cause
 
 

@@ -23,6 +23,7 @@ from launchers.observe.hang_limit import (
     hung_on_node,
     interval,
     judge,
+    others_lost_after,
 )
 
 AUTO = Policy("auto", 1800.0)
@@ -32,6 +33,14 @@ def test_the_auto_limit_is_k_times_the_slowest_step_or_the_floor() -> None:
     assert auto_limit(None) == FLOOR
     assert auto_limit(0.1) == FLOOR  # a fast job: the floor
     assert auto_limit(20.0) == K * 20.0  # a slow one: K × its slowest step
+
+
+def test_on_several_real_nodes_a_lost_node_is_told_before_any_rank_is_hung() -> None:
+    """Ranks waiting for a node that died are silent too: node_timeout (the job shrinks) comes first."""
+    several = Policy("auto", 1800.0, others_lost_after(30.0, several_real_nodes=True))
+    assert not judge(Seen(reports=40, silent=FLOOR), several, slowest=0.1).hung
+    assert judge(Seen(reports=40, silent=32.0), several, slowest=0.1) == Verdict(True, 32.0, "auto")
+    assert others_lost_after(30.0, several_real_nodes=False) == 0.0  # one node, or a simulation
 
 
 def test_a_silent_rank_is_hung_at_the_learned_limit_not_before() -> None:
@@ -84,6 +93,9 @@ def test_steps_are_learned_from_every_rank_without_the_first_interval() -> None:
             times.learn(pid, count, mono)
     assert times.slowest == 2.0  # the slowest rank's step, not rank 1's 90 s first interval
     assert times.limit() == max(K * 2.0, FLOOR)
+    times.new_attempt()  # a restart: pid 2 comes back as another process that has reported 9 times
+    times.learn(2, 9, 500.0)
+    assert times.slowest == 2.0  # not the 497.5 s across the restart
 
 
 @pytest.mark.parametrize(

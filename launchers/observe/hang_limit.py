@@ -37,6 +37,12 @@ from typing import Final
 K = 3.0  # × the slowest step seen
 FLOOR = 10.0  # seconds: the least an auto limit is
 AUTO: Final = "auto"
+WAITER_DEFER = 2.0  # seconds a node whose hung ranks all wait in a collective leaves to the culprit's node
+
+
+def others_lost_after(node_timeout: float, several_real_nodes: bool) -> float:
+    """The least silence an auto limit waits on a job of several real nodes: a lost node is told first."""
+    return node_timeout + WAITER_DEFER if several_real_nodes else 0.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class Policy:
 
     hang_timeout: float | str | None
     start_timeout: float | None
+    others_lost_after: float = 0.0  # a real multi-node job: node_timeout + WAITER_DEFER (the layer below first)
 
     @property
     def auto(self) -> bool:
@@ -69,9 +76,15 @@ class Verdict:
     rule: str  # "start_timeout", "first_step", "hang_timeout", "auto" or "busy"
 
 
-def auto_limit(slowest: float | None) -> float:
-    """``max(K × slowest, FLOOR)``; FLOOR while no step has been measured."""
-    return max(K * slowest, FLOOR) if slowest is not None else FLOOR
+def auto_limit(slowest: float | None, others_lost_after: float = 0.0) -> float:
+    """``max(K × slowest, FLOOR)`` (FLOOR while no step has been measured), and never before a lost node is told.
+
+    On a job of several real nodes a node that died leaves the others' ranks silent in their
+    collectives: ``monitor.node_timeout`` must judge that (the job shrinks) before any of them is
+    judged hung (the whole job would fail), so the limit is at least ``others_lost_after``.
+    """
+    learned = max(K * slowest, FLOOR) if slowest is not None else FLOOR
+    return max(learned, others_lost_after)
 
 
 def judge(seen: Seen, policy: Policy, slowest: float | None) -> Verdict:
@@ -83,7 +96,7 @@ def judge(seen: Seen, policy: Policy, slowest: float | None) -> Verdict:
         return _against(seen.silent, fixed, "hang_timeout")
     if seen.reports == 1:  # its first step (compile, warm-up) is neither learned nor judged by the learned limit
         return _against(seen.silent, policy.start_timeout, "first_step")
-    limit = auto_limit(slowest)
+    limit = auto_limit(slowest, policy.others_lost_after)
     if seen.python_idle is not None and seen.python_idle < limit and seen.silent >= limit:
         return _against(seen.silent, max(limit, policy.start_timeout or limit), "busy")
     return _against(seen.silent, limit, "auto")
@@ -124,13 +137,12 @@ class StepTimes:
         if step is not None and (self.slowest is None or step > self.slowest):
             self.slowest = step
 
-    def forget(self, pids: Iterable[int]) -> None:
-        """Processes that are gone (an attempt ended): their last reads are of no use."""
-        for pid in pids:
-            self._last.pop(pid, None)
+    def new_attempt(self) -> None:
+        """The last attempt's processes are gone (their pids may come back as new ones): keep only what was learned."""
+        self._last.clear()
 
-    def limit(self) -> float:
-        return auto_limit(self.slowest)
+    def limit(self, others_lost_after: float = 0.0) -> float:
+        return auto_limit(self.slowest, others_lost_after)
 
 
 _RUNS: dict[str, StepTimes] = {}

@@ -70,6 +70,7 @@ class JobObserver:
         self.node = None if self.simulated else events.node
         self.log = EventLog(self.log_dir, self.node, self.job_name)
         self.hang_timeout = job.monitor.hang_timeout  # seconds, "auto" (hang_limit learns it) or None
+        self.node_timeout = job.monitor.node_timeout
         factor = job.monitor.straggler_factor
         judge = self.simulated or events.node == 0
         self.detector: StragglerDetector | None = None
@@ -334,7 +335,8 @@ class JobObserver:
     def _hang_limit(self) -> float | None:
         """The silence after which the status view flags a rank ``hung``: the fixed or the learned limit."""
         if self.hang_timeout == hang_limit.AUTO:
-            return hang_limit.for_run(self.run_id).limit()
+            lost = hang_limit.others_lost_after(self.node_timeout, not self.simulated)  # as run/hang.py judges
+            return hang_limit.for_run(self.run_id).limit(lost)
         return self.hang_timeout if isinstance(self.hang_timeout, float | int) else None
 
     def _summarize(self, status: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryab
 DUMP_WAIT = 2.0  # at most this long for the stacks to arrive before the stop goes on
 DUMP_QUIET = 0.3  # ... or until the ranks have been silent this long after the signal
 PY_SPY_TIMEOUT = 10.0
-WAITER_DEFER = 2.0  # seconds a node whose hung ranks all wait in a collective leaves to the culprit's node
+WAITER_DEFER = hang_limit.WAITER_DEFER  # seconds a node whose hung ranks all wait in a collective leaves to others
 MAX_STACK_BYTES = 1 << 20  # of a log read back for a frame: a dump is a few KiB
 
 
@@ -130,13 +130,16 @@ class HangMonitor:
         hosts: dict[int, str] | None = None,
         defer: float = 0.0,
         start_timeout: float | None = None,
+        node_timeout: float | None = None,
     ) -> None:
         self.run_id = run_id
         self.attempt = attempt
         self.timeout = timeout  # after a report: seconds, "auto" (learned) or None (only the start is judged)
         self.start_timeout = start_timeout  # before the first report (None: not judged)
-        self.policy = hang_limit.Policy(timeout, start_timeout)
+        lost_after = hang_limit.others_lost_after(node_timeout or 0.0, defer > 0)  # defer > 0: several real nodes
+        self.policy = hang_limit.Policy(timeout, start_timeout, lost_after)
         self.learned = hang_limit.for_run(run_id)  # the run's slowest step so far, kept across its attempts
+        self.learned.new_attempt()
         self.started = time.monotonic()  # the attempt's start (its ranks start now, or became ranks now)
         self.hosts = hosts or {}
         self.defer = defer  # > 0 on a node of a multi-node job (other nodes may hold the culprit)
@@ -155,13 +158,14 @@ class HangMonitor:
         run_id: str,
         attempt: int,
         start_timeout: float | None = None,
+        node_timeout: float | None = None,
     ) -> HangMonitor | None:
         """The attempt's hang detection (``monitor.hang_timeout``, ``start_timeout``), or None when both are off."""
         if timeout is None and start_timeout is None:
             return None
         hosts = {proc.rank: node.host for node in plan.nodes for proc in node.processes if node.host}
         defer = WAITER_DEFER if plan.nnodes > 1 and not plan.simulated else 0.0
-        return cls(run_id, attempt, timeout, hosts, defer, start_timeout)
+        return cls(run_id, attempt, timeout, hosts, defer, start_timeout, node_timeout)
 
     def _seen(self, report: progress.Progress, now: float) -> hang_limit.Seen:
         silent = now - (report.monotonic if report.count else self.started)
@@ -205,7 +209,7 @@ class HangMonitor:
     def limit_now(self) -> float | None:
         """The silence that makes a rank that reported (and is past its first step) hung now."""
         if self.policy.auto:
-            return self.learned.limit()
+            return self.learned.limit(self.policy.others_lost_after)
         return self.timeout if isinstance(self.timeout, float | int) else None
 
     def log_marks(self, stale: list[Stale]) -> dict[int, tuple[str, int]]:
@@ -277,7 +281,9 @@ class HangMonitor:
         how = f"monitor.hang_timeout: auto = max({learned}, floor {format_duration(hang_limit.FLOOR)})"
         if verdict.rule == "busy":
             return f"no progress for {limit} although it still runs Python ({how}, then monitor.start_timeout)"
-        return f"no progress for {s.age:.1f}s ({how} = {format_duration(self.learned.limit())})"
+        if self.policy.others_lost_after > hang_limit.auto_limit(slowest):
+            how += f", no less than monitor.node_timeout + {WAITER_DEFER:g}s on several nodes"
+        return f"no progress for {s.age:.1f}s ({how} = {format_duration(self.limit_now() or 0.0)})"
 
 
 def _waits(s: Stale) -> str:
