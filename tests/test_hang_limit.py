@@ -19,6 +19,7 @@ from launchers.observe.hang_limit import (
     Seen,
     StepTimes,
     Verdict,
+    after_hang,
     auto_limit,
     hung_on_node,
     interval,
@@ -96,6 +97,17 @@ def test_steps_are_learned_from_every_rank_without_the_first_interval() -> None:
     times.new_attempt()  # a restart: pid 2 comes back as another process that has reported 9 times
     times.learn(2, 9, 500.0)
     assert times.slowest == 2.0  # not the 497.5 s across the restart
+
+
+def test_a_step_judged_hung_twice_at_the_same_step_is_learned_and_other_hangs_teach_nothing() -> None:
+    """A first long step in one C call is judged at the floor; after the restart it must not be judged again."""
+    assert after_hang(None, 40, FLOOR) is None
+    assert after_hang((40, FLOOR), 41, FLOOR) is None  # a real hang elsewhere
+    times = StepTimes(slowest=0.5)
+    times.hung(40, 10.2)
+    assert times.limit() == FLOOR  # once: nothing learned (the chaos storm's hangs stay at the floor)
+    times.hung(40, 10.3)
+    assert times.slowest == 10.3 and times.limit() == K * 10.3  # twice at step 40: a 31 s step is allowed
 
 
 @pytest.mark.parametrize(

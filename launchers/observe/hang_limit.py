@@ -112,6 +112,19 @@ def hung_on_node(verdicts: Iterable[Verdict]) -> bool:
     return any(v.hung for v in verdicts) and not any(v.rule == "busy" and not v.hung for v in verdicts)
 
 
+def after_hang(before: tuple[int, float] | None, step: int, silence: float) -> float | None:
+    """The step time to learn from a hang judged at ``step`` after ``silence`` seconds (``before``: the last one).
+
+    A step that is simply longer than the limit (one long C call, no rank running Python) would be
+    judged again after every restart, at the same step, and never learned (it never ends). When
+    the hang before was judged at the same step, its silence counts as a step seen: the next limit
+    is K × it. A hang at another step (a real one, after a restart) teaches nothing.
+    """
+    if before is None or before[0] != step or step < 0:
+        return None
+    return max(before[1], silence)
+
+
 def interval(before: tuple[int, float] | None, now: tuple[int, float]) -> float | None:
     """The step interval to learn from two reads of one process's (report count, last report time).
 
@@ -130,12 +143,20 @@ class StepTimes:
 
     slowest: float | None = None
     _last: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid → (count, monotonic)
+    last_hang: tuple[int, float] | None = None  # (step, silence) of the last hang judged in the run
 
     def learn(self, pid: int, count: int, monotonic: float) -> None:
         step = interval(self._last.get(pid), (count, monotonic))
         self._last[pid] = (count, monotonic)
         if step is not None and (self.slowest is None or step > self.slowest):
             self.slowest = step
+
+    def hung(self, step: int, silence: float) -> None:
+        """A hang was judged at ``step`` after ``silence`` seconds (``after_hang``)."""
+        learned = after_hang(self.last_hang, step, silence)
+        if learned is not None and (self.slowest is None or learned > self.slowest):
+            self.slowest = learned
+        self.last_hang = (step, silence)
 
     def new_attempt(self) -> None:
         """The last attempt's processes are gone (their pids may come back as new ones): keep only what was learned."""

@@ -206,6 +206,12 @@ class HangMonitor:
                 return []
         return found
 
+    def declared(self, stale: list[Stale]) -> None:
+        """The hang was declared (its culprit first): twice at one step teaches ``auto`` (``after_hang``)."""
+        first = stale[0]
+        if self.policy.auto and first.report.count > 1:
+            self.learned.hung(first.report.step, first.age)
+
     def limit_now(self) -> float | None:
         """The silence that makes a rank that reported (and is past its first step) hung now."""
         if self.policy.auto:

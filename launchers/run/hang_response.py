@@ -54,6 +54,7 @@ class HangResponse:
         marks = self.hang.log_marks(stale)  # where the stacks of the ranks outside a collective will start
         self.dump_stacks()
         self._failure = self.hang.failure(stale, marks)  # now with their innermost frames
+        self.hang.declared(stale)
         for rank, why in (self._failure.details.get("stuck") or {}).items():
             self.announce(f"rank {rank} is {why}: the culprit, not a rank waiting for another")
         frames = self._failure.details.get("frames") or {}
