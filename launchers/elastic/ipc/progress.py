@@ -16,6 +16,12 @@ ignored by default, so mlaunch may send it to every process group of the node wi
 killing processes that did not register it, and it does not clash with the stop and notice
 signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2).
 
+For ``hang_timeout: auto`` the file also says when the rank's main thread last ran Python
+(``_watch_python``): a daemon thread asks the interpreter to run a tiny pending call every
+``PYTHON_EVERY`` s, which runs only between two bytecodes of the main thread and stamps the time.
+A silent rank with a fresh stamp is busy (an evaluation, a save), not hung
+(``launchers.observe.hang_limit``).
+
 For the status view, straggler detection and the goodput report the file also keeps the
 first step and time this process reported, the seconds it spent waiting for other ranks
 (``waiting()``; ``guard.should_stop`` wraps its agreement in it), the seconds its
