@@ -57,6 +57,9 @@ def test_a_silent_rank_that_still_runs_python_is_busy_until_the_start_timeout() 
     verdict = judge(seen, AUTO, slowest=5.0)
     assert verdict == Verdict(False, 1800.0, "busy")
     assert judge(Seen(reports=40, silent=1800.0, python_idle=0.2), AUTO, slowest=5.0).hung  # a livelock, at last
+    # busy from half the limit on: rank 0 reported a little after the ranks now waiting for it in a barrier
+    assert judge(Seen(reports=40, silent=K * 5.0 / 2, python_idle=0.2), AUTO, slowest=5.0).rule == "busy"
+    assert judge(Seen(reports=40, silent=1.0, python_idle=0.2), AUTO, slowest=5.0).rule == "auto"  # stepping
 
 
 def test_the_first_step_and_the_start_stay_under_the_start_timeout() -> None:

@@ -97,7 +97,9 @@ def judge(seen: Seen, policy: Policy, slowest: float | None) -> Verdict:
     if seen.reports == 1:  # its first step (compile, warm-up) is neither learned nor judged by the learned limit
         return _against(seen.silent, policy.start_timeout, "first_step")
     limit = auto_limit(slowest, policy.others_lost_after)
-    if seen.python_idle is not None and seen.python_idle < limit and seen.silent >= limit:
+    # busy from half the limit on: ranks in lock step last reported within a step (≤ limit / K) of
+    # each other, so the one saving is busy by the time its peers in the barrier reach the limit
+    if seen.python_idle is not None and seen.python_idle < limit and seen.silent >= limit / 2:
         return _against(seen.silent, max(limit, policy.start_timeout or limit), "busy")
     return _against(seen.silent, limit, "auto")
 
