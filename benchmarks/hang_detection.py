@@ -28,11 +28,15 @@ from bench_env import platform_free_env  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "scripts" / "hang_auto.py"
 HUNG = re.compile(r"rank (\d) \(pid \d+\) hung: ")
+LEARNED = re.compile(r"slowest step ([\d.e+-]+)s, floor [^)]*\) = ([\d.]+)s")
 STOPS = re.compile(r"rank 1 stops itself at step \d+ at ([\d.]+)")
 
 
 def run(work: Path, hang_timeout: str, env: dict[str, str], nproc: int, limit: float) -> tuple[float | None, str, int]:
-    """One job: seconds from the stop to the hung line (None: not judged), the culprit named, exit code."""
+    """One job: seconds from the stop to the hung line (None: not judged), the culprit named, exit code.
+
+    The culprit is "rank N", with auto's learned slowest step and limit when the line gives them.
+    """
     job = work / f"job-{hang_timeout}-{time.monotonic_ns()}.yaml"
     job.write_text(
         f"name: hang-bench\nengine: pytorch\nentry: {SCRIPT}\nnodes: 1\nprocs_per_node: {nproc}\n"
@@ -56,7 +60,9 @@ def run(work: Path, hang_timeout: str, env: dict[str, str], nproc: int, limit: f
             if (m := STOPS.search(line)) and not stopped:
                 stopped.append(float(m.group(1)))
             if (h := HUNG.search(line)) and not hung:
-                hung.append((time.time(), h.group(1)))
+                learned = LEARNED.search(line)
+                how = f" (slowest {float(learned.group(1)):.2f} s, limit {learned.group(2)} s)" if learned else ""
+                hung.append((time.time(), f"rank {h.group(1)}{how}"))
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -100,7 +106,7 @@ def main() -> None:
         (a, ac), (f, fc) = row["auto"], row[args.fixed]  # type: ignore[misc]
         ratio = f"{a / f:.2f}" if a and f else "-"
         show = lambda v: f"{v:.2f} s" if v is not None else "not judged"  # noqa: E731
-        print(f"| {row['step']} s | {show(a)} | rank {ac} | {show(f)} | rank {fc} | {ratio} |")
+        print(f"| {row['step']} s | {show(a)} | {ac} | {show(f)} | {fc} | {ratio} |")
     if args.slow_steps:
         for row in rows:
             print(

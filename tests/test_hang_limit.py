@@ -84,6 +84,7 @@ def test_a_node_declares_nothing_while_one_of_its_silent_ranks_is_busy() -> None
     assert not hung_on_node([stuck, stuck, busy])
     assert hung_on_node([stuck, stuck, fine])
     assert not hung_on_node([fine, busy])
+    assert hung_on_node([stuck, busy], stopped=True)  # a SIGSTOPped rank is not what the busy one waits for
 
 
 def test_steps_are_learned_from_every_rank_without_the_first_interval() -> None:

@@ -108,10 +108,15 @@ def _against(silent: float, limit: float | None, rule: str) -> Verdict:
     return Verdict(limit is not None and silent >= limit, limit, rule)
 
 
-def hung_on_node(verdicts: Iterable[Verdict]) -> bool:
-    """Whether the node declares a hang: a rank is hung and no silent rank of the node is still busy."""
+def hung_on_node(verdicts: Iterable[Verdict], stopped: bool = False) -> bool:
+    """Whether the node declares a hang: a rank is hung and no silent rank of the node is still busy.
+
+    ``stopped``: a hung rank's process is stopped or in uninterruptible sleep (``T``, ``D``): it
+    cannot be doing the work the busy ones wait for, so it is declared all the same.
+    """
     verdicts = list(verdicts)
-    return any(v.hung for v in verdicts) and not any(v.rule == "busy" and not v.hung for v in verdicts)
+    busy = any(v.rule == "busy" and not v.hung for v in verdicts)
+    return any(v.hung for v in verdicts) and (stopped or not busy)
 
 
 def after_hang(before: tuple[int, float] | None, step: int, silence: float) -> float | None:
