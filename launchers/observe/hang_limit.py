@@ -111,8 +111,8 @@ def _against(silent: float, limit: float | None, rule: str) -> Verdict:
 def hung_on_node(verdicts: Iterable[Verdict], stopped: bool = False) -> bool:
     """Whether the node declares a hang: a rank is hung and no silent rank of the node is still busy.
 
-    ``stopped``: a hung rank's process is stopped or in uninterruptible sleep (``T``, ``D``): it
-    cannot be doing the work the busy ones wait for, so it is declared all the same.
+    ``stopped``: a hung rank's process is stopped (``T``): it cannot be doing the work the busy
+    ones wait for, so it is declared all the same. (Not ``D``: a healthy long write is in it too.)
     """
     verdicts = list(verdicts)
     busy = any(v.rule == "busy" and not v.hung for v in verdicts)

@@ -197,7 +197,7 @@ class HangMonitor:
             host = self.hosts.get(worker.spec.rank) or socket.gethostname()
             age = self._seen(report, now).silent
             judged.append(Stale(report, worker, host, age, verdict=verdict, state=process_state(report.pid)))
-        stopped = any(s.verdict is not None and s.verdict.hung and s.state in ("T", "t", "D") for s in judged)
+        stopped = any(s.verdict is not None and s.verdict.hung and s.state in ("T", "t") for s in judged)
         if not hang_limit.hung_on_node((s.verdict for s in judged if s.verdict is not None), stopped):
             return []
         found = sorted((s for s in judged if s.verdict is not None and s.verdict.hung), key=blame_order)
