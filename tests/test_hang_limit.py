@@ -57,6 +57,9 @@ def test_a_silent_rank_that_still_runs_python_is_busy_until_the_start_timeout() 
     verdict = judge(seen, AUTO, slowest=5.0)
     assert verdict == Verdict(False, 1800.0, "busy")
     assert judge(Seen(reports=40, silent=1800.0, python_idle=0.2), AUTO, slowest=5.0).hung  # a livelock, at last
+    # not busy: it ran Python after its report, then blocked in a collective (a real run's waiters, at 10 s)
+    assert judge(Seen(reports=40, silent=FLOOR, python_idle=FLOOR - 0.3), AUTO, slowest=0.3).hung
+    assert judge(Seen(reports=40, silent=FLOOR, python_idle=0.6 * FLOOR - 0.01), AUTO, slowest=0.3).rule == "busy"
     # busy from half the limit on: rank 0 reported a little after the ranks now waiting for it in a barrier
     assert judge(Seen(reports=40, silent=K * 5.0 / 2, python_idle=0.2), AUTO, slowest=5.0).rule == "busy"
     assert judge(Seen(reports=40, silent=1.0, python_idle=0.2), AUTO, slowest=5.0).rule == "auto"  # stepping

@@ -20,9 +20,10 @@ a tiny callback every ``progress.PYTHON_EVERY`` seconds (``Py_AddPendingCall``: 
 between two bytecodes of the main thread), which stamps the time in the progress file. A rank
 stopped (SIGSTOP), stuck in the kernel or a driver, blocked in a collective, a lock or a
 ``sleep`` runs no Python; a rank evaluating, saving or loading data does, at least every few
-seconds (a DataLoader's wait wakes every 5 s, hence the 10 s floor). A silent rank that still
-runs Python is *busy*: judged only after ``monitor.start_timeout``; while one is, the node
-declares no hang (its other ranks may be waiting for it). A fixed ``hang_timeout`` (a duration)
+seconds (a DataLoader's wait wakes every 5 s, hence the 10 s floor). A silent rank that ran
+Python within 0.6 × the limit (6 s at the floor) is *busy*: judged only after
+``monitor.start_timeout``; while one is, the node declares no hang (its other ranks may be
+waiting for it). A fixed ``hang_timeout`` (a duration)
 keeps the plain rule: silent that long is hung.
 
 Everything here is a pure function of what the monitor observed; ``launchers.run.hang`` applies it.
@@ -37,6 +38,7 @@ from typing import Final
 K = 3.0  # × the slowest step seen
 FLOOR = 10.0  # seconds: the least an auto limit is
 AUTO: Final = "auto"
+BUSY_SHARE = 0.6  # busy: its main thread ran Python within this share of the limit (6 s at the floor)
 WAITER_DEFER = 2.0  # seconds a node whose hung ranks all wait in a collective leaves to the culprit's node
 
 
@@ -97,9 +99,11 @@ def judge(seen: Seen, policy: Policy, slowest: float | None) -> Verdict:
     if seen.reports == 1:  # its first step (compile, warm-up) is neither learned nor judged by the learned limit
         return _against(seen.silent, policy.start_timeout, "first_step")
     limit = auto_limit(slowest, policy.others_lost_after)
-    # busy from half the limit on: ranks in lock step last reported within a step (≤ limit / K) of
-    # each other, so the one saving is busy by the time its peers in the barrier reach the limit
-    if seen.python_idle is not None and seen.python_idle < limit and seen.silent >= limit / 2:
+    # busy: ran Python within BUSY_SHARE of the limit (a rank that went on from its report into a
+    # collective ran Python only up to then); from half the limit on, as ranks in lock step last
+    # reported within a step (≤ limit / K) of each other: the one saving is busy by the time its
+    # peers in the barrier reach the limit
+    if seen.python_idle is not None and seen.python_idle < BUSY_SHARE * limit and seen.silent >= limit / 2:
         return _against(seen.silent, max(limit, policy.start_timeout or limit), "busy")
     return _against(seen.silent, limit, "auto")
 

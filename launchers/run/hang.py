@@ -95,6 +95,13 @@ class Stale:
         return f"{self.worker.label} (host {self.host}, pid {self.report.pid}, {step}, {self.age:.1f}s ago)"
 
 
+def _named(verdict: hang_limit.Verdict, silent: float) -> bool:
+    """Named in a declared hang: hung, or silent half its limit (reported a moment after the culprit, waits for it)."""
+    if verdict.hung:
+        return True
+    return verdict.rule in ("auto", "hang_timeout") and verdict.limit is not None and silent >= verdict.limit / 2
+
+
 def blame_order(s: Stale) -> tuple[int, float, int]:
     """Who is named first: stuck processes, then ranks outside a collective wait, then the ones that wait."""
     return (0 if s.stuck else 1 if not s.in_collective else 2, s.report.monotonic, s.report.step)
@@ -200,7 +207,7 @@ class HangMonitor:
         stopped = any(s.verdict is not None and s.verdict.hung and s.state in ("T", "t") for s in judged)
         if not hang_limit.hung_on_node((s.verdict for s in judged if s.verdict is not None), stopped):
             return []
-        found = sorted((s for s in judged if s.verdict is not None and s.verdict.hung), key=blame_order)
+        found = sorted((s for s in judged if s.verdict is not None and _named(s.verdict, s.age)), key=blame_order)
         if found and found[0].in_collective and self.defer > 0:  # every one waits: the culprit is elsewhere
             self._only_waiters_since = self._only_waiters_since or now
             if now - self._only_waiters_since < self.defer:
