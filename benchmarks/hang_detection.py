@@ -28,7 +28,7 @@ from bench_env import platform_free_env  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "scripts" / "hang_auto.py"
 HUNG = re.compile(r"rank (\d) \(pid \d+\) hung: ")
-LEARNED = re.compile(r"slowest step ([\d.e+-]+)s, floor [^)]*\) = ([\d.]+)s")
+LEARNED = re.compile(r"max\((?:\S+ × slowest step ([\d.e+-]+)s|no step measured), floor [^)]*\) = ([\d.]+)s")
 STOPS = re.compile(r"rank 1 stops itself at step \d+ at ([\d.]+)")
 
 
@@ -61,7 +61,8 @@ def run(work: Path, hang_timeout: str, env: dict[str, str], nproc: int, limit: f
                 stopped.append(float(m.group(1)))
             if (h := HUNG.search(line)) and not hung:
                 learned = LEARNED.search(line)
-                how = f" (slowest {float(learned.group(1)):.2f} s, limit {learned.group(2)} s)" if learned else ""
+                slowest = f"{float(learned.group(1)):.2f} s" if learned and learned.group(1) else "none yet"
+                how = f" (slowest {slowest}, limit {float(learned.group(2)):.1f} s)" if learned else ""
                 hung.append((time.time(), f"rank {h.group(1)}{how}"))
 
     reader = threading.Thread(target=pump, daemon=True)
