@@ -46,7 +46,7 @@ def test_a_sigstopped_rank_is_judged_hung_within_the_learned_limit_and_named_as_
     assert hung[1].group(1) == "1", run.text  # the stopped rank, not the last of the waiting ones
     latency = hung[0] - stopped[0]
     assert latency <= K * step + FLOOR + 2, latency  # + 2 s: a loaded machine, as test_hang's bounds
-    assert "rank 1 is stopped (process state T: SIGSTOP or a debugger): the culprit" in run.text, run.text
+    assert "rank 1: stopped (process state T: SIGSTOP or a debugger); the culprit" in run.text, run.text
     (event,) = [e for e in read_events(tmp_path / "logs" / "events.jsonl") if e["event"] == "hang"]
     assert event["rank"] == 1 and event["outside_collective"] == [1], event
     assert sorted(event["in_collective"]) == [0, 2, 3], event  # told by their stacks: all_reduce

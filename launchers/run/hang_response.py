@@ -56,7 +56,7 @@ class HangResponse:
         self._failure = self.hang.failure(stale, marks)  # now with their innermost frames
         self.hang.declared(stale)
         for rank, why in (self._failure.details.get("stuck") or {}).items():
-            self.announce(f"rank {rank} is {why}: the culprit, not a rank waiting for another")
+            self.announce(f"rank {rank}: {why}; the culprit, not a rank waiting for another")
         frames = self._failure.details.get("frames") or {}
         for rank, frame in frames.items():
             self.announce(f"rank {rank} is outside any collective wait; innermost frame: {frame}")
