@@ -374,13 +374,14 @@ def test_a_rank_hung_before_its_first_step_is_judged_after_the_start_timeout(tmp
     assert "outside any collective wait, innermost frame rank.py:" in run.text, run.text  # its stacks were dumped
 
 
-def test_the_start_timeout_defaults_to_30_minutes_with_hang_timeout_and_is_off_without(tmp_path: Path) -> None:
+def test_the_start_timeout_defaults_to_30_minutes_unless_hang_timeout_is_off(tmp_path: Path) -> None:
     from launchers.config.loader import load_job
 
     for extra, expected in (
-        ("", None),
+        ("", 1800.0),  # hang_timeout: auto is the default
         ("monitor: {hang_timeout: 60s}\n", 1800.0),
-        ("monitor: {start_timeout: 5m}\n", 300.0),
+        ("monitor: {hang_timeout: off}\n", None),
+        ("monitor: {hang_timeout: off, start_timeout: 5m}\n", 300.0),
     ):
         job = load_job(plain_job(tmp_path, "print(1)\n", extra=extra))
         assert job.monitor.first_report_within() == expected, extra

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launchers.log import say
-from launchers.observe import goodput
+from launchers.observe import goodput, hang_limit
 from launchers.observe.events_log import EventLog
 from launchers.observe.progress_log import ProgressLog
 from launchers.observe.status_file import job_status, node_entry, rank_entry, write_status
@@ -69,7 +69,8 @@ class JobObserver:
         self._summary: dict[str, Any] = {}
         self.node = None if self.simulated else events.node
         self.log = EventLog(self.log_dir, self.node, self.job_name)
-        self.hang_timeout = job.monitor.hang_timeout
+        self.hang_timeout = job.monitor.hang_timeout  # seconds, "auto" (hang_limit learns it) or None
+        self.node_timeout = job.monitor.node_timeout
         factor = job.monitor.straggler_factor
         judge = self.simulated or events.node == 0
         self.detector: StragglerDetector | None = None
@@ -279,8 +280,9 @@ class JobObserver:
         now = time.time()
         by_node: dict[int, list[dict[str, Any]]] = {}
         hosts: dict[int, str] = {}
+        limit = self._hang_limit()
         for r in tracker.ranks.values():
-            hung = bool(self.hang_timeout and r.last_wall and now - r.last_wall > self.hang_timeout)
+            hung = bool(limit and r.last_wall and now - r.last_wall > limit)
             by_node.setdefault(r.node, []).append(
                 rank_entry(r, now=now, straggler=r.rank in self._stragglers, hung=hung)
             )
@@ -329,6 +331,13 @@ class JobObserver:
             write_status(self.log_dir, status)
         if self.metrics is not None:
             self.metrics.publish(status, self.clock)
+
+    def _hang_limit(self) -> float | None:
+        """The silence after which the status view flags a rank ``hung``: the fixed or the learned limit."""
+        if self.hang_timeout == hang_limit.AUTO:
+            lost = hang_limit.others_lost_after(self.node_timeout, not self.simulated)  # as run/hang.py judges
+            return hang_limit.for_run(self.run_id).limit(lost)
+        return self.hang_timeout if isinstance(self.hang_timeout, float | int) else None
 
     def _summarize(self, status: dict[str, Any]) -> None:
         """Node 0: the job at a glance for every other node (sent on the plane when it changed)."""

@@ -99,7 +99,12 @@ def run_attempt(
             watchers=Watchers(
                 job_events=run.events,
                 hang=HangMonitor.for_plan(
-                    job.monitor.hang_timeout, plan, run.run_id, attempt, job.monitor.first_report_within()
+                    job.monitor.hang_timeout,
+                    plan,
+                    run.run_id,
+                    attempt,
+                    job.monitor.first_report_within(),
+                    job.monitor.node_timeout,
                 ),
                 on_failure=flash,
                 tick=ticks(

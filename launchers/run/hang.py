@@ -22,6 +22,14 @@ innermost frame of their main thread, read from the stacks they just wrote to th
 then the ranks that wait. On a node of a multi-node job whose stale ranks all wait, the rank
 they wait for is on another node: this node declares ``WAITER_DEFER`` seconds later, so the
 culprit's node (which detects it at the same moment) is the job's first failure.
+
+A process that cannot be waiting for anyone comes before all of them: one stopped (process state
+``T``: SIGSTOP, a debugger), in uninterruptible sleep (``D``: stuck in the kernel or a driver), or
+that did not answer the stack request. And a rank whose stacks end in a ``torch.distributed``
+collective waits in one even when the script wrapped nothing in ``elastic.waiting()``.
+
+How long is too long: ``launchers.observe.hang_limit`` (``hang_timeout: auto`` learns it from the
+job's own steps; a duration is fixed).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from typing import Any
 
 from launchers.config.durations import format_duration
 from launchers.elastic.ipc import progress
+from launchers.observe import hang_limit
 from launchers.outcome import Failure
 from launchers.plan import LaunchPlan
 from launchers.procs import signal_group
@@ -48,7 +57,7 @@ HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryab
 DUMP_WAIT = 2.0  # at most this long for the stacks to arrive before the stop goes on
 DUMP_QUIET = 0.3  # ... or until the ranks have been silent this long after the signal
 PY_SPY_TIMEOUT = 10.0
-WAITER_DEFER = 2.0  # seconds a node whose hung ranks all wait in a collective leaves to the culprit's node
+WAITER_DEFER = hang_limit.WAITER_DEFER  # seconds a node whose hung ranks all wait in a collective leaves to others
 MAX_STACK_BYTES = 1 << 20  # of a log read back for a frame: a dump is a few KiB
 
 
@@ -61,14 +70,60 @@ class Stale:
     host: str
     age: float
     frame: str | None = None  # innermost frame of its main thread, from the stacks it dumped
+    verdict: hang_limit.Verdict | None = None  # the limit it was judged against
+    state: str = ""  # its process state (/proc: R, S, D, T...) when judged, or after its stacks were asked for
+    answered: bool | None = None  # it wrote stacks when asked (None: not known)
 
     @property
     def in_collective(self) -> bool:
-        return self.report.in_collective
+        """Blocked on other ranks: inside ``elastic.waiting()``, or its stacks end in a collective."""
+        return self.report.in_collective or (self.frame is not None and collective_frame(self.frame))
+
+    @property
+    def stuck(self) -> str | None:
+        """Why this process cannot be waiting for another rank (stopped, in the kernel, deaf); None: it may be."""
+        if self.state in ("T", "t"):
+            return f"stopped (process state {self.state}: SIGSTOP or a debugger)"
+        if self.state == "D":
+            return "in uninterruptible sleep (process state D: stuck in the kernel or a driver)"
+        if self.answered is False:
+            return "did not answer the stack request"
+        return None
 
     def describe(self) -> str:
         step = f"last step {self.report.step}" if self.report.step >= 0 else "no step number"
         return f"{self.worker.label} (host {self.host}, pid {self.report.pid}, {step}, {self.age:.1f}s ago)"
+
+
+def _named(verdict: hang_limit.Verdict, silent: float) -> bool:
+    """Named in a declared hang: hung, or silent half its limit (reported a moment after the culprit, waits for it)."""
+    if verdict.hung:
+        return True
+    return verdict.rule in ("auto", "hang_timeout") and verdict.limit is not None and silent >= verdict.limit / 2
+
+
+def blame_order(s: Stale) -> tuple[int, float, int]:
+    """Who is named first: stuck processes, then ranks outside a collective wait, then the ones that wait."""
+    return (0 if s.stuck else 1 if not s.in_collective else 2, s.report.monotonic, s.report.step)
+
+
+_COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+
+
+def collective_frame(frame: str) -> bool:
+    """An innermost frame inside ``torch.distributed``'s collectives (``distributed_c10d.py:2871 in all_reduce``)."""
+    return frame.split(":", 1)[0] in _COLLECTIVE_FILES
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter from ``/proc/PID/stat`` (R, S, D, T, t, Z...); "" where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read().decode("ascii", "replace")
+    except OSError:
+        return ""
+    rest = text[text.rfind(")") + 2 :]  # the command name may hold spaces and parentheses
+    return rest[:1]
 
 
 class HangMonitor:
@@ -78,117 +133,189 @@ class HangMonitor:
         self,
         run_id: str,
         attempt: int,
-        timeout: float | None,
+        timeout: float | str | None,
         hosts: dict[int, str] | None = None,
         defer: float = 0.0,
         start_timeout: float | None = None,
+        node_timeout: float | None = None,
     ) -> None:
         self.run_id = run_id
         self.attempt = attempt
-        self.timeout = timeout  # after a report (None: only the start is judged)
+        self.timeout = timeout  # after a report: seconds, "auto" (learned) or None (only the start is judged)
         self.start_timeout = start_timeout  # before the first report (None: not judged)
+        lost_after = hang_limit.others_lost_after(node_timeout or 0.0, defer > 0)  # defer > 0: several real nodes
+        self.policy = hang_limit.Policy(timeout, start_timeout, lost_after)
+        self.learned = hang_limit.for_run(run_id)  # the run's slowest step so far, kept across its attempts
+        self.learned.new_attempt()
         self.started = time.monotonic()  # the attempt's start (its ranks start now, or became ranks now)
         self.hosts = hosts or {}
         self.defer = defer  # > 0 on a node of a multi-node job (other nodes may hold the culprit)
-        shortest = min(t for t in (timeout, start_timeout) if t is not None) if (timeout or start_timeout) else 1.0
+        fixed = hang_limit.FLOOR if self.policy.auto else timeout
+        limits = [t for t in (fixed, start_timeout) if isinstance(t, float | int)]
+        shortest = min(limits) if limits else 1.0
         self.every = min(0.25, max(shortest / 10, 0.05))
         self._next = 0.0
         self._only_waiters_since: float | None = None
 
     @classmethod
     def for_plan(
-        cls, timeout: float | None, plan: LaunchPlan, run_id: str, attempt: int, start_timeout: float | None = None
+        cls,
+        timeout: float | str | None,
+        plan: LaunchPlan,
+        run_id: str,
+        attempt: int,
+        start_timeout: float | None = None,
+        node_timeout: float | None = None,
     ) -> HangMonitor | None:
         """The attempt's hang detection (``monitor.hang_timeout``, ``start_timeout``), or None when both are off."""
         if timeout is None and start_timeout is None:
             return None
         hosts = {proc.rank: node.host for node in plan.nodes for proc in node.processes if node.host}
         defer = WAITER_DEFER if plan.nnodes > 1 and not plan.simulated else 0.0
-        return cls(run_id, attempt, timeout, hosts, defer, start_timeout)
+        return cls(run_id, attempt, timeout, hosts, defer, start_timeout, node_timeout)
 
-    def _age(self, report: progress.Progress, now: float) -> float | None:
-        """How long ``report``'s rank has been silent past its limit's start; None: within its limit."""
-        if report.count == 0:  # nothing reported yet: judged from the attempt's start
-            if self.start_timeout is None or now - self.started < self.start_timeout:
-                return None
-            return now - self.started
-        if self.timeout is None or now - report.monotonic < self.timeout:
-            return None
-        return now - report.monotonic
+    def _seen(self, report: progress.Progress, now: float) -> hang_limit.Seen:
+        silent = now - (report.monotonic if report.count else self.started)
+        idle = now - report.python_at if report.python_at > 0.0 else None
+        return hang_limit.Seen(report.count, silent, idle)
 
     def stale(self, workers: list[Worker], now: float | None = None) -> list[Stale]:
-        """The hung ranks among ``workers`` (live ones), outside a collective wait first; [] between polls."""
+        """The hung ranks among ``workers`` (live ones), the likeliest culprit first; [] between polls.
+
+        Every poll also learns the step intervals (``hang_limit.StepTimes``). Nothing is declared
+        while a silent rank of this node still runs Python (``hang_limit.hung_on_node``).
+        """
         now = time.monotonic() if now is None else now
         if now < self._next:
             return []
         self._next = now + self.every
-        found = []
+        judged = []
         for report in progress.read_run(self.run_id):
-            age = self._age(report, now) if report.attempt == self.attempt else None
-            if age is None:
+            if report.attempt != self.attempt:
+                continue
+            if report.count:
+                self.learned.learn(report.pid, report.count, report.monotonic)
+            verdict = hang_limit.judge(self._seen(report, now), self.policy, self.learned.slowest)
+            if verdict.limit is None:
                 continue
             worker = _owner(report, workers)
             if worker is None or not _alive(report.pid):
                 continue
             host = self.hosts.get(worker.spec.rank) or socket.gethostname()
-            found.append(Stale(report, worker, host, age))
-        found.sort(key=lambda s: (s.in_collective, s.report.monotonic, s.report.step))
+            age = self._seen(report, now).silent
+            judged.append(Stale(report, worker, host, age, verdict=verdict, state=process_state(report.pid)))
+        stopped = any(s.verdict is not None and s.verdict.hung and s.state in ("T", "t") for s in judged)
+        if not hang_limit.hung_on_node((s.verdict for s in judged if s.verdict is not None), stopped):
+            return []
+        found = sorted((s for s in judged if s.verdict is not None and _named(s.verdict, s.age)), key=blame_order)
         if found and found[0].in_collective and self.defer > 0:  # every one waits: the culprit is elsewhere
             self._only_waiters_since = self._only_waiters_since or now
             if now - self._only_waiters_since < self.defer:
                 return []
         return found
 
+    def declared(self, stale: list[Stale]) -> None:
+        """The hang was declared (its culprit first): twice at one step teaches ``auto`` (``after_hang``)."""
+        first = stale[0]
+        if self.policy.auto and first.report.count > 1:
+            self.learned.hung(first.report.step, first.age)
+
+    def limit_now(self) -> float | None:
+        """The silence that makes a rank that reported (and is past its first step) hung now."""
+        if self.policy.auto:
+            return self.learned.limit(self.policy.others_lost_after)
+        return self.timeout if isinstance(self.timeout, float | int) else None
+
     def log_marks(self, stale: list[Stale]) -> dict[int, tuple[str, int]]:
-        """Where each rank outside a collective wait stands in its log (pid → path, offset), before its stacks."""
+        """Where each hung rank stands in its log (pid → path, offset), before its stacks are asked for."""
         marks = {}
         for s in stale:
             log = s.worker.log
-            if not s.in_collective and s.worker.spec.log and log is not None and not log.closed:
+            if s.worker.spec.log and log is not None and not log.closed:
                 with contextlib.suppress(OSError, ValueError):
                     marks[s.worker.pid] = (s.worker.spec.log, log.tell())
         return marks
 
     def failure(self, stale: list[Stale], marks: dict[int, tuple[str, int]] | None = None) -> Failure:
-        """The failure the supervisor reports: ranks outside a collective wait first (with frames), then the rest.
+        """The failure the supervisor reports: the likeliest culprit first (``blame_order``), then the rest.
 
-        ``marks`` (``log_marks`` taken before the stacks were dumped) says where to read each
-        rank's stacks for its innermost frame; without them no frame is named.
+        ``marks`` (``log_marks`` taken before the stacks were asked for) says where to read each
+        rank's stacks: its innermost frame, and whether it answered at all; without them neither
+        is known and the order is the one ``stale`` found.
         """
-        for s in stale:
-            if marks and s.worker.pid in marks:
-                s.frame = innermost_frame(_read_from(*marks[s.worker.pid]))
+        if marks:
+            for s in stale:
+                if s.worker.pid in marks:
+                    text = _read_from(*marks[s.worker.pid])
+                    s.frame = innermost_frame(text)
+                    if s.report.stack_signal:  # it registered the stack signal: it answers unless it cannot run
+                        s.answered = _THREAD_IN.search(text) is not None
+                s.state = process_state(s.report.pid) or s.state
+            stale = sorted(stale, key=blame_order)
         first = stale[0]
         if first.report.count == 0:
             limit = format_duration(self.start_timeout or 0.0)
             cause = f"hung before its first step: no progress report {limit} after the attempt started "
             cause += f"(monitor.start_timeout) on host {first.host}, {_where(first)}"
         else:
-            cause = f"hung: no progress for {format_duration(self.timeout or 0.0)} (monitor.hang_timeout) "
-            cause += f"on host {first.host}, last step {first.report.step}, {_where(first)}"
-        outside = [s for s in stale[1:] if not s.in_collective]
-        waiting = [s for s in stale[1:] if s.in_collective]
+            cause = f"hung: {self._silence(first)} on host {first.host}, last step {first.report.step}, {_where(first)}"
+        stuck = [s for s in stale[1:] if s.stuck]
+        outside = [s for s in stale[1:] if not s.stuck and not s.in_collective]
+        waiting = [s for s in stale[1:] if not s.stuck and s.in_collective]
+        if stuck:
+            cause += "; also " + ", ".join(f"{s.describe()} {s.stuck}" for s in stuck)
         if outside:
             cause += "; also outside a collective: " + ", ".join(f"{s.describe()} {_where(s)}" for s in outside)
         if waiting:
-            cause += "; waiting in a collective: " + ", ".join(s.describe() for s in waiting)
+            cause += "; waiting in a collective: " + ", ".join(_waits(s) for s in waiting)
         details: dict[str, Any] = {
             "outside_collective": [s.worker.spec.rank for s in stale if not s.in_collective],
             "in_collective": [s.worker.spec.rank for s in stale if s.in_collective],
-            "frames": {str(s.worker.spec.rank): s.frame for s in stale if s.frame},
+            "frames": {str(s.worker.spec.rank): s.frame for s in stale if s.frame and not s.in_collective},
         }
+        if any(s.stuck for s in stale):
+            details["stuck"] = {str(s.worker.spec.rank): s.stuck for s in stale if s.stuck}
+        if first.verdict is not None and first.verdict.rule in ("auto", "busy"):
+            details["hang_limit_s"] = round(first.verdict.limit or 0.0, 3)
+            details["slowest_step_s"] = round(self.learned.slowest or 0.0, 3)
         w = first.worker
         tail = list(w.tail)
         return Failure(w.label, w.spec.rank, w.pid, HANG_EXIT_CODE, None, tail, w.spec.log, cause, details)
 
+    def _silence(self, s: Stale) -> str:
+        """``no progress for …`` and the rule that judged it."""
+        verdict = s.verdict or hang_limit.Verdict(True, self.limit_now(), "hang_timeout")
+        limit = format_duration(verdict.limit or 0.0)
+        if verdict.rule == "hang_timeout":
+            return f"no progress for {limit} (monitor.hang_timeout)"
+        if verdict.rule == "first_step":
+            return f"no progress for {limit} after its first report, in its first step (monitor.start_timeout)"
+        slowest = self.learned.slowest
+        learned = f"{hang_limit.K:g} × slowest step {slowest:.3g}s" if slowest is not None else "no step measured"
+        how = f"monitor.hang_timeout: auto = max({learned}, floor {format_duration(hang_limit.FLOOR)})"
+        if verdict.rule == "busy":
+            return f"no progress for {limit} although it still runs Python ({how}, then monitor.start_timeout)"
+        if self.policy.others_lost_after > hang_limit.auto_limit(slowest):
+            how += f", no less than monitor.node_timeout + {WAITER_DEFER:g}s on several nodes"
+        return f"no progress for {s.age:.1f}s ({how} = {format_duration(self.limit_now() or 0.0)})"
+
+
+def _waits(s: Stale) -> str:
+    return s.describe() + (f" in {s.frame}" if s.frame and collective_frame(s.frame) else "")
+
 
 def _where(s: Stale) -> str:
+    if s.stuck:
+        return s.stuck
+    if s.in_collective and s.frame and collective_frame(s.frame):
+        return f"waiting in a collective, innermost frame {s.frame} (no rank of this node is outside one)"
     if s.in_collective:
         return "waiting in a collective (no rank of this node is outside one)"
     return "outside any collective wait" + (f", innermost frame {s.frame}" if s.frame else "")
 
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+.*\(most recent call first\):\s*$")
+_THREAD_IN = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+", re.MULTILINE)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
 
 

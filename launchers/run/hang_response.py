@@ -1,5 +1,8 @@
 """How this node's supervisor answers a rank that stopped making progress (``monitor.hang_timeout``).
 
+Which ranks are hung, and for how long is too long, ``launchers.run.hang`` says (its limits:
+``launchers.observe.hang_limit``); this module only acts on it.
+
 While the ranks train, a hung rank is a failure like a crash: every process writes its stacks,
 the job is told, and the others stop (flash save first). While they stop gracefully, a rank hung
 since before the stop cannot reach the agreed step, so the stop does not wait for it. Kept apart
@@ -38,7 +41,7 @@ class HangResponse:
         raise NotImplementedError
 
     def _check_hang(self) -> None:
-        """Ranks without progress for ``monitor.hang_timeout``: their stacks, then a failure like any other."""
+        """Ranks without progress for their limit (``monitor.hang_timeout``): stacks, then a failure like any other."""
         if self.hang is None or self._failure is not None:
             return
         if self.teardown.stopping:
@@ -51,6 +54,9 @@ class HangResponse:
         marks = self.hang.log_marks(stale)  # where the stacks of the ranks outside a collective will start
         self.dump_stacks()
         self._failure = self.hang.failure(stale, marks)  # now with their innermost frames
+        self.hang.declared(stale)
+        for rank, why in (self._failure.details.get("stuck") or {}).items():
+            self.announce(f"rank {rank}: {why}; the culprit, not a rank waiting for another")
         frames = self._failure.details.get("frames") or {}
         for rank, frame in frames.items():
             self.announce(f"rank {rank} is outside any collective wait; innermost frame: {frame}")

@@ -16,6 +16,12 @@ ignored by default, so mlaunch may send it to every process group of the node wi
 killing processes that did not register it, and it does not clash with the stop and notice
 signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2).
 
+For ``hang_timeout: auto`` the file also says when the rank's main thread last ran Python
+(``_watch_python``): a daemon thread asks the interpreter to run a tiny pending call every
+``PYTHON_EVERY`` s, which runs only between two bytecodes of the main thread and stamps the time.
+A silent rank with a fresh stamp is busy (an evaluation, a save), not hung
+(``launchers.observe.hang_limit``).
+
 For the status view, straggler detection and the goodput report the file also keeps the
 first step and time this process reported, the seconds it spent waiting for other ranks
 (``waiting()``; ``guard.should_stop`` wraps its agreement in it), the seconds its
@@ -35,14 +41,14 @@ import signal
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from launchers.elastic.ranks import env
 
 STACK_SIGNAL = signal.SIGURG
 MAGIC = b"MLPROG01"
-SIZE = 128
+SIZE = 136
 _HEAD = struct.Struct("<8sqqqi")  # magic, pid, rank, attempt, stack signal (0: not registered)
 _BEAT = struct.Struct("<qQdd")  # step, count, monotonic, wall
 _BEAT_AT = 64
@@ -56,6 +62,9 @@ _EXTRA = struct.Struct("<ddq")  # seconds waiting for other ranks, seconds block
 _EXTRA_AT = 96
 _STARTED_OVER = struct.Struct("<q")  # the newest committed step this rank could not load and started over from; -1
 _STARTED_OVER_AT = 120
+_PYTHON = struct.Struct("<d")  # monotonic time the main thread last ran Python (``watch_python``); 0.0: not watched
+_PYTHON_AT = 128
+PYTHON_EVERY = 0.25  # seconds between two stamps of the main thread running Python
 
 
 def _shm_dir() -> str:
@@ -127,7 +136,9 @@ def _open() -> mmap.mmap | None:
     _EXTRA.pack_into(mm, _EXTRA_AT, _waited, _saving, _committed)
     _WAITING.pack_into(mm, _WAITING_AT, 0.0)
     _STARTED_OVER.pack_into(mm, _STARTED_OVER_AT, _started_over)
+    _PYTHON.pack_into(mm, _PYTHON_AT, 0.0)
     _map = mm
+    _watch_python()
     return mm
 
 
@@ -258,8 +269,76 @@ def reopen() -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child (a data-loader worker) is not the rank: it must not write the parent's file."""
-    global _map, _count, _off, _first_written, _guarded, _depth
-    _map, _count, _off, _first_written, _guarded, _depth = None, 0, True, False, 0, 0
+    global _map, _count, _off, _first_written, _guarded, _depth, _watching
+    _map, _count, _off, _first_written, _guarded, _depth, _watching = None, 0, True, False, 0, 0, 0
+
+
+# ----------------------------------------------------------------------------------------
+# Does the main thread still run Python? (``hang_timeout: auto``'s question before it judges)
+# ----------------------------------------------------------------------------------------
+
+_watching = 0  # the pid whose thread asks (0: none): a forked child has none until it becomes a rank
+_watch_stop = False
+
+
+def _ran_python(_arg: object) -> int:
+    """Run by the main thread between two bytecodes (a pending call): stamp the time."""
+    try:
+        mm = _map
+        if mm is not None:
+            _PYTHON.pack_into(mm, _PYTHON_AT, time.monotonic())
+    except Exception:  # noqa: BLE001,S110 - never disturb the rank (interpreter shutting down...)
+        pass
+    return 0
+
+
+def _pending_call() -> Callable[[], object] | None:
+    """``Py_AddPendingCall(_ran_python)`` as a function of no argument; None where ctypes cannot do it."""
+    try:
+        import ctypes
+
+        callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(_ran_python)
+        # never freed: a pending call may still run while the interpreter shuts down
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(callback))
+        add = ctypes.pythonapi.Py_AddPendingCall
+        add.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        add.restype = ctypes.c_int
+        pointer = ctypes.cast(callback, ctypes.c_void_p)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None
+    return lambda: add(pointer, None)
+
+
+def _watch_python() -> None:
+    """A daemon thread asks the main thread to stamp ``_PYTHON`` every ``PYTHON_EVERY`` seconds.
+
+    The stamp is written only when the main thread executes bytecode: a rank evaluating, saving
+    or loading data keeps it fresh; one stopped (SIGSTOP), stuck in a driver, or blocked in a
+    collective, a lock or a sleep does not. Costs one pending call every quarter second.
+    """
+    global _watching, _watch_stop
+    if _watching == os.getpid():
+        return
+    add = _pending_call()
+    if add is None:
+        return
+    import atexit
+    import threading
+
+    _watching, _watch_stop = os.getpid(), False
+    pid = _watching
+
+    def ask() -> None:
+        while not _watch_stop and _watching == pid and os.getpid() == pid:
+            add()
+            time.sleep(PYTHON_EVERY)
+
+    def stop() -> None:
+        global _watch_stop
+        _watch_stop = True
+
+    atexit.register(stop)
+    threading.Thread(target=ask, name="mlaunch-python-watch", daemon=True).start()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -309,6 +388,7 @@ class Progress:
     guarded: bool = False
     waiting_since: float = 0.0  # monotonic time it entered ``waiting()`` (a collective); 0.0: not inside one
     started_over: int = -1  # it started from scratch although this step was committed (``started_over``)
+    python_at: float = 0.0  # monotonic time its main thread last ran Python; 0.0: not watched
 
     @property
     def in_collective(self) -> bool:
@@ -333,6 +413,7 @@ def read(path: str) -> Progress | None:
     (guarded,) = _GUARDED.unpack_from(data, _GUARDED_AT)
     (waiting_since,) = _WAITING.unpack_from(data, _WAITING_AT)
     (over,) = _STARTED_OVER.unpack_from(data, _STARTED_OVER_AT)
+    (python_at,) = _PYTHON.unpack_from(data, _PYTHON_AT)
     return Progress(
         path,
         pid,
@@ -351,6 +432,7 @@ def read(path: str) -> Progress | None:
         guarded=guarded == 1,
         waiting_since=waiting_since,
         started_over=over,
+        python_at=python_at,
     )
 
 
