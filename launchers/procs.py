@@ -78,6 +78,9 @@ def signal_group(pid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
+STOPPED_STATES = frozenset("Tt")  # the /proc state letters of a stopped (or traced) process
+
+
 def signal_stop(leaders: list[int], sig: int, guarded: set[int]) -> None:
     """A stop signal to the groups led by ``leaders``, except to what a guarded process stops itself.
 

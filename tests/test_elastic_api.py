@@ -51,6 +51,7 @@ def test_the_documented_api_and_submodules_are_reachable() -> None:
             "finished",
             "heartbeat",
             "install",
+            "recoverable",
             "waiting",
         ]
     )

@@ -137,7 +137,8 @@ def test_the_training_side_imports_nothing_of_the_launcher() -> None:
         if name.startswith("launchers.elastic")
         for target in targets
         if not target.startswith("launchers.elastic")
-        and target not in ("launchers.log", "launchers.elastic.ipc.import_report")
+        # launchers.store_wait: stdlib only, shared by the standbys and elastic.recoverable's rejoining ranks
+        and target not in ("launchers.log", "launchers.elastic.ipc.import_report", "launchers.store_wait")
     }
     assert not offenders, sorted(offenders)
 
@@ -239,6 +240,7 @@ def test_run_holds_supervision_and_the_restart_loop_only() -> None:
     their own rooms; a module added to run/ is one of these or says here why it belongs (issue 33 item 6)."""
     supervision = {"supervisor", "streams", "teardown", "signal_router", "watchdog", "hang", "labels", "taskd_manager"}
     supervision.add("hang_response")  # the supervisor's answer to a hung rank (job_event_response: to the job)
+    supervision.add("hang_stacks")  # the stacks of a hang's processes, before anything is killed
     supervision.add("in_place")  # the supervisor's answer to a peer's failure when the ranks recover in place
     supervision.add("shm_sweep")  # the watchdog's cleanup for runs whose watchdog died too: what processes left
     restart_loop = {"runner", "restarts", "membership", "attempt", "retry_policy", "job_wide", "job_event_response"}

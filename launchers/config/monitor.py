@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from launchers.config.durations import DURATION_PATTERN, parse_duration
 from launchers.config.fields import Duration, Section
 from launchers.config.limits import MAX_DURATION
-from launchers.observe.hang_limit import AUTO, FLOOR, K
+
+K = 3.0  # × the slowest step seen (hang_timeout: auto; launchers.observe.hang_limit decides with it)
+FLOOR = 10.0  # seconds: the least an auto limit is
+AUTO: Final = "auto"
 
 CONTROL_PORT_OFFSET = 1000  # the control plane's default port: the master (rendezvous) port + this
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -30,6 +30,7 @@ from launchers.control import messages as m
 from launchers.control.cadence import Cadence, cadence
 from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.gathers import Done, Gathers
+from launchers.control.hub_counts import Dropped, Traffic, wire_stats  # noqa: E402
 from launchers.control.hub_view import HubView, Publisher
 from launchers.control.membership import Membership
 from launchers.control.reductions import BUILTIN, Reducers
@@ -42,26 +43,6 @@ VIEW_CACHE = 0.5  # seconds an encoded whole view is reused for other nodes aski
 _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)  # plain ints: the per-peer loop is the cost
 BATCH = 2000  # messages taken in before the timers are looked at again
 GONE_AGAIN = "it was left out of the job earlier"
-
-
-@dataclass
-class Dropped:
-    """Messages the hub did not act on, by why (``mlaunch status`` shows them with ``transport.Strangers``)."""
-
-    unverified: int = 0  # no valid MAC: garbage, a forgery, another job's key
-    malformed: int = 0  # sealed with the job's key, but not a message the hub knows
-
-
-@dataclass
-class Traffic:
-    """What crossed the hub's socket (the benchmark's bytes per second)."""
-
-    messages_in: int = 0
-    bytes_in: int = 0
-    messages_out: int = 0
-    bytes_out: int = 0
-    slowest_broadcast: float = 0.0  # seconds the longest broadcast took to hand to every peer's queue
-    broadcasts: dict[str, tuple[float, float]] = field(default_factory=dict)  # kind → (began, seconds) of the last
 
 
 class Hub(threading.Thread):
@@ -357,15 +338,7 @@ class Hub(threading.Thread):
 
     def wire_stats(self) -> dict[str, Any]:
         """What strangers cost the hub so far (any thread: plain ints, read whole enough for a status line)."""
-        strangers = self.strangers
-        return {
-            "encrypted": self.curve is not None,
-            "unverified": self.dropped.unverified,
-            "malformed": self.dropped.malformed,
-            "handshake_failed": strangers.handshake_failed,
-            "closed_unauthenticated": strangers.closed_unauthenticated,
-            "pending": strangers.pending(),
-        }
+        return wire_stats(self.curve is not None, self.dropped, self.strangers)
 
     def _check_lost(self, now: float) -> None:
         close, short = self.membership.fuse(now, self.cadence.heartbeat)  # ``silence_limit``, said once

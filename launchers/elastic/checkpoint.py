@@ -11,8 +11,8 @@ same step, as after ``should_stop``):
    rank hangs waiting for one that gave up;
 4. an all-reduce of rank 0's result: everyone returns, or everyone raises ``CheckpointError``.
 
-Without a process group but with several ranks (``RANK``/``WORLD_SIZE`` set, no collective),
-rank 0 commits once every rank's shard and ``.done`` file is there, as DLRover's agents do.
+Without a process group but with several ranks (``RANK``/``WORLD_SIZE`` set, no collective), rank 0 commits
+once every rank's shard and ``.done`` file is there, as DLRover's agents do.
 
 ``load_latest()`` returns this rank's state from the newest committed step (all ranks agree
 on the step when a group is up), or None. Loading runs no code: a shard's header is JSON and a
@@ -373,11 +373,7 @@ class Checkpointer:
     # -- helpers -----------------------------------------------------------------------
     def _meta(self, step: int, rank: int, world: int, how: str) -> dict[str, Any]:
         return {
-            "step": step,
-            "rank": rank,
-            "world_size": world,
-            "how": how,
-            "attempt": env.attempt(),
+            **{"step": step, "rank": rank, "world_size": world, "how": how, "attempt": env.attempt()},
             "resumed_from": self.loaded.id if self.loaded else None,
             **self.lineage(),
             **ddp_layouts.header(),  # DDP's gradient bucket layouts: a resume reduces as the run did (issue 48)

@@ -83,6 +83,14 @@ def resumed(shard: Path) -> None:
             _arm(model, index)
 
 
+def forget_models() -> None:
+    """A recovering process calls its training function again (``elastic.recoverable``): the models the failed
+    call built are gone, and the next call's are numbered from 0 again, as in a fresh process."""
+    with _lock:
+        _models.clear()
+        _pending.clear()
+
+
 def _ddp_class() -> Any:
     module = sys.modules.get("torch.nn.parallel.distributed")
     return getattr(module, "DistributedDataParallel", None) if module is not None else None

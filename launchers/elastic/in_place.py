@@ -244,6 +244,9 @@ def _rejoin(word: recovery.Word) -> None:
     started = time.monotonic()
     _settle_device_copies()
     os.environ.update(word.env)
+    layouts = sys.modules.get("launchers.elastic.ddp_layouts")
+    if layouts is not None:
+        layouts.forget_models()  # the next call's DDP models are numbered as in a fresh process
     progress.reopen()  # the next report writes a new progress file, of the new attempt
     rank_segment.reopen()  # the next stage writes a new segment, of the new attempt
     if "torch" in sys.modules and _cuda_initialized():
@@ -271,7 +274,7 @@ def _wait_for_rank0_store() -> None:
     """
     host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     if host and port.isdigit() and env.env_rank() > 0:
-        from launchers.elastic.ranks.store_wait import wait_for_listener
+        from launchers.store_wait import wait_for_listener
 
         wait_for_listener(host, int(port), STORE_WAIT_SECONDS)
 

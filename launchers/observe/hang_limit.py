@@ -33,11 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final
 
-K = 3.0  # × the slowest step seen
-FLOOR = 10.0  # seconds: the least an auto limit is
-AUTO: Final = "auto"
+from launchers.config.monitor import AUTO as AUTO  # noqa: E402 - job.yaml's word and numbers, defined with the key
+from launchers.config.monitor import FLOOR as FLOOR  # noqa: E402
+from launchers.config.monitor import K as K  # noqa: E402
+
 BUSY_SHARE = 0.6  # busy: its main thread ran Python within this share of the limit (6 s at the floor)
 WAITER_DEFER = 2.0  # seconds a node whose hung ranks all wait in a collective leaves to the culprit's node
 

@@ -87,7 +87,6 @@ def run_attempt(
     quiesce = background.stop if background else None
     flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)
     run.observer.attempt_started(plan, attempt)
-    survivors = run.survivors
     try:
         supervisor = Supervisor(
             plan.processes,
@@ -112,11 +111,11 @@ def run_attempt(
                 ),
                 watchdog=run.watchdog,
             ),
-            in_place=survivors is not None,
-            adopt=survivors.take() if survivors is not None else None,
+            in_place=run.survivors is not None,
+            adopt=run.survivors.take() if run.survivors is not None else None,
         )
         outcome = supervisor.run()
-        _in_place_events(supervisor, survivors, run.observer, attempt)
+        _in_place_events(supervisor, run.survivors, run.observer, attempt)
     finally:
         if background is not None:
             background.stop()

@@ -36,12 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import shutil
 import socket
-import subprocess
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +46,13 @@ from launchers.elastic.ipc import progress
 from launchers.observe import hang_limit
 from launchers.outcome import Failure
 from launchers.plan import LaunchPlan
-from launchers.procs import signal_group
+from launchers.procs import STOPPED_STATES
+from launchers.run.hang_stacks import answered_stack_request
+from launchers.run.hang_stacks import dump_stacks as dump_stacks
+from launchers.run.hang_stacks import innermost_frame as innermost_frame
 from launchers.run.streams import Worker
 
 HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryable for exit-code restart policies
-DUMP_WAIT = 2.0  # at most this long for the stacks to arrive before the stop goes on
-DUMP_QUIET = 0.3  # ... or until the ranks have been silent this long after the signal
-PY_SPY_TIMEOUT = 10.0
 WAITER_DEFER = hang_limit.WAITER_DEFER  # seconds a node whose hung ranks all wait in a collective leaves to others
 MAX_STACK_BYTES = 1 << 20  # of a log read back for a frame: a dump is a few KiB
 
@@ -82,7 +78,7 @@ class Stale:
     @property
     def stuck(self) -> str | None:
         """Why this process cannot be waiting for another rank (stopped, in the kernel, deaf); None: it may be."""
-        if self.state in ("T", "t"):
+        if self.state in STOPPED_STATES:
             return f"stopped (process state {self.state}: SIGSTOP or a debugger)"
         if self.state == "D":
             return "in uninterruptible sleep (process state D: stuck in the kernel or a driver)"
@@ -204,7 +200,7 @@ class HangMonitor:
             host = self.hosts.get(worker.spec.rank) or socket.gethostname()
             age = self._seen(report, now).silent
             judged.append(Stale(report, worker, host, age, verdict=verdict, state=process_state(report.pid)))
-        stopped = any(s.verdict is not None and s.verdict.hung and s.state in ("T", "t") for s in judged)
+        stopped = any(s.verdict is not None and s.verdict.hung and s.state in STOPPED_STATES for s in judged)
         if not hang_limit.hung_on_node((s.verdict for s in judged if s.verdict is not None), stopped):
             return []
         found = sorted((s for s in judged if s.verdict is not None and _named(s.verdict, s.age)), key=blame_order)
@@ -249,7 +245,7 @@ class HangMonitor:
                     text = _read_from(*marks[s.worker.pid])
                     s.frame = innermost_frame(text)
                     if s.report.stack_signal:  # it registered the stack signal: it answers unless it cannot run
-                        s.answered = _THREAD_IN.search(text) is not None
+                        s.answered = answered_stack_request(text)
                 s.state = process_state(s.report.pid) or s.state
             stale = sorted(stale, key=blame_order)
         first = stale[0]
@@ -314,32 +310,6 @@ def _where(s: Stale) -> str:
     return "outside any collective wait" + (f", innermost frame {s.frame}" if s.frame else "")
 
 
-_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+.*\(most recent call first\):\s*$")
-_THREAD_IN = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+", re.MULTILINE)
-_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
-
-
-def innermost_frame(text: str) -> str | None:
-    """``file.py:LINE in function``: the innermost frame of the main thread in a ``faulthandler`` dump.
-
-    The main thread is the one whose outermost frame is the script (``<module>``) or ``runpy``;
-    else the thread the signal interrupted (``Current thread``); else the first one listed.
-    """
-    threads: list[tuple[bool, list[tuple[str, str, str]]]] = []
-    for line in text.splitlines():
-        if m := _THREAD.match(line):
-            threads.append((m.group(1) == "Current thread", []))
-        elif threads and (f := _FRAME.match(line)):
-            threads[-1][1].append((f.group(1), f.group(2), f.group(3)))
-    threads = [t for t in threads if t[1]]
-    if not threads:
-        return None
-    main = [t for t in threads if t[1][-1][2] == "<module>" or t[1][-1][0].endswith("runpy.py")]
-    current = [t for t in threads if t[0]]
-    path, line, function = (main or current or threads)[0][1][0]
-    return f"{os.path.basename(path)}:{line} in {function}"
-
-
 def _read_from(path: str, offset: int) -> str:
     with contextlib.suppress(OSError), open(path, "rb") as fh:
         fh.seek(offset)
@@ -371,79 +341,3 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True
     return True
-
-
-def dump_stacks(
-    workers: list[Worker],
-    *,
-    run_id: str,
-    pump: Callable[[float], bool],
-    announce: Callable[[str], None],
-) -> None:
-    """Every process's Python stacks into its log, before anything is killed.
-
-    The stack signal goes to each rank that registered it (``launchers.elastic``), and only to
-    that process: its DataLoader workers inherited the handler and would write their stacks into
-    the same log at the same moment, interleaved line by line. A process without a registered
-    rank in its tree (a wrapper that started one some other way) gets it for its whole group
-    (SIGURG is ignored by whoever did not register it); ranks that never imported
-    ``launchers.elastic`` get ``py-spy dump`` when it is installed. ``pump`` reads the workers'
-    output (so the stacks reach the logs) and says whether any arrived; this returns once they
-    stopped arriving, within ``DUMP_WAIT``.
-    """
-    registered = {p.pid for p in progress.read_run(run_id) if p.stack_signal}
-    unregistered = [w for w in workers if not _has_registered(w, registered)]
-    for worker in unregistered:
-        signal_group(worker.pid, progress.STACK_SIGNAL)
-    for pid in registered:  # the rank alone, wherever it is (under a wrapper that made a group of its own too)
-        with contextlib.suppress(OSError):
-            os.kill(pid, progress.STACK_SIGNAL)
-    spies = _py_spy(unregistered)
-    end = time.monotonic() + DUMP_WAIT
-    quiet_since = time.monotonic()
-    while time.monotonic() < end:
-        if pump(min(DUMP_QUIET, max(0.0, end - time.monotonic()))):
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= DUMP_QUIET:
-            break
-    _collect_py_spy(spies, announce)
-    announce(f"stacks of {len(workers)} processes written to their logs (signal {progress.STACK_SIGNAL.name})")
-
-
-def _has_registered(worker: Worker, registered: set[int]) -> bool:
-    if worker.pid in registered:
-        return True
-    with contextlib.suppress(Exception):
-        import psutil
-
-        return any(child.pid in registered for child in psutil.Process(worker.pid).children(recursive=True))
-    return False
-
-
-def _py_spy(workers: Iterable[Worker]) -> list[tuple[Worker, subprocess.Popen[bytes]]]:
-    exe = shutil.which("py-spy")
-    if exe is None:
-        return []
-    spies = []
-    for worker in workers:
-        with contextlib.suppress(OSError):
-            popen = subprocess.Popen(
-                [exe, "dump", "--pid", str(worker.pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-            spies.append((worker, popen))
-    return spies
-
-
-def _collect_py_spy(spies: list[tuple[Worker, subprocess.Popen[bytes]]], announce: Callable[[str], None]) -> None:
-    for worker, popen in spies:
-        try:
-            out, _ = popen.communicate(timeout=PY_SPY_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            out, _ = popen.communicate()
-        text = out.decode("utf-8", "replace")
-        if worker.log is not None and not worker.log.closed:
-            with contextlib.suppress(OSError, ValueError):
-                worker.log.write(f"py-spy dump of pid {worker.pid}:\n{text}".encode())
-                worker.log.flush()
-        announce(f"py-spy stacks of {worker.label} written to {worker.spec.log or 'nowhere (no log file)'}")

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from launchers.elastic.ipc import recovery
 from launchers.outcome import Failure
 from launchers.plan import ProcessSpec
-from launchers.procs import process_env
+from launchers.procs import STOPPED_STATES, process_env
 from launchers.run.streams import OutputStreams, Worker
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def stuck_pids(pids: Iterable[int]) -> set[int]:
                 state = fh.read().rpartition(")")[2].split()[0]
         except (OSError, IndexError):
             continue
-        if state in ("T", "t", "D"):
+        if state in STOPPED_STATES | {"D"}:
             found.add(pid)
     return found
 

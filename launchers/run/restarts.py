@@ -155,7 +155,7 @@ class RestartLoop:
         why = " (the attempt trained before it failed: no backoff)" if self._streak == 0 else ""
         if self._streak > 1:
             why = f" ({self._streak} failures in a row without a step: backoff doubled)"
-        say(f"restarting the group ({restarts + 1}/{policy.max_restarts}) in {delay:g}s{why}{warm}")
+        say(f"restarting the group ({restarts + 1}/{policy.max_restarts}) in {delay:g}s{warm}{why}")
         self.run.observer.restarting(attempt, delay)
         received = [s for s in self.run.signals.wait(delay) if s in early_signals.STOP_SIGNALS]
         if received:

@@ -34,7 +34,7 @@ import sys
 import traceback
 import types
 
-from launchers.elastic.ranks.store_wait import wait_for_listener
+from launchers.store_wait import wait_for_listener
 
 READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
 

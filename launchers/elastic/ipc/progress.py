@@ -41,9 +41,10 @@ import signal
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from launchers.elastic.ipc import python_watch
 from launchers.elastic.ranks import env
 
 STACK_SIGNAL = signal.SIGURG
@@ -64,7 +65,7 @@ _STARTED_OVER = struct.Struct("<q")  # the newest committed step this rank could
 _STARTED_OVER_AT = 120
 _PYTHON = struct.Struct("<d")  # monotonic time the main thread last ran Python (``watch_python``); 0.0: not watched
 _PYTHON_AT = 128
-PYTHON_EVERY = 0.25  # seconds between two stamps of the main thread running Python
+PYTHON_EVERY = python_watch.PYTHON_EVERY
 
 
 def _shm_dir() -> str:
@@ -138,7 +139,7 @@ def _open() -> mmap.mmap | None:
     _STARTED_OVER.pack_into(mm, _STARTED_OVER_AT, _started_over)
     _PYTHON.pack_into(mm, _PYTHON_AT, 0.0)
     _map = mm
-    _watch_python()
+    python_watch.start(_stamp_python)
     return mm
 
 
@@ -254,6 +255,13 @@ def report_as_new_rank() -> None:
     _off = False
 
 
+def _stamp_python() -> None:
+    """The main thread ran Python just now (``python_watch``): the time goes into this rank's file."""
+    mm = _map
+    if mm is not None:
+        _PYTHON.pack_into(mm, _PYTHON_AT, time.monotonic())
+
+
 def reopen() -> None:
     """This process joins a new attempt in place (``elastic.recoverable``): its next report opens a new file.
 
@@ -269,76 +277,8 @@ def reopen() -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child (a data-loader worker) is not the rank: it must not write the parent's file."""
-    global _map, _count, _off, _first_written, _guarded, _depth, _watching
-    _map, _count, _off, _first_written, _guarded, _depth, _watching = None, 0, True, False, 0, 0, 0
-
-
-# ----------------------------------------------------------------------------------------
-# Does the main thread still run Python? (``hang_timeout: auto``'s question before it judges)
-# ----------------------------------------------------------------------------------------
-
-_watching = 0  # the pid whose thread asks (0: none): a forked child has none until it becomes a rank
-_watch_stop = False
-
-
-def _ran_python(_arg: object) -> int:
-    """Run by the main thread between two bytecodes (a pending call): stamp the time."""
-    try:
-        mm = _map
-        if mm is not None:
-            _PYTHON.pack_into(mm, _PYTHON_AT, time.monotonic())
-    except Exception:  # noqa: BLE001,S110 - never disturb the rank (interpreter shutting down...)
-        pass
-    return 0
-
-
-def _pending_call() -> Callable[[], object] | None:
-    """``Py_AddPendingCall(_ran_python)`` as a function of no argument; None where ctypes cannot do it."""
-    try:
-        import ctypes
-
-        callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(_ran_python)
-        # never freed: a pending call may still run while the interpreter shuts down
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(callback))
-        add = ctypes.pythonapi.Py_AddPendingCall
-        add.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        add.restype = ctypes.c_int
-        pointer = ctypes.cast(callback, ctypes.c_void_p)
-    except (ImportError, AttributeError, OSError, TypeError):
-        return None
-    return lambda: add(pointer, None)
-
-
-def _watch_python() -> None:
-    """A daemon thread asks the main thread to stamp ``_PYTHON`` every ``PYTHON_EVERY`` seconds.
-
-    The stamp is written only when the main thread executes bytecode: a rank evaluating, saving
-    or loading data keeps it fresh; one stopped (SIGSTOP), stuck in a driver, or blocked in a
-    collective, a lock or a sleep does not. Costs one pending call every quarter second.
-    """
-    global _watching, _watch_stop
-    if _watching == os.getpid():
-        return
-    add = _pending_call()
-    if add is None:
-        return
-    import atexit
-    import threading
-
-    _watching, _watch_stop = os.getpid(), False
-    pid = _watching
-
-    def ask() -> None:
-        while not _watch_stop and _watching == pid and os.getpid() == pid:
-            add()
-            time.sleep(PYTHON_EVERY)
-
-    def stop() -> None:
-        global _watch_stop
-        _watch_stop = True
-
-    atexit.register(stop)
-    threading.Thread(target=ask, name="mlaunch-python-watch", daemon=True).start()
+    global _map, _count, _off, _first_written, _guarded, _depth
+    _map, _count, _off, _first_written, _guarded, _depth = None, 0, True, False, 0, 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

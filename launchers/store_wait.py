@@ -3,6 +3,8 @@
 Shared by the warm standbys (a forked rank about to run the script) and ``elastic.recoverable`` (a
 survivor about to call the training function again): both start within milliseconds of rank 0, and
 a ``TCPStore`` client refused by a store that is not listening yet retries only after about 0.7 s.
+Standard library only, outside ``launchers.elastic``: a standby importing that package would register
+the ranks' stack-dump signal before it becomes a rank (a warm rank must look like a cold one).
 """
 
 from __future__ import annotations
