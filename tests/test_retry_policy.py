@@ -8,6 +8,7 @@ at step 3 — and check that the restarts stop after the second attempt, saying 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,7 @@ def test_default_policy_restarts_a_fault_after_progress_at_once(tmp_path: Path) 
     )
     result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("in 0s (the attempt trained before it failed: no backoff)") == 2, result.stderr
+    assert len(re.findall(r"in 0s[^(\n]*\(the attempt trained before it failed: no backoff\)", result.stderr)) == 2
 
 
 def test_default_policy_backs_off_a_crash_loop(tmp_path: Path) -> None:
@@ -146,4 +147,4 @@ def test_default_policy_backs_off_a_crash_loop(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("backoff: 0s, ", "max_restarts: 2, ").replace("{max_restarts: 3, ", "{"))
     err = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env()).stderr
     assert "restarting the group (1/2) in 1s" in err, err
-    assert "restarting the group (2/2) in 2s (2 failures in a row" in err, err
+    assert re.search(r"restarting the group \(2/2\) in 2s[^(\n]*\(2 failures in a row", err), err
