@@ -369,5 +369,6 @@ def test_a_host_with_another_host_key_is_refused(tmp_path: Path, hosts: list[Hos
     job.wait(timeout=30)
     assert all(n.code != 0 for n in job.nodes), job.dump()
     assert "it never answered: not started, unreachable, or another job secret" in job.nodes[2].out, job.dump()
-    assert "dropped a message that does not verify" in head.out, job.dump()
+    # With the encrypted wire (CURVE keys from the job secret) the other job's node never completes the handshake,
+    # so none of its messages reaches the hub's MAC check (tests/test_control_trust.py counts such handshakes).
     assert_hosts_empty(hosts)
