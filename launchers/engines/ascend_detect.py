@@ -139,7 +139,12 @@ def detect_rank_table(job: Job, env: Mapping[str, str], extra_args: Sequence[str
     job_id = job_id_of(job, {} if simulate else env)
     if path is None:
         return _simulated_table(job, env, rest, job_id)
-    table = load_rank_table(path, wait_timeout=job.ascend.wait_timeout, on_wait=say)
+    try:
+        table = load_rank_table(path, wait_timeout=job.ascend.wait_timeout, on_wait=say)
+    except PlatformError as exc:  # a table job.yaml named: the error names the file and the key that named it
+        if origin != "ascend.rank_table":
+            raise
+        raise PlatformError(f"{job.source or 'job.yaml'}: ascend.rank_table: {exc}") from None
     notes: list[str] = []
     started = per_device_start(env)
     only_rank = None
