@@ -11,12 +11,11 @@ training ends exactly as the same fault ends it in the local simulation of the s
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
-from netns import Host, NetnsHosts, netns_unavailable_reason
+from netns import Host, hosts_fixture
 from test_in_place import final, pids_per_rank, steps_trained
 
 pytestmark = [needs_torch, pytest.mark.netns, pytest.mark.slow]
@@ -24,13 +23,7 @@ pytestmark = [needs_torch, pytest.mark.netns, pytest.mark.slow]
 SCRIPT = ROOT / "tests" / "scripts" / "in_place_ddp.py"
 
 
-@pytest.fixture
-def hosts() -> Iterator[list[Host]]:
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with NetnsHosts(2) as net:
-        yield net.hosts
+hosts = pytest.fixture(hosts_fixture(2), name="hosts")
 
 
 def job_yaml(tmp: Path, iface: str) -> Path:
