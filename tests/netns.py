@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
@@ -229,3 +230,17 @@ def hosts_fixture(count: int) -> Callable[[], Iterator[list[Host]]]:
             yield net.hosts
 
     return fixture
+
+
+def communicate_all(procs: Sequence[subprocess.Popen[Any]], timeout: float) -> list[tuple[int, Any, Any]]:
+    """(exit code, stdout, stderr) of every process, in order; all are killed if one outlasts ``timeout``."""
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+        results.append((proc.returncode, out, err))
+    return results

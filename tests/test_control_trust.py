@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import zmq
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
-from netns import Host, hosts_fixture
+from netns import Host, communicate_all, hosts_fixture
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import CHAOS, final_checksum  # noqa: E402
@@ -230,15 +230,7 @@ def test_a_stranger_host_changes_nothing_and_is_counted_in_status(tmp_path: Path
         [sys.executable, str(STRANGER), job_hosts[0].ip, "7666", "trust", "10"],
         env=clean_env(PYTHONPATH=str(ROOT)), timeout=90,
     )  # fmt: skip
-    results = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise
-        results.append((proc.returncode, out, err))
+    results = communicate_all(procs, 60)
     text = f"stranger:\n{attack.stdout}{attack.stderr}\n" + "\n".join(
         f"--- host {i} exit {rc}\n{out}\n{err}" for i, (rc, out, err) in enumerate(results)
     )
@@ -296,15 +288,7 @@ def test_training_under_a_strangers_attack_ends_with_the_fault_free_parameters(
         [sys.executable, str(STRANGER), job_hosts[0].ip, "7666", "trust", "10"],
         env=clean_env(PYTHONPATH=str(ROOT)), timeout=120,
     )  # fmt: skip
-    results = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise
-        results.append((proc.returncode, out, err))
+    results = communicate_all(procs, 240)
     text = f"stranger:\n{attack.stdout}{attack.stderr}\n" + "\n".join(
         f"--- host {i} exit {rc}\n{out[-2000:]}\n{err[-3000:]}" for i, (rc, out, err) in enumerate(results)
     )

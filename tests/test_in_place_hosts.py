@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
-from netns import Host, hosts_fixture
+from netns import Host, communicate_all, hosts_fixture
 from test_in_place import final, pids_per_rank, steps_trained
 
 pytestmark = [needs_torch, pytest.mark.netns, pytest.mark.slow]
@@ -56,15 +56,7 @@ def test_a_rank_killed_on_host_1_leaves_every_other_process_in_place(tmp_path: P
         argv = [*mlaunch_cmd(), "--engine", "pytorch", str(job), "--init_method", f"tcp://{hosts[0].name}:6666"]
         argv += ["--rank", str(host.index), "--world_size", "2"]
         procs.append(host.popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise
-        outputs.append((proc.returncode, out, err))
+    outputs = communicate_all(procs, 240)
     dump = "\n".join(
         f"--- host {i} exit {rc}\n{out[-2000:]}\n{err[-4000:]}" for i, (rc, out, err) in enumerate(outputs)
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
-from netns import Host, NetnsHosts, netns_unavailable_reason
+from netns import Host, NetnsHosts, communicate_all, netns_unavailable_reason
 
 # About 30 s on two cores (eight torch processes): part of the slow suite, which CI runs.
 pytestmark = [needs_torch, pytest.mark.netns, pytest.mark.slow]
@@ -68,15 +68,7 @@ def test_two_hosts_from_modelarts_args_match_the_local_run(tmp_path: Path, hosts
         argv = [*mlaunch_cmd(), "--engine", "pytorch", str(job), "--init_method", f"tcp://{hosts[0].name}:6666"]
         argv += ["--rank", str(host.index), "--world_size", "2", "--data_url", "obs://bucket/data"]
         procs.append(host.popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outputs = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise
-        outputs.append((proc.returncode, out, err))
+    outputs = communicate_all(procs, 240)
     dump = "\n".join(f"--- host {i} exit {rc}\n{out}\n{err}" for i, (rc, out, err) in enumerate(outputs))
     assert [rc for rc, _, _ in outputs] == [0, 0], dump
     assert final_checksum(outputs[0][1]) == reference, dump

@@ -108,16 +108,9 @@ class Survivors:
 
 def stuck_pids(pids: Iterable[int]) -> set[int]:
     """The processes among ``pids`` that are stopped (T, t) or in uninterruptible sleep (D) now."""
-    found: set[int] = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                state = fh.read().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state in STOPPED_STATES | {"D"}:
-            found.add(pid)
-    return found
+    from launchers.run.hang import process_state
+
+    return {pid for pid in pids if process_state(pid) in STOPPED_STATES | {"D"}}
 
 
 def kill_and_reap(worker: Worker) -> None:
