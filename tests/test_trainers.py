@@ -124,7 +124,7 @@ def test_hf_trainer_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_
 
 def test_lightning_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     # 2 × 1: where a rank once hung in its exit after the agreed stop (gloo's group destructed under the GIL
-    # while its worker thread needed it; see guard._end_process_groups) — this test is what caught it
+    # while its worker thread needed it; see guard.end_process_groups) — this test is what caught it
     _faults_lose_nothing("lightning", trainers_python, tmp_path)
 
 

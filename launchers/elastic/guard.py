@@ -144,7 +144,7 @@ class Guard:
         """
         sys.stdout.flush()
         sys.stderr.flush()
-        _end_process_groups()
+        end_process_groups()
         _exit_after_atexit(code)
         raise GracefulExit(code)
 
@@ -154,10 +154,10 @@ class Guard:
         collective.say(message)  # safe inside a signal handler: launchers.log.say never raises
 
 
-_KEPT_GROUPS: list[Any] = []  # the ended process groups, held until os._exit (see _end_process_groups)
+_KEPT_GROUPS: list[Any] = []  # the ended process groups, never destructed (see end_process_groups)
 
 
-def _end_process_groups() -> None:
+def end_process_groups() -> None:
     """``destroy_process_group``, but the group objects stay referenced until ``os._exit``.
 
     Dropping a gloo group's last reference joins its worker threads while holding the GIL. A worker

@@ -24,7 +24,7 @@ process recoverable (``ipc.recovery``). When a peer fails, the survivor's pendin
 (gloo: "Connection closed by peer" as the dead process's sockets close; a hung rank is SIGKILLed by
 mlaunch first, so its sockets close too). The wrapper then tears down the process group (the old
 groups stay referenced: destroying a gloo group's threads can deadlock on the GIL, see
-``guard._end_process_groups``), drops the failed call's frames, waits for mlaunch's word with the
+``guard.end_process_groups``), drops the failed call's frames, waits for mlaunch's word with the
 next attempt's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``,
 ``MLAUNCH_RESTART_COUNT``...), applies it, and calls the function again. Inside, ``load_latest()``
 returns the newest step every rank staged, which mlaunch committed from the ranks' shared memory
@@ -54,7 +54,6 @@ from launchers.elastic.ranks import collective, env
 F = TypeVar("F", bound=Callable[..., Any])
 
 NOTICE_WITHIN = 3.0  # seconds a failed collective waits for mlaunch to say a peer failed
-_OLD_GROUPS: list[Any] = []  # the process groups of earlier attempts, never destructed (see the module docstring)
 recoveries = 0  # how often this process re-formed in place (for the script's own logging and tests)
 
 
@@ -224,17 +223,9 @@ def _stop_requested() -> bool:
 
 def _tear_down_groups() -> None:
     """``destroy_process_group`` of whatever the failed call initialised; the group objects stay referenced."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return
-    try:
-        if not dist.is_available() or not dist.is_initialized():
-            return
-        world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
-        _OLD_GROUPS.extend(list(getattr(world, "pg_map", None) or {}) or [dist.group.WORLD])
-        dist.destroy_process_group()
-    except Exception as exc:  # noqa: BLE001 - a broken group is what we are leaving behind
-        collective.say(f"tearing down the failed process group: {exc!r} (ignored)")
+    from launchers.elastic.guard import end_process_groups
+
+    end_process_groups()  # the same teardown as a graceful exit's (the GIL deadlock it avoids applies here too)
 
 
 def _rejoin(word: recovery.Word) -> None:
