@@ -302,3 +302,20 @@ def test_a_candidate_admitted_before_its_mlaunch_looked_starts_in_that_generatio
             assert meeting.generation == 1 and meeting.members == (0, 1, 2)
         finally:
             back.close(0)
+
+
+def test_a_repeated_meeting_answer_keeps_a_departure_that_came_after_it() -> None:
+    """The hub answers a meeting again when the agent says it again (a late second welcome makes it resend
+    what is pending). CI under load lost node 2's departure that way: the repeat cleared the ``Left`` that
+    arrived between the two answers, as a new meeting must. A repeat is dropped."""
+    from launchers.control import messages as m
+    from launchers.control.agent_core import AgentState
+
+    state = AgentState(node=1, nnodes=3, node_timeout=10.0, join_timeout=10.0, host="h1")
+    met = m.Met("0", 0, (0, 1, 2))
+    state.on_message(met, time.monotonic())
+    state.on_message(m.Left(m.Departure(2, "h2", "its mlaunch started again"), 2), time.monotonic())
+    state.on_message(met, time.monotonic())
+    assert [e.node for e in state.events if isinstance(e, Left)] == [2]
+    state.on_message(m.Met("1", 1, (0, 1)), time.monotonic())
+    assert not [e for e in state.events if isinstance(e, Left)], "a new meeting carries what changed before it"

@@ -272,9 +272,16 @@ class AgentState:
         self._push(left.departure.event())
 
     def on_met(self, met: m.Met) -> None:
-        """A meeting's answer (or a candidate's admission): the membership of the next generation."""
+        """A meeting's answer (or a candidate's admission): the membership of the next generation.
+
+        The same answer can come twice: a late second welcome makes the agent say its pending meeting
+        again and the hub answers it again from its cache. The repeat is dropped: it would otherwise
+        clear a ``Left`` that came after the meeting (CI under load lost one that way).
+        """
         meeting = met.meeting()
         with self.cond:
+            if meeting.key in self.meetings:
+                return
             self._pending.pop(f"meet:{meeting.key}", None)
             self.meetings[meeting.key] = meeting
             while len(self.meetings) > KEEP_RESULTS:
