@@ -22,10 +22,11 @@ What the helper does:
   own layout (``<save_dir>/global_step<N>/``, then ``latest``), and every rank leaves with 143.
 - **kill -9 / crash**: ``step_end`` stages the dictionaries ``save_checkpoint`` would write for this
   rank (DeepSpeed's own ``_save_checkpoint`` builds them: the model states file on data-parallel rank
-  0, with the optimizer below ZeRO; each rank's ZeRO optimizer partition from stage 1 on) and its RNG
-  state, in shared memory; mlaunch commits the newest step every rank staged. ``resume()`` writes that
-  step as ``<save_dir>/global_step<N>/`` with ``latest`` pointing at it when it is newer than the tag
-  ``latest`` names, then loads it with ``engine.load_checkpoint``.
+  0, with the optimizer below ZeRO; each rank's ZeRO optimizer partition from stage 1 on; under ZeRO-3
+  every rank's own model states file, each partitioned parameter the empty placeholder ``save_checkpoint``
+  writes, without its partition/all-gather) and its RNG state, in shared memory; mlaunch commits the newest
+  step every rank staged. ``resume()`` writes that step as ``<save_dir>/global_step<N>/`` with ``latest``
+  pointing at it when it is newer than the tag ``latest`` names, then loads it with ``engine.load_checkpoint``.
 - **RNG and data**: DeepSpeed saves no RNG state; the helper's saves put every rank's RNG state (and
   ``data``'s ``state_dict``) into the checkpoint's ``client_state`` under ``"mlaunch"``, and ``resume``
   puts them back.
@@ -35,9 +36,9 @@ only plain data (its ``DeepSpeedConfig``; the ZeRO optimizer's ``LossScaler``), 
 own files with ``weights_only=False`` anyway. Keep ``checkpoint.dir`` writable by you alone, as
 ``save_dir`` already must be.
 
-Limits: ZeRO stages 0–2 (stage 3 gathers parameters to build the model states, a collective per step);
-no pipeline or tensor parallelism, no MoE, no NVMe offload; ``save_checkpoint`` calls outside the helper
-(``engine.save_checkpoint`` directly) carry no RNG state.
+Limits: ZeRO stages 0–3; no tensor parallelism; pipeline parallelism, MoE layers and NVMe offload are refused
+when the helper is built (``NotImplementedError``: their state is in files the staging does not capture);
+``save_checkpoint`` calls outside the helper (``engine.save_checkpoint`` directly) carry no RNG state.
 """
 
 from __future__ import annotations
