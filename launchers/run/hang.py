@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launchers.config.durations import format_duration
-from launchers.elastic.ipc import progress
+from launchers.elastic.ipc import completion, progress
 from launchers.observe import hang_limit
 from launchers.outcome import Failure
 from launchers.plan import LaunchPlan
@@ -54,6 +54,13 @@ from launchers.run.streams import Worker
 
 HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryable for exit-code restart policies
 WAITER_DEFER = hang_limit.WAITER_DEFER  # seconds a node whose hung ranks all wait in a collective leaves to others
+
+
+# A rank that reported completion (``elastic.finished()``, the integrations' ``finish()``) and has not exited yet is
+# tearing down: the interpreter's last garbage collections of a program that imported transformers and DeepSpeed
+# (half a million objects) took 8-12 s on 2 loaded cores, past the auto limit's 10 s floor, and the finished job
+# was failed as hung. Such a rank is judged against this allowance (or its own limit, when longer) instead.
+TEARDOWN_S = 120.0
 
 
 @dataclass
@@ -174,6 +181,7 @@ class HangMonitor:
             return []
         self._next = now + self.every
         judged = []
+        finished = completion.finished_ranks(self.run_id, self.attempt)
         for report in progress.read_run(self.run_id):
             if report.attempt != self.attempt:
                 continue
@@ -182,6 +190,8 @@ class HangMonitor:
             verdict = hang_limit.judge(self._seen(report, now), self.policy, self.learned.slowest)
             if verdict.limit is None:
                 continue
+            if report.rank in finished and self._seen(report, now).silent < max(verdict.limit, TEARDOWN_S):
+                continue  # it finished training and is exiting: a large program's last collections take seconds
             worker = _owner(report, workers)
             if worker is None or not _alive(report.pid):
                 continue
