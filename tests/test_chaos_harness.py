@@ -1,4 +1,4 @@
-"""The pure parts of the chaos storm harness (benchmarks/chaos*.py): the schedule, the parser, the report.
+"""The pure parts of the chaos storm harness (the package benchmarks/chaos/): the schedule, the parser, the report.
 
 No process, no clock: the schedule is a function of the seed, the report a function of the
 observations. The storm itself runs in tests/test_chaos_storm.py (netns, slow).
@@ -11,10 +11,10 @@ import sys
 import pytest
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from chaos_observe import Event, parse  # noqa: E402
-from chaos_report import build, frontier_at, losses, lost_steps, pace  # noqa: E402
-from chaos_schedule import CLASSES, NODE_LOSS, SAME_MEMBERSHIP, WHOLE_JOB, draw  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from benchmarks.chaos.observe import Event, parse  # noqa: E402
+from benchmarks.chaos.report import build, frontier_at, losses, lost_steps, pace  # noqa: E402
+from benchmarks.chaos.schedule import CLASSES, NODE_LOSS, SAME_MEMBERSHIP, WHOLE_JOB, draw  # noqa: E402
 
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:
@@ -117,8 +117,8 @@ def test_a_rank_fault_whose_host_has_no_rank_hits_a_host_that_has_one() -> None:
     from pathlib import Path
     from types import SimpleNamespace
 
-    from chaos_inject import Injector
-    from chaos_schedule import Fault
+    from benchmarks.chaos.inject import Injector
+    from benchmarks.chaos.schedule import Fault
 
     injector = Injector(SimpleNamespace(hosts=[None] * 3), Path("/nonexistent"), Path("/nonexistent"), random.Random(1))
     drawn = Fault(3, 1.0, "kill_rank", 1, 0.0, False)
@@ -138,9 +138,9 @@ def test_a_node_loss_waits_until_every_started_mlaunch_is_in_the_job() -> None:
     from pathlib import Path
     from types import SimpleNamespace
 
-    from chaos_inject import Injector
-    from chaos_observe import says_in_job
-    from chaos_schedule import Fault
+    from benchmarks.chaos.inject import Injector
+    from benchmarks.chaos.observe import says_in_job
+    from benchmarks.chaos.schedule import Fault
 
     running = {0, 1, 2}
     cluster = SimpleNamespace(hosts=[None] * 3, in_job={0, 2}, running=lambda h: h in running)

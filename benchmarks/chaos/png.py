@@ -1,4 +1,4 @@
-"""A chaos storm as a picture (``benchmarks/chaos.py``), drawn by mlaunch's own timeline (``mlaunch timeline``).
+"""A chaos storm as a picture, drawn by mlaunch's own timeline (``mlaunch timeline``).
 
 The job's events (every host writes the one log directory) give the lanes, steps, faults as mlaunch
 saw them, restarts, resumes, commits, membership changes and the goodput breakdown
