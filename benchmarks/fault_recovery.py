@@ -276,8 +276,8 @@ def in_process_main(args: argparse.Namespace) -> int:
     fast = medians.get("in place, kill -9")
     if base and fast:
         print(f"  ratio in place / whole restart, kill -9 (median): {fast / base:.2f}")
-    if medians.get("torchrun") and fast:
-        print(f"  ratio in place / torchrun, kill -9 (median): {fast / medians['torchrun']:.3f}")
+    if (torchrun_median := medians.get("torchrun")) and fast:
+        print(f"  ratio in place / torchrun, kill -9 (median): {fast / torchrun_median:.3f}")
     return 0
 
 

@@ -71,9 +71,9 @@ def train(step_time: float) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     start = 0
     if os.environ.get("BENCH_ELASTIC"):  # membership.py: the world size changes, so load into the state
-        state = {"step": -1, "model": model.module.state_dict()}  # filled in place (the parameters themselves)
-        if ckpt.load_latest(into=state) is not None:
-            start = int(state["step"]) + 1
+        into = {"step": -1, "model": model.module.state_dict()}  # filled in place (the parameters themselves)
+        if ckpt.load_latest(into=into) is not None:
+            start = int(into["step"]) + 1
             say(f"resumed {start - 1} {time.monotonic():.6f}")
     elif (state := ckpt.load_latest()) is not None:
         model.module.load_state_dict(state["model"])
