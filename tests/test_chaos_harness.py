@@ -154,3 +154,41 @@ def test_a_node_loss_waits_until_every_started_mlaunch_is_in_the_job() -> None:
     running.discard(1)  # a host that is down does not hold the fault back
     cluster.in_job.discard(1)
     assert injector.target_ready(preempt)
+
+
+def test_a_storms_picture_joins_its_runs_across_the_harnesss_whole_job_restarts() -> None:
+    """A storm restarts the whole job after node 0 is lost: each run starts at attempt 0 and ends with its
+    own end event, and the timeline draws a log directory's newest run. The storm's picture once showed
+    its last 27 s of 94 (one fault of 13); joined, it spans every run, attempts numbered on, each earlier
+    run's end a whole-job restart, the goodput from the whole storm's events."""
+    from benchmarks.chaos.png import WHOLE_JOB_RESTART, joined
+    from launchers.observe import timeline_costs, timeline_model
+
+    def run(t0: float, steps: int) -> list[dict]:
+        """One run of the job: attempt 0 steps, a rank fails, attempt 1 steps, the run ends."""
+
+        def progress(attempt: int, at: float) -> list[dict]:
+            return [
+                {"time": at + s, "event": "progress", "attempt": attempt, "node": 0, "steps": {"0": s}}
+                for s in range(steps)
+            ]
+
+        return [
+            {"time": t0, "event": "start", "attempt": 0, "node": 0, "job": "storm"},
+            *progress(0, t0 + 1),
+            {"time": t0 + steps + 0.5, "event": "failure", "attempt": 0, "rank": 0},
+            {"time": t0 + steps + 0.6, "event": "start", "attempt": 1, "node": 0},
+            *progress(1, t0 + steps + 1),
+            {"time": t0 + 2 * steps + 2, "event": "end", "node": 0, "exit_code": 143, "wall_s": 1.0},
+        ]
+
+    first, second = run(1000.0, 5), run(1100.0, 5)
+    assert timeline_model.build(first + second).t0 == 1100.0  # unjoined: the last run alone
+    one = joined(first + second, [1099.0])
+    assert [e["event"] for e in one].count("end") == 1 and one[-1] is second[-1]
+    assert {e["attempt"] for e in one if e["event"] == "start"} == {0, 1, 2, 3}
+    restart = next(e for e in one if e["event"] == "restart")
+    assert (restart["time"], restart["attempt"], restart["cause"]) == (1099.0, 2, WHOLE_JOB_RESTART)
+    drawn = timeline_model.build(one)
+    assert (drawn.t0, drawn.t1) == (1000.0, second[-1]["time"])
+    assert timeline_costs.estimate(one, drawn.t1)["restarts"] == 3  # 1 + 1 in the runs, 1 by the harness

@@ -184,7 +184,7 @@ def main() -> int:
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out.with_suffix(".raw.json")).write_text(json.dumps(raw, default=lambda o: getattr(o, "__dict__", str(o))) + "\n")
     done = [f for f in storm["faults"] if "done" in f]
-    draw_png(out.with_suffix(".png"), work / "storm" / "logs", done)
+    draw_png(out.with_suffix(".png"), work / "storm" / "logs", done, storm["restarts"])
     print(f"chaos: report {out}, timeline {out.with_suffix('.png')}", flush=True)
     return 0 if passed(report, compared=args.same_membership and not args.no_baseline) else 1
 
