@@ -3,7 +3,7 @@
 A job on ``--hosts`` network-namespace hosts × ``--nproc`` ranks (DDP over gloo on the hosts'
 ``eth0``, ``pytorch.nnodes: "MIN:HOSTS"``, warm standbys, every step staged, a background commit
 every ``--persist-every`` steps, ``elastic: {grow: at_checkpoint, last_call: 10s}``, the checkpoint directory on a
-small tmpfs) runs through a seeded schedule drawn from every class (``chaos_schedule.py``: kill -9
+small tmpfs) runs through a seeded schedule drawn from every class (``schedule.py``: kill -9
 of a rank, of a standby, of a node's mlaunch; a hang; a link down past ``node_timeout`` and a
 flap under it; a node that comes back; SIGTERM to one node and to all; node 0 lost; a full
 disk; a slow node), one fault every ``--spacing`` s on average, a share ``--nested`` landing
@@ -12,12 +12,13 @@ invocation, to the same last step: its step time is the yardstick, and when the 
 changes the membership (``--same-membership``) its final parameters must equal the storm's bit for bit — the
 exit status is 1 when they differ (``docs/benchmarks.md``: DDP's bucket layout was why they once did).
 
-Prints the table and writes ``--out`` (JSON) and a PNG timeline next to it (``chaos_png.py``).
-Needs root (network namespaces, a tmpfs, a cgroup). ``chaos_report.py`` says what each figure means.
+Prints the table and writes ``--out`` (JSON) and a PNG timeline next to it (``png.py``).
+Needs root (network namespaces, a tmpfs, a cgroup). ``report.py`` says what each figure means.
+Run from the repository root (``python benchmarks/chaos ...`` works from anywhere):
 
-    python benchmarks/chaos.py --faults 30 --seed 35            # a short storm, every class
-    python benchmarks/chaos.py --faults 300 --seed 35 --out docs/chaos.json
-    python benchmarks/chaos.py --faults 20 --same-membership     # final parameters == fault-free run
+    python -m benchmarks.chaos --faults 30 --seed 35            # a short storm, every class
+    python -m benchmarks.chaos --faults 300 --seed 35 --out docs/chaos.json
+    python -m benchmarks.chaos --faults 20 --same-membership     # final parameters == fault-free run
 """
 
 from __future__ import annotations
@@ -34,23 +35,22 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE.parent))
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(ROOT / "tests"))  # netns
+sys.path.insert(0, str(ROOT))  # benchmarks.*, and launchers from this checkout
 
-from bench_env import platform_free_env  # noqa: E402
-from chaos_inject import Injector  # noqa: E402
-from chaos_observe import Cluster  # noqa: E402
-from chaos_png import draw as draw_png  # noqa: E402
-from chaos_report import build, table  # noqa: E402
-from chaos_schedule import CLASSES, SAME_MEMBERSHIP, draw  # noqa: E402
-from chaos_storm import Storm  # noqa: E402
 from netns import NetnsHosts, netns_unavailable_reason  # noqa: E402
 
+from benchmarks.bench_env import platform_free_env  # noqa: E402
+from benchmarks.chaos.inject import Injector  # noqa: E402
+from benchmarks.chaos.observe import Cluster  # noqa: E402
+from benchmarks.chaos.png import draw as draw_png  # noqa: E402
+from benchmarks.chaos.report import build, table  # noqa: E402
+from benchmarks.chaos.schedule import CLASSES, SAME_MEMBERSHIP, draw  # noqa: E402
+from benchmarks.chaos.storm import Storm  # noqa: E402
 from launchers.elastic.format import layout  # noqa: E402
 
-WORKER = HERE.parent / "chaos_worker.py"
+WORKER = HERE.parent / "worker.py"
 PRELOAD = "[torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]"
 
 
@@ -120,7 +120,9 @@ def run_job(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--faults", type=int, default=30)
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--spacing", type=float, default=5.0, help="mean seconds between faults")
@@ -182,7 +184,7 @@ def main() -> int:
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out.with_suffix(".raw.json")).write_text(json.dumps(raw, default=lambda o: getattr(o, "__dict__", str(o))) + "\n")
     done = [f for f in storm["faults"] if "done" in f]
-    draw_png(out.with_suffix(".png"), work / "storm" / "logs", done)
+    draw_png(out.with_suffix(".png"), work / "storm" / "logs", done, storm["restarts"])
     print(f"chaos: report {out}, timeline {out.with_suffix('.png')}", flush=True)
     return 0 if passed(report, compared=args.same_membership and not args.no_baseline) else 1
 
