@@ -303,10 +303,11 @@ def test_status_says_what_node_0_refused_and_a_key_from_public_facts() -> None:
 
     quiet = {"encrypted": True, "unverified": 0, "malformed": 0, "handshake_failed": 0, "closed_unauthenticated": 0}
     assert control_plane_line({"control_plane": quiet}) is None and control_plane_line({}) is None
-    busy = {**quiet, "unverified": 3, "handshake_failed": 2, "closed_unauthenticated": 200, "pending": 5}
+    busy = {**quiet, "unverified": 3, "replayed": 4, "handshake_failed": 2, "closed_unauthenticated": 2000}
+    busy |= {"over_cap": 1744, "cap": 256, "pending": 5}
     line = control_plane_line({"control_plane": {**busy, "keyed_from_public_facts": True, "encrypted": False}})
     assert line == (
         "control plane: keyed from public facts (set MLAUNCH_JOB_SECRET); not encrypted (this libzmq has no CURVE); "
-        "dropped 3 messages (3 did not verify, 0 malformed); refused 202 connections (2 failed the handshake, "
-        "200 closed before authenticating); 5 not authenticated yet"
+        "dropped 7 messages (3 did not verify, 0 malformed, 4 replayed); refused 2002 connections (2 failed the "
+        "handshake, 2000 closed before authenticating, 1744 cut over the cap of 256); 5 not authenticated yet"
     )
