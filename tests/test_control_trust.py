@@ -27,8 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import CHAOS, final_checksum  # noqa: E402
 
 from launchers.config.job import Job
-from launchers.control import open_job_events
-from launchers.control import transport
+from launchers.control import open_job_events, transport
 from launchers.control.transport import MAX_IN, curve_keys, secure_agent
 from launchers.control.wire import Incoming, Outgoing, job_secret, seal, unseal
 from launchers.outcome import Failure
