@@ -229,6 +229,8 @@ def steady(events: Any, seconds: float) -> dict[str, float]:
         "messages_in": (now.messages_in - before.messages_in) / wall,
         "slowest_broadcast": now.slowest_broadcast,
         "status_every": hub.cadence.status,
+        "handshakes": hub.strangers.authenticated,  # CURVE handshakes completed (the join is mostly these)
+        "handshakes_failed": hub.strangers.handshake_failed,  # cut (past the deadline) and done again
     }
 
 
@@ -368,6 +370,7 @@ def verdict(rows: list[tuple[int, dict[str, Any]]]) -> None:
     ]
     print(f"goals at N = {nnodes}:")
     print(f"  (node 0's process: {top['cpu']:.1%} of a core, of which the hub's thread {top['hub_thread']:.1%})")
+    print(f"  handshakes at node 0: {top['handshakes']} completed, {top['handshakes_failed']} failed (cut and redone)")
     for name, value, goal, unit in checks:
         print(f"  {name}: {value:.3g}{unit} (goal ≤ {goal:g}{unit}) {'met' if value <= goal else 'NOT met'}")
     first = rows[0][1]["per_agent"]
