@@ -22,7 +22,7 @@ from launchers.run.streams import Worker
 
 DUMP_WAIT = 2.0  # at most this long for the stacks to arrive before the stop goes on
 DUMP_QUIET = 0.3  # ... or until the ranks have been silent this long after the signal
-ANSWERED_QUIET = 0.05  # ... or this long, once every rank that can answer has begun its dump
+ANSWERED_QUIET = 0.1  # ... or this long, once every rank that can answer has begun its dump (its rest follows at once)
 MAX_STACK_BYTES = 1 << 20  # of a log read back for a frame: a dump is a few KiB
 PY_SPY_TIMEOUT = 10.0
 
