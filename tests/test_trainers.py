@@ -35,97 +35,25 @@ framework, a materialised flash save compared with the framework's own save of t
 from __future__ import annotations
 
 import os
-import random
-import signal
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, needs_torch
+from conftest import needs_torch
 from framework_venvs import trainers_python  # noqa: F401 - a fixture
-from trainer_jobs import Run, extensions_dir, job_yaml, steps_lost
+from trainer_faults import SAVES, SCRIPTS, faults_lose_nothing, trainer_env
+from trainer_jobs import extensions_dir
 
 pytestmark = [pytest.mark.slow, needs_torch]
 
-STEPS, SAVE_EVERY = 24, 10
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    env = clean_env(PYTHONUNBUFFERED="1")
-    root = str(Path(__file__).resolve().parent.parent)  # the ranks import this tree's launchers
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
-    return env
-
-
-def _faults_lose_nothing(
-    framework: str,
-    python: Path,
-    tmp_path: Path,
-    step_time: float = 0.0,
-    extra: tuple[str, ...] = (),
-    procs_per_node: int = 1,
-    script: Path | None = None,
-    faults: tuple[int, int] | None = None,
-) -> None:
-    world = 2 * procs_per_node
-    rng = random.Random()
-    kill_at, term_after = faults or (rng.randint(3, SAVE_EVERY - 2), rng.randint(3, 7))
-    # step_time: a job whose steps take milliseconds would finish before the SIGTERM reaches it
-    args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--step-time", str(step_time), *extra]
-    env = _env()
-
-    def job(workdir: Path, restarts: int) -> Path:
-        return job_yaml(
-            workdir, framework, python, args, restarts=restarts, procs_per_node=procs_per_node, script=script
-        )
-
-    base = tmp_path / "uninterrupted"
-    base.mkdir()
-    reference = Run(job(base, 0), env, world)
-    assert reference.wait() == 0, reference.tail()
-    expected = reference.checksum()
-    assert expected, reference.tail()
-
-    work = tmp_path / "faulted"
-    work.mkdir()
-    run = Run(job(work, 1), env, world)
-    try:
-        run.wait_step(kill_at, attempt=0)
-        run.kill_rank(world - 1, attempt=0, sig=signal.SIGKILL)  # the last rank: on node 1
-        restarted_from = run.wait_start(1)
-        run.wait_step(restarted_from + term_after, attempt=1)
-        run.terminate()
-        code = run.wait()
-    finally:
-        run.close()
-    where = f"(kill -9 at step {kill_at}, SIGTERM {term_after} steps after the restart)\n{run.tail()}"
-    # ≤ 0: a rank killed between staging a step and printing it finished a step the output does not show
-    assert steps_lost(run.attempts[0], restarted_from) <= 0, f"kill -9 lost steps {where}"
-    # + 1: each rank stages a step (the integration's callback) before the example prints it, and kill -9 or
-    # the SIGKILL after the flash save can land between the two on every rank: the resume is then one step past
-    # every printed line, and the checksum at the end says whether that step was really finished
-    newest_printed = max(run.attempts[0].steps.values())
-    assert restarted_from <= newest_printed + 1, f"resumed past every rank {where}"
-    assert code == 143, where
-    assert not any("SIGKILL to" in line and "grace period" in line for line in run.lines), f"SIGTERM hung {where}"
-
-    resumed = Run(job(work, 0), env, world)
-    resumed_from = resumed.wait_start(0)
-    assert resumed.wait() == 0, resumed.tail()
-    assert steps_lost(run.attempts[1], resumed_from) == 0, f"SIGTERM lost steps {where}\n{resumed.tail()}"
-    assert resumed.checksum() == expected, f"the resumed run ends elsewhere {where}\n{resumed.tail()}"
-
 
 def test_hf_trainer_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
-    _faults_lose_nothing("transformers", trainers_python, tmp_path, procs_per_node=2)
+    faults_lose_nothing("transformers", trainers_python, tmp_path, procs_per_node=2)
 
 
 def test_lightning_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     # 2 × 1: where a rank once hung in its exit after the agreed stop (gloo's group destructed under the GIL
     # while its worker thread needed it; see guard.end_process_groups) — this test is what caught it
-    _faults_lose_nothing("lightning", trainers_python, tmp_path)
+    faults_lose_nothing("lightning", trainers_python, tmp_path)
 
 
 def test_lightning_plain_shuffled_loader_resumes_bit_identical(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
@@ -135,7 +63,7 @@ def test_lightning_plain_shuffled_loader_resumes_bit_identical(tmp_path: Path, t
     data resume Lightning restarted each epoch from its first batch (lost 0 steps, ended elsewhere)."""
     script = SCRIPTS / "plain_lightning.py"
     faults = (7, 15 - 7 - 1) if os.environ.get("EXACT_BOUNDARY") else None
-    _faults_lose_nothing(
+    faults_lose_nothing(
         "lightning", trainers_python, tmp_path, step_time=0.2, procs_per_node=2, script=script, faults=faults
     )
 
@@ -150,7 +78,7 @@ def test_ddp_resume_differs_by_the_bucket_layout_alone(tmp_path: Path) -> None:
 
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "ddp_first_step.py"), "3"],
-        env=_env(),
+        env=trainer_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -172,7 +100,7 @@ def test_ddp_staging_its_module_state_dict_resumes_bit_identical(tmp_path: Path)
     import sys
 
     script = SCRIPTS / "ddp_state_dict.py"
-    _faults_lose_nothing("ddp", Path(sys.executable), tmp_path, step_time=0.2, procs_per_node=2, script=script)
+    faults_lose_nothing("ddp", Path(sys.executable), tmp_path, step_time=0.2, procs_per_node=2, script=script)
 
 
 @pytest.mark.parametrize(("data", "says"), [("iterable", "IterableDataset"), ("random", "RandomSampler")])
@@ -183,14 +111,14 @@ def test_lightning_says_once_when_the_data_cannot_resume_exactly(data: str, says
     import sys
 
     argv = [sys.executable, str(SCRIPTS / "lightning_inexact.py"), data]
-    proc = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, env=trainer_env(), capture_output=True, text=True, timeout=300)
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "MlaunchCallback:" in line]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(said) == 1 and says in said[0], said
 
 
 def test_accelerate_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
-    _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3)
+    faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3)
 
 
 def test_accelerate_tied_gpt2_plain_loader_resumes_bit_identical(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
@@ -198,15 +126,12 @@ def test_accelerate_tied_gpt2_plain_loader_resumes_bit_identical(tmp_path: Path,
     ``skip_first_batches`` on resume: kill -9 then SIGTERM, bit-identical to the uninterrupted run. The kill -9
     used to end the job: every restarted rank failed in ``load_state`` on the tied weight."""
     script = SCRIPTS / "plain_accelerate.py"
-    _faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3, procs_per_node=2, script=script)
+    faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3, procs_per_node=2, script=script)
 
 
 def test_deepspeed_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     # ZeRO stage 2 (each rank's optimizer partition in its own file); stages 0 and 1 write a subset of those files
-    _faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, extra=("--zero", "2"))
-
-
-SAVES = SCRIPTS / "framework_saves.py"
+    faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, extra=("--zero", "2"))
 
 
 # pickle writes a string once where the same object recurs: the materialised copy's strings are interned (as
@@ -228,7 +153,7 @@ def test_a_materialised_flash_save_is_what_the_framework_writes(
     import json
     import subprocess
 
-    env = {**_env(), "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions_dir(trainers_python))}
+    env = {**trainer_env(), "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions_dir(trainers_python))}
     proc = subprocess.run(
         [str(trainers_python), str(SAVES), framework, str(tmp_path)],
         env=env,

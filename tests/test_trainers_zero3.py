@@ -6,7 +6,7 @@ placeholder, and ``..._optim_states.pt``: the flat fp32 partition and its Adam m
 own. Real DeepSpeed 0.19.8 on CPU (``DS_ACCELERATOR=cpu``, gloo), real mlaunch and signals; the job is a small
 language model with tied embeddings and dropout written in torch (``tests/scripts/zero3_deepspeed.py``: no
 transformers import, which cost each of four ranks ~25 s a start on 2 cores), the one-process file comparison a
-transformers GPT-2 built from config. The pattern and checks are ``test_trainers._faults_lose_nothing``'s.
+transformers GPT-2 built from config. The pattern and checks are ``trainer_faults.faults_lose_nothing``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import needs_torch
 from framework_venvs import trainers_python  # noqa: F401 - a fixture
-from test_trainers import SAVES, SCRIPTS, _env, _faults_lose_nothing
+from trainer_faults import SAVES, SCRIPTS, faults_lose_nothing, trainer_env
 from trainer_jobs import extensions_dir
 
 pytestmark = [pytest.mark.slow, needs_torch]
@@ -34,7 +34,7 @@ def test_zero3_loses_no_step_on_kill_9_or_sigterm_and_ends_bit_identical(
     the materialised model states files carried the persistent parameters whole where DeepSpeed writes
     placeholders, and ranks above 0 found no RNG state of theirs in their own file (dropout diverged)."""
     script = SCRIPTS / "zero3_deepspeed.py"
-    _faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, procs_per_node=2, script=script)
+    faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, procs_per_node=2, script=script)
 
 
 def test_a_materialised_zero3_save_is_what_deepspeed_writes(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
@@ -43,7 +43,7 @@ def test_a_materialised_zero3_save_is_what_deepspeed_writes(tmp_path: Path, trai
     for the partitioned parameters; pickle's memo of run-time strings differs) — the tie is recorded, and a
     pristine engine's ``load_checkpoint`` of it restores every parameter."""
     env = {
-        **_env(),
+        **trainer_env(),
         "DS_ACCELERATOR": "cpu",
         "TORCH_EXTENSIONS_DIR": str(extensions_dir(trainers_python)),
         "ZERO_STAGE": "3",
