@@ -25,7 +25,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -46,6 +46,7 @@ from launchers.control.events import (
 from launchers.control.life import AgentPhase, Life
 from launchers.control.reductions import How, wire
 from launchers.control.status_mirror import StatusMirror
+from launchers.control.succession import Inherited, successor
 from launchers.control.topics import feature
 from launchers.control.transport import MAX_IN, CurveKeys, secure_agent
 from launchers.control.wire import seal, unseal
@@ -63,7 +64,13 @@ class AgentState:
         join_timeout: float,
         host: str,
         wake: Callable[[], None] = lambda: None,
+        elastic: tuple[int, int] | None = None,
+        hosts: Sequence[str] = (),
+        mover: Callable[[int, Inherited], str | None] | None = None,
     ) -> None:
+        """``elastic``: the node range; with it (and a ``mover``) a member whose hub falls silent moves to the
+        next hub (``succession``) instead of ending. ``hosts``: the platform's host of each node index.
+        ``mover(node, inherited)``: starts the hub here when ``node`` is this one; the address to join, or None."""
         self.node = node
         self.nnodes = nnodes
         self.host = host
@@ -89,6 +96,12 @@ class AgentState:
         now = time.monotonic()
         self.started = self.heard = now
         self.hub_closed = -1e9  # when the connection to the hub last closed (its mlaunch likely ended)
+        self.span, self.hosts, self.mover = elastic, tuple(hosts), mover
+        self.hub = 0  # the node hosting the hub (``succession.hub_of`` the membership)
+        self.members: tuple[int, ...] = tuple(range(nnodes))  # the last meeting's membership
+        self.tried: tuple[int, ...] = ()  # hubs found silent since the last meeting
+        self.moving = False  # joined a new hub: hello until it answers
+        self.move_to: str | None = None  # the driver reconnects the socket there
         self._last_sent = -1e9
         self._next_hello = now
 
@@ -177,7 +190,7 @@ class AgentState:
             while self._outbox:
                 out.append(self._outbox.popleft())
             welcomed = self.life.welcomed
-            if not welcomed and now >= self._next_hello:
+            if (not welcomed or self.moving) and now >= self._next_hello:
                 self._next_hello = now + self.cadence.hello_retry
                 out.append(m.Hello(self.node, self.host, self.incarnation, self.generation))
             entry = self.status.due(now, self.cadence.status) if welcomed else None
@@ -211,12 +224,45 @@ class AgentState:
         if closed:
             limit = min(limit, after_close(self.node_timeout, self.cadence.heartbeat))
         if silent > limit and self.life.phase is not AgentPhase.CLOSING and not self.life.final:
+            if self._move(now, silent):
+                return
             what = "the master, hosting the control plane" + (
                 "" if welcomed else "; it never answered: not started, unreachable, or another job secret"
             )
             if closed and silent < self.node_timeout:
                 what += "; its connection closed"
-            self.end(AgentPhase.LOST, Lost(0, what, silent))
+            self.end(AgentPhase.LOST, Lost(self.hub, what, silent))
+
+    def _move(self, now: float, silent: float) -> bool:
+        """The hub is silent: join the next one (``succession.successor``) and tell the supervisor the old one
+        left, as any member's loss (True); False when the job cannot go on here (the hub is lost)."""
+        if self.span is None or self.mover is None or self.life.phase is not AgentPhase.MEMBER:
+            return False
+        tried = (*self.tried, self.hub)
+        after = successor(self.members, tried, self.span[0])
+        if after is None:
+            return False
+        hosts = tuple(self.hosts[n] if n < len(self.hosts) else "" for n in tried)
+        inherited = Inherited(self.members, tried, hosts, round(silent, 3), self.epoch)
+        address = self.mover(after, inherited)
+        if address is None:
+            return False
+        with self.cond:
+            old, first = self.hub, not self.tried
+            self.tried, self.hub, self.moving, self.move_to = tried, after, True, address
+            self.heard, self._next_hello, self.hub_closed = now, now, -1e9
+            if first:
+                self.events.append(Left(old, hosts[0], inherited.why(old), round(silent, 3)))
+            self.cond.notify_all()
+        say(f"control plane: node {old}'s hub sent nothing for {silent:.1f}s; node {self.node} joins node {after}'s")
+        self.wake()
+        return True
+
+    def take_move(self) -> str | None:
+        """The address of the hub to reconnect to, once (the driver's thread)."""
+        with self.cond:
+            address, self.move_to = self.move_to, None
+            return address
 
     def on_message(self, message: m.Message, now: float) -> None:
         self.heard = now
@@ -227,6 +273,7 @@ class AgentState:
     # -- the hub's words (``messages.handlers``) ---------------------------------------------------
     def on_welcome(self, welcome: m.Welcome) -> None:
         with self.cond:
+            self.moving = False
             self.life.welcome(welcome.candidate)
             self.cond.notify_all()
             self.cadence = Cadence.of(welcome, self.cadence)
@@ -287,6 +334,7 @@ class AgentState:
             while len(self.meetings) > KEEP_RESULTS:
                 self.meetings.popitem(last=False)
             self.epoch = met.epoch
+            self.members, self.tried = meeting.members, ()
             if self.node in meeting.members and self.life.admit():
                 self.admitted = meeting
             # what changed before the meeting is in its answer: it must not stop the generation it starts

@@ -94,6 +94,10 @@ class Driver(threading.Thread):
                     for sock, state in agents.items():
                         flush(sock, state, self.secret, now)
                         state.check(now)
+                        address = state.take_move()
+                        if address is not None:  # the hub moved (``succession``): a new socket joins it
+                            self._changes.append((state, threading.Event()))
+                            self._changes.append((state, address))
         finally:
             # a remove handed in as it stopped
             self._apply_changes(poller, agents, sockets, (monitors, monitor_of), time.monotonic())

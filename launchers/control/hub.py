@@ -35,6 +35,7 @@ from launchers.control.hub_view import HubView, Publisher
 from launchers.control.membership import Membership
 from launchers.control.reductions import BUILTIN, Reducers
 from launchers.control.roster import IllegalTransition, NodeStatus, Roster
+from launchers.control.succession import Inherited
 from launchers.control.transport import MONITORED, Strangers, curve_keys, secure_hub
 from launchers.control.wire import seal, unseal
 from launchers.log import say
@@ -56,18 +57,25 @@ class Hub(threading.Thread):
         elastic: tuple[int, int] | None = None,
         reducers: Reducers = BUILTIN,
         last_call: float = LAST_CALL,
+        host_node: int = 0,
+        inherited: Inherited | None = None,
     ) -> None:
         """``elastic``: the node range (members leave and join: ``membership``); ``reducers``: for exchanges.
 
         ``last_call``: at the first start, how long the members that came wait for the others once MIN met.
+        ``host_node``: the node whose mlaunch runs this hub; ``inherited``: a successor's start (``succession``):
+        the last membership with the silent hubs left out, reported at the next meeting as any departure.
         """
         super().__init__(name="mlaunch-control-hub", daemon=True)
         self.secret = secret
         self.nnodes = nnodes  # node indexes are 0 … nnodes-1
         self.node_timeout = node_timeout
-        self.roster = Roster(nnodes)
+        self.host_node = host_node
+        self.roster = Roster(nnodes, host_node)
         self.hosts = self.roster.hosts
-        self.membership = Membership(self.roster, elastic, node_timeout, last_call)
+        self.membership = Membership(self.roster, elastic, node_timeout, last_call, host_node)
+        if inherited is not None:
+            self._inherit(inherited)
         self.cadence: Cadence = cadence(len(self.roster.members), node_timeout)
         self.sock = context.socket(zmq.ROUTER)
         self.curve = curve_keys(secret)  # None: this libzmq has no CURVE (the HMAC alone keys the plane)
@@ -96,6 +104,17 @@ class Hub(threading.Thread):
         self._halt = threading.Event()
         self._last_broadcast = 0.0
         self._now = time.monotonic()
+
+    def _inherit(self, inherited: Inherited) -> None:
+        """A successor's state, from what every member holds (``succession.Inherited``)."""
+        roster, membership = self.roster, self.membership
+        roster.inherit(inherited.members, inherited.gone, time.monotonic())
+        membership.last_met = frozenset(inherited.members)
+        membership.epoch = inherited.epoch + 1  # every contribution made under the old hub is void
+        for node, host in zip(inherited.gone, inherited.hosts, strict=True):
+            self.hosts[node] = host
+            seconds = inherited.seconds if node == inherited.gone[0] else 0.0
+            membership.departed.append(m.Departure(node, host, inherited.why(node), seconds))
 
     # -- what node 0's mlaunch reads in process (any thread) ----------------------------------------
     def snapshot(self) -> HubView:
@@ -258,18 +277,18 @@ class Hub(threading.Thread):
         self._send_frames(ask.node, cached[1])
 
     def on_summary(self, summary: m.Summary) -> None:
-        if summary.node == 0 and summary.summary is not None:
+        if summary.node == self.host_node and summary.summary is not None:
             self._summary, self.summary = m.Summary(summary=summary.summary), summary.summary
 
     def on_end(self, end: m.End) -> None:
-        if end.node == 0:
-            self._apply([EndJob(m.End(0, end.exit_code, self.hosts.get(0, "")))])
+        if end.node == self.host_node:
+            self._apply([EndJob(m.End(end.node, end.exit_code, self.hosts.get(end.node, "")))])
 
     def on_meet(self, meet: m.Meet) -> None:
         self._apply(self.membership.on_meet(meet))
 
     def on_regroup(self, regroup: m.Regroup) -> None:
-        if regroup.node == 0:
+        if regroup.node == self.host_node:
             self._apply(self.membership.regroup(regroup.why))
 
     def on_ready(self, ready: m.Ready) -> None:
