@@ -142,6 +142,7 @@ def vanish(events: Any) -> None:
     if hub is not None:
         hub._broadcast = lambda message: None  # a SIGKILL says no ``closing``
         hub.stop()
+        events.hub = None  # gone with its process: the test's teardown must not wait for it
     events.driver.remove(events.state)
 
 
