@@ -210,3 +210,21 @@ def test_a_successor_inherits_the_membership_and_reports_the_old_hub_as_left() -
         hub.sock.close(0)
         if hub.monitor is not None:
             hub.monitor.close(0)
+
+
+def test_node_0_stopped_by_sigterm_hands_the_hub_over_gracefully() -> None:
+    """Node 0's mlaunch says it is leaving (a preemption): the others move at once, stop gracefully, meet at node 1."""
+    from launchers.control import Left
+
+    with plane((2, 3)) as nodes:
+        meet(nodes, "0", 0)
+        began = time.monotonic()
+        nodes[0].leave("its mlaunch was stopped by SIGTERM (a preemption)")
+        left = [next_event(n, Left) for n in nodes[1:]]
+        assert time.monotonic() - began < 1.5  # said, not a silence to wait out
+        assert all(x is not None and x.node == 0 and x.graceful and "SIGTERM" in x.why for x in left), left
+        assert nodes[1].hosting
+        vanish(nodes[0])  # its ranks saved; its mlaunch ends (on one machine, node 1's hub binds the port then)
+        after = meet(nodes[1:], "1", 1)
+        assert [x.members for x in after] == [(1, 2)] * 2 and after[0].left[0].graceful
+        assert nodes[1].lost is None and nodes[2].lost is None

@@ -81,8 +81,12 @@ class NetworkEvents(JobEvents):
         self.driver = driver
         self.port, self.hosts, self.elastic = port, tuple(hosts), elastic
         self._hub_args = (node_timeout, reducers, last_call)
+        self.movable = elastic is not None and len(self.hosts) >= nnodes and all(self.hosts)
+        self._handed_over = False  # this node hosted the hub and left gracefully: the others moved on
         if node == 0:
-            self.hub = Hub(driver.context, port, secret, nnodes, node_timeout, elastic, reducers, last_call)
+            self.hub = Hub(
+                driver.context, port, secret, nnodes, node_timeout, elastic, reducers, last_call, movable=self.movable
+            )
             self.hub.start()
         self._wake_r, self._wake_w = _pipe() if self._own else (-1, -1)  # the supervisor's loop: something arrived
         self.wake_fd: int | None = self._wake_r if self._own else None
@@ -103,14 +107,14 @@ class NetworkEvents(JobEvents):
 
         None when the platform named no host of every node (no host list): the members could not all find
         the new hub, so it does not move (the job ends, as before)."""
-        if len(self.hosts) < self.nnodes or not all(self.hosts):
+        if not self.movable:
             return None
         if node == self.node:
             if self.hub is None:
                 timeout, reducers, last_call = self._hub_args
                 self.hub = Hub(
                     self.driver.context, self.port, self.secret, self.nnodes, timeout, self.elastic, reducers,
-                    last_call, host_node=node, inherited=inherited,
+                    last_call, host_node=node, inherited=inherited, movable=True,
                 )  # fmt: skip
                 self.hub.start()
                 say(f"control plane: node {node} hosts the hub now, for nodes {', '.join(map(str, inherited.members))}"
@@ -221,7 +225,8 @@ class NetworkEvents(JobEvents):
         self.state.send(m.Bye(self.node, exit_code))
         self._kick()
         if self.hub is not None:
-            self.hub.wait_everyone_left(CLOSE_WAIT)
+            if not self._handed_over:  # handed over: the others left for the next hub already
+                self.hub.wait_everyone_left(CLOSE_WAIT)
             self.hub.stop()
         said = self.driver.remove(self.state)  # sends what is due (the bye) and closes the socket
         if not self._own:
@@ -282,7 +287,9 @@ class NetworkEvents(JobEvents):
         self._kick()
 
     def leave(self, why: str) -> None:
-        if self.node != 0:  # node 0's stop ends the job (its ``end``): it hosts the plane
+        """Said to the hub; the hub's own node too when the hub can move (it hands over), else its stop ends the job."""
+        if self.hub is None or self.movable:
+            self._handed_over = self.hub is not None
             self.state.send(m.Leaving(self.node, why))
             self._kick()
 

@@ -233,18 +233,23 @@ class AgentState:
                 what += "; its connection closed"
             self.end(AgentPhase.LOST, Lost(self.hub, what, silent))
 
-    def _move(self, now: float, silent: float) -> bool:
-        """The hub is silent: join the next one (``succession.successor``) and tell the supervisor the old one
-        left, as any member's loss (True); False when the job cannot go on here (the hub is lost)."""
+    def _move(self, now: float, silent: float, leaving: str = "") -> bool:
+        """The hub is silent (or its node said it is ``leaving``): join the next one (``succession.successor``)
+        and tell the supervisor the old one left, as any member's loss (True); False when the job cannot
+        go on here (the hub is lost)."""
         if self.span is None or self.mover is None or self.life.phase is not AgentPhase.MEMBER:
             return False
         tried = (*self.tried, self.hub)
-        after = successor(self.members, tried, self.span[0])
+        after = successor(self.members, tried, self.span[0], (self.hub,) if leaving else ())
         if after is None:
             return False
         hosts = tuple(self.hosts[n] if n < len(self.hosts) else "" for n in tried)
-        inherited = Inherited(self.members, tried, hosts, round(silent, 3), self.epoch)
-        address = self.mover(after, inherited)
+        inherited = Inherited(self.members, tried, hosts, round(silent, 3), self.epoch, leaving)
+        try:
+            address = self.mover(after, inherited)
+        except (zmq.ZMQError, OSError) as exc:  # a hub that cannot start here: the job ends, as before
+            say(f"control plane: node {self.node} cannot host the hub: {exc}")
+            return False
         if address is None:
             return False
         with self.cond:
@@ -252,9 +257,10 @@ class AgentState:
             self.tried, self.hub, self.moving, self.move_to = tried, after, True, address
             self.heard, self._next_hello, self.hub_closed = now, now, -1e9
             if first:
-                self.events.append(Left(old, hosts[0], inherited.why(old), round(silent, 3)))
+                self.events.append(Left(old, hosts[0], inherited.why(old), round(silent, 3), bool(leaving)))
             self.cond.notify_all()
-        say(f"control plane: node {old}'s hub sent nothing for {silent:.1f}s; node {self.node} joins node {after}'s")
+        said = f"is leaving ({leaving})" if leaving else f"sent nothing for {silent:.1f}s"
+        say(f"control plane: node {old}'s hub {said}; node {self.node} joins node {after}'s")
         self.wake()
         return True
 
@@ -316,7 +322,12 @@ class AgentState:
         self.end(AgentPhase.LEFT_OUT, Lost(out.node, out.host, 0.0, out.why, True))
 
     def on_left(self, left: m.Left) -> None:
-        self._push(left.departure.event())
+        departure = left.departure
+        handed_over = departure.node == self.hub and departure.graceful and departure.node != self.node
+        # the hub's own node leaves gracefully (SIGTERM): the hub moves now, its ranks save with ours
+        if handed_over and self._move(time.monotonic(), 0.0, departure.why or "its mlaunch was stopped"):
+            return
+        self._push(departure.event())
 
     def on_met(self, met: m.Met) -> None:
         """A meeting's answer (or a candidate's admission): the membership of the next generation.

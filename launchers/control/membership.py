@@ -66,6 +66,7 @@ class Membership:
         """``host_node``: the node whose mlaunch runs this hub (node 0, or its successor: ``succession``)."""
         self.roster = roster
         self.host_node = host_node
+        self.movable = False  # the hub can move (every node's host is known): its own node may leave gracefully
         self.last_met: frozenset[int] = frozenset(roster.members)  # the last meeting's membership (``may_go_on``)
         self.graceful: set[int] = set()  # members that left gracefully since the last meeting
         self.last_call = last_call
@@ -207,6 +208,8 @@ class Membership:
         """
         roster = self.roster
         self.expect_close(node, now)
+        if node == self.host_node and self.span is not None and self.movable:
+            return self._hand_over(node, why)
         if self.span is None or node == self.host_node or roster.of(node) is not NodeStatus.MEMBER:
             if roster.of(node) is NodeStatus.CANDIDATE:
                 roster.drop(node)
@@ -217,6 +220,18 @@ class Membership:
             return departed
         said = f"node {node} is leaving ({why}), and the job cannot go on without it: {self._cannot_leave(node)}"
         return [EndJob(m.End(node, LEAVING_CODE, roster.hosts.get(node, ""), f"{said}; every node stops"))]
+
+    def _hand_over(self, node: int, why: str) -> list[Effect]:
+        """The hub's own node leaves gracefully: every member is told (``left``, graceful) and moves to the next
+        hub (``succession``); its ranks save with theirs. Below MIN the job ends on every node, as for any."""
+        assert self.span is not None
+        roster = self.roster
+        rest = (roster.members - {node}) | set(roster.nodes(NodeStatus.CANDIDATE))
+        if not may_go_on(self.last_met, rest, self.span[0], self.graceful | {node}):
+            said = f"node {node} is leaving ({why}), and the job cannot go on without it: {self._cannot_leave(node)}"
+            return [EndJob(m.End(node, LEAVING_CODE, roster.hosts.get(node, ""), f"{said}; every node stops"))]
+        departure = m.Departure(node, roster.hosts.get(node, ""), why, 0.0, True)
+        return [Broadcast(m.Left(departure, len(roster.members) - 1))]
 
     def depart(
         self, node: int, why: str, now: float, seconds: float = 0.0, graceful: bool = False
@@ -260,8 +275,11 @@ class Membership:
     def _cannot_leave(self, node: int) -> str:
         if self.span is None:
             return ""
-        if node == self.host_node:
-            return f"node {node} hosts the control plane: its loss moves the hub to the next member"
+        if node == self.host_node and not self.movable:
+            return (
+                f"node {node} hosts the control plane, and the platform names no host list to move it to "
+                "(VC_WORKER_HOSTS, SLURM_JOB_NODELIST, a rank table, an MPI hostfile ...)"
+            )
         left = len(self.roster.members) - 1
         candidates = len(self.roster.nodes(NodeStatus.CANDIDATE))
         waiting = f" and {candidates} waiting to join" if candidates else ""

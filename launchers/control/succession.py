@@ -60,21 +60,26 @@ class Inherited:
     hosts: tuple[str, ...]  # their hosts (the same order)
     seconds: float  # how long the first of them had been silent
     epoch: int  # the members' epoch (the last meeting's): the new hub starts past it
+    graceful: str = ""  # the first hub's node said it is leaving (SIGTERM): why; its ranks save with ours
 
     def why(self, node: int) -> str:
         first = self.gone[0]
+        if node == first and self.graceful:
+            return f"{self.graceful}; the hub it hosted moved"
         if node == first:
             return f"its mlaunch, hosting the control plane, sent nothing for {self.seconds:.1f}s; the hub moved"
         return f"it was to host the control plane after node {first} and did not answer; the hub moved on"
 
 
-def successor(members: Sequence[int], tried: Collection[int], minimum: int) -> int | None:
-    """The node that hosts the hub once ``tried`` are silent, or None: the job cannot go on here.
+def successor(
+    members: Sequence[int], tried: Collection[int], minimum: int, graceful: Collection[int] = ()
+) -> int | None:
+    """The node that hosts the hub once ``tried`` are silent (or ``graceful``: said they leave), or None.
 
     None when nobody is left, or when the rest hold no strict majority of ``members`` (the other
     side of a partition may hold it) or fewer than ``minimum`` nodes.
     """
     rest = [node for node in members if node not in tried]
-    if not may_go_on(members, rest, minimum):
+    if not may_go_on(members, rest, minimum, graceful):
         return None
     return next_hub(members, tried)
