@@ -36,6 +36,7 @@ from launchers.control.membership import Membership
 from launchers.control.reductions import BUILTIN, Reducers
 from launchers.control.roster import IllegalTransition, NodeStatus, Roster
 from launchers.control.succession import Inherited
+from launchers.control.successor_hub import bind, inherit
 from launchers.control.transport import MONITORED, Strangers, curve_keys, secure_hub
 from launchers.control.wire import seal, unseal
 from launchers.log import say
@@ -64,9 +65,8 @@ class Hub(threading.Thread):
         """``elastic``: the node range (members leave and join: ``membership``); ``reducers``: for exchanges.
 
         ``last_call``: at the first start, how long the members that came wait for the others once MIN met.
-        ``host_node``: the node whose mlaunch runs this hub; ``inherited``: a successor's start (``succession``):
-        the last membership with the silent hubs left out, reported at the next meeting as any departure.
-        ``movable``: every node can find a successor (the platform named every host): ``host_node`` may leave.
+        ``host_node``: the node whose mlaunch runs it; ``inherited``: a successor's start (``successor_hub``);
+        ``movable``: every node can find a successor (every host is known): ``host_node`` may leave.
         """
         super().__init__(name="mlaunch-control-hub", daemon=True)
         self.secret = secret
@@ -78,7 +78,7 @@ class Hub(threading.Thread):
         self.membership = Membership(self.roster, elastic, node_timeout, last_call, host_node)
         self.membership.movable = movable and elastic is not None
         if inherited is not None:
-            self._inherit(inherited)
+            inherit(self.membership, inherited, time.monotonic())
         self.cadence: Cadence = cadence(len(self.roster.members), node_timeout)
         self.sock = context.socket(zmq.ROUTER)
         self.curve = curve_keys(secret)  # None: this libzmq has no CURVE (the HMAC alone keys the plane)
@@ -87,13 +87,7 @@ class Hub(threading.Thread):
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node that reconnects takes its identity back
         self.sock.setsockopt(zmq.BACKLOG, max(100, min(nnodes, 65536)))  # every node connecting at once
         self.sock.setsockopt(zmq.RCVHWM, 0)
-        self._unbound: str | None = None  # a successor's port still held (its last user is ending): bound in ``run``
-        try:
-            self.sock.bind(f"tcp://*:{port}")
-        except zmq.ZMQError:
-            if inherited is None:
-                raise
-            self._unbound = f"tcp://*:{port}"
+        self._unbound = bind(self.sock, f"tcp://*:{port}", late=inherited is not None)  # a successor: maybe late
         self.monitor = self.sock.get_monitor_socket(MONITORED)  # strangers counted; a member's close: ``on_close``
         self.elastic = elastic is not None
         self.strangers = Strangers()
@@ -113,21 +107,6 @@ class Hub(threading.Thread):
         self._halt = threading.Event()
         self._last_broadcast = 0.0
         self._now = time.monotonic()
-
-    def _inherit(self, inherited: Inherited) -> None:
-        """A successor's state, from what every member holds (``succession.Inherited``)."""
-        roster, membership = self.roster, self.membership
-        roster.inherit(inherited.members, inherited.gone, time.monotonic())
-        membership.last_met = frozenset(inherited.members)
-        membership.epoch = inherited.epoch + 1  # every contribution made under the old hub is void
-        for node, host in zip(inherited.gone, inherited.hosts, strict=True):
-            self.hosts[node] = host
-            first = node == inherited.gone[0]
-            seconds = inherited.seconds if first else 0.0
-            graceful = first and bool(inherited.graceful)
-            if graceful:
-                membership.graceful.add(node)  # it said it leaves: not a voter of the majority
-            membership.departed.append(m.Departure(node, host, inherited.why(node), seconds, graceful))
 
     # -- what node 0's mlaunch reads in process (any thread) ----------------------------------------
     def snapshot(self) -> HubView:
@@ -158,7 +137,7 @@ class Hub(threading.Thread):
         try:
             while not self._halt.is_set():
                 if self._unbound is not None:
-                    self._bind_late()
+                    self._unbound = bind(self.sock, self._unbound, late=True)
                 if self.sock.poll(50):
                     self._receive()
                 self._now = now = time.monotonic()
@@ -173,15 +152,6 @@ class Hub(threading.Thread):
                 self.sock.disable_monitor()
                 self.monitor.close(linger=0)
             self.sock.close(linger=200)
-
-    def _bind_late(self) -> None:
-        """A successor whose port was taken (on one machine, the old hub's until its mlaunch ends): tried again."""
-        try:
-            self.sock.bind(self._unbound or "")
-        except zmq.ZMQError:
-            time.sleep(0.05)
-            return
-        self._unbound = None
 
     def _publish(self, force: bool) -> None:
         self._publisher.publish(self.roster, self.gathers, self.status, self._now, force)
