@@ -27,6 +27,11 @@ Figures taken while other work runs are noisy.
 
     python benchmarks/control_scale.py                 # N = 64, 512, 4096
     python benchmarks/control_scale.py --nodes 1024 --steady 8
+    python benchmarks/control_scale.py --nodes 4096 --curve both   # each N with CURVE, then without (same run)
+
+``--curve off`` runs the plane as a libzmq without CURVE would (``transport.has_curve`` patched
+off in every process: the HMAC and the numbering alone); ``both`` measures what the encryption
+costs the join and the latencies, beside the same N without it.
 """
 
 from __future__ import annotations
@@ -229,6 +234,8 @@ def steady(events: Any, seconds: float) -> dict[str, float]:
         "messages_in": (now.messages_in - before.messages_in) / wall,
         "slowest_broadcast": now.slowest_broadcast,
         "status_every": hub.cadence.status,
+        "handshakes": hub.strangers.authenticated,  # CURVE handshakes completed (the join is mostly these)
+        "handshakes_failed": hub.strangers.handshake_failed,  # cut (past the deadline) and done again
     }
 
 
@@ -328,17 +335,32 @@ def old_protocol(nnodes: int) -> tuple[float, float]:
     return 2 * nnodes * min(times), 2 * nnodes * size
 
 
+def run_with(curve: bool, nnodes: int, seconds: float) -> dict[str, Any]:
+    """``run`` with CURVE, or as a libzmq without it would run (the processes fork: they inherit the patch)."""
+    from launchers.control import transport
+
+    has_curve = transport.has_curve
+    if not curve:
+        transport.has_curve = lambda: False
+    try:
+        return {**run(nnodes, seconds), "curve": curve}
+    finally:
+        transport.has_curve = has_curve
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="64,512,4096", help="node counts, comma-separated")
     parser.add_argument("--steady", type=float, default=0.0, help="seconds of steady state (default: 3 status rounds)")
+    parser.add_argument("--curve", choices=("on", "off", "both"), default="on", help="CURVE on the plane (default on)")
     args = parser.parse_args()
     raise_fd_limit()
     sizes = [int(n) for n in args.nodes.split(",")]
     print(f"hub + N agents over loopback TCP, {os.cpu_count()} cores; agents {PER_PROCESS} per process")
     head = (
-        f"{'nodes':>6} {'join s':>7} {'fail med ms':>11} {'fail max ms':>11} {'meeting s':>9} {'hub CPU':>8} "
-        f"{'hub B/s':>10} {'B/s/agent':>9} {'status s':>8} | {'old CPU':>8} {'old B/s':>10} {'old B/s/agent':>13}"
+        f"{'curve':>5} {'nodes':>6} {'join s':>7} {'fail med ms':>11} {'fail max ms':>11} {'meeting s':>9} "
+        f"{'hub CPU':>8} {'hub B/s':>10} {'B/s/agent':>9} {'status s':>8} | "
+        f"{'old CPU':>8} {'old B/s':>10} {'old B/s/agent':>13}"
     )
     print(head)
     rows = []
@@ -346,16 +368,18 @@ def main() -> int:
         from launchers.control.cadence import cadence
 
         seconds = args.steady or max(6.0, 3 * cadence(nnodes, NODE_TIMEOUT).status + 2)
-        r = run(nnodes, seconds)
-        old_cpu, old_bytes = old_protocol(nnodes)
-        rows.append((nnodes, r))
-        print(
-            f"{nnodes:>6} {r['join']:>7.2f} {r['fail_median'] * 1e3:>11.1f} {r['fail_max'] * 1e3:>11.1f} "
-            f"{r['meeting']:>9.3f} {r['cpu']:>7.1%} {r['bytes_in'] + r['bytes_out']:>10.3g} {r['per_agent']:>9.0f} "
-            f"{r['status_every']:>8.2f} | {old_cpu:>7.0%} {old_bytes:>10.3g} {old_bytes / nnodes:>13.3g}",
-            flush=True,
-        )
-    verdict(rows)
+        for curve in {"on": ["on"], "off": ["off"], "both": ["on", "off"]}[args.curve]:
+            r = run_with(curve == "on", nnodes, seconds)
+            old_cpu, old_bytes = old_protocol(nnodes)
+            rows.append((nnodes, r))
+            print(
+                f"{curve:>5} {nnodes:>6} {r['join']:>7.2f} {r['fail_median'] * 1e3:>11.1f} "
+                f"{r['fail_max'] * 1e3:>11.1f} {r['meeting']:>9.3f} {r['cpu']:>7.1%} "
+                f"{r['bytes_in'] + r['bytes_out']:>10.3g} {r['per_agent']:>9.0f} "
+                f"{r['status_every']:>8.2f} | {old_cpu:>7.0%} {old_bytes:>10.3g} {old_bytes / nnodes:>13.3g}",
+                flush=True,
+            )
+    verdict([row for row in rows if args.curve != "both" or row[1]["curve"]])
     return 0
 
 
@@ -368,6 +392,7 @@ def verdict(rows: list[tuple[int, dict[str, Any]]]) -> None:
     ]
     print(f"goals at N = {nnodes}:")
     print(f"  (node 0's process: {top['cpu']:.1%} of a core, of which the hub's thread {top['hub_thread']:.1%})")
+    print(f"  handshakes at node 0: {top['handshakes']} completed, {top['handshakes_failed']} failed (cut and redone)")
     for name, value, goal, unit in checks:
         print(f"  {name}: {value:.3g}{unit} (goal ≤ {goal:g}{unit}) {'met' if value <= goal else 'NOT met'}")
     first = rows[0][1]["per_agent"]

@@ -37,10 +37,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fault_recovery import Launch, base_env
-
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks.recovery, and launchers from this checkout
+
+from benchmarks.recovery.harness import Launch, base_env  # noqa: E402
+
 LISTS = {
     "readme": ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "numpy", "launchers.elastic"],
     "short": ["torch", "torch.distributed", "launchers.elastic"],

@@ -26,9 +26,10 @@ measures).
     python benchmarks/fault_recovery.py                       # 50 mlaunch restarts, 16 torchrun restarts
     python benchmarks/fault_recovery.py --restarts 10 --torchrun-restarts 5
     python benchmarks/fault_recovery.py --in-process --restarts 20 --hangs 5   # in place vs whole restart vs torchrun
-    python benchmarks/fault_recovery.py --hosts 2             # 2 netns hosts × 2 ranks: fault_recovery_hosts.py
-    python benchmarks/fault_recovery.py --hosts 3 --membership  # a host lost, then back: membership_hosts.py
-    python benchmarks/fault_recovery.py --worker              # (what the launchers run)
+    python benchmarks/fault_recovery.py --hosts 2             # 2 netns hosts × 2 ranks: recovery/hosts.py
+    python benchmarks/fault_recovery.py --hosts 3 --membership  # a host lost, then back: recovery/membership.py
+
+The worker (what the launchers run) is ``recovery/worker.py``; what the modes share, ``recovery/harness.py``.
 """
 
 from __future__ import annotations
@@ -36,173 +37,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import queue
 import random
-import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from bench_env import platform_free_env
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks.recovery, and launchers from this checkout
 
-HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
-
-
-# ----------------------------------------------------------------------------------------
-# The worker (run by mlaunch or torchrun)
-# ----------------------------------------------------------------------------------------
-
-
-def say(line: str) -> None:
-    """One write per line: under torchrun all workers share one stdout, and print() writes the
-    text and the newline separately, so lines of different ranks could run together."""
-    os.write(1, f"{line}\n".encode())
-
-
-def worker(step_time: float) -> None:
-    if os.environ.get("BENCH_IN_PROCESS") == "1":
-        from launchers import elastic
-
-        elastic.recoverable(train)(step_time)
-    else:
-        train(step_time)
-
-
-def train(step_time: float) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-
-    from launchers import elastic
-
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if os.environ.get("BENCH_FRESH_PREFIX") in ("1", "round"):
-        # torchrun reuses its store across restarts and gloo then reads the previous group's
-        # addresses ("connectFullMesh failed"); a key prefix per restart avoids that
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]), is_master=False
-        )
-        if os.environ["BENCH_FRESH_PREFIX"] == "round":  # several torchruns: their restart counts can differ
-            restart = f"round-{rendezvous_round()}"
-        dist.init_process_group(
-            "gloo",
-            store=dist.PrefixStore(f"bench-restart-{restart}/", store),
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
-        )
-    else:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    say(f"pid {rank} {os.getpid()}")
-    guard = elastic.install(quiet=True)
-    ckpt = elastic.Checkpointer(os.environ.get("BENCH_CKPT_DIR"), keep=1)
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    start = 0
-    if os.environ.get("BENCH_ELASTIC"):  # membership_hosts.py: the world size changes, so load into the state
-        state = {"step": -1, "model": model.module.state_dict()}  # filled in place (the parameters themselves)
-        if ckpt.load_latest(into=state) is not None:
-            start = int(state["step"]) + 1
-            say(f"resumed {start - 1} {time.monotonic():.6f}")
-    elif (state := ckpt.load_latest()) is not None:
-        model.module.load_state_dict(state["model"])
-        start = int(state["step"]) + 1
-    step = start
-    hang = Path(os.environ.get("BENCH_HANG_DIR", "/nonexistent"), f"hang-{rank}")
-    while True:
-        if hang.exists():  # fault_recovery_hosts.py asks this rank to hang inside a step
-            hang.unlink()
-            say(f"hanging {rank} {time.monotonic():.6f}")
-            while True:
-                time.sleep(1)
-        x = torch.randn(32, 64)
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        opt.step()
-        if rank == 0:
-            say(f"step {step} {time.monotonic():.6f}")  # CLOCK_MONOTONIC: one clock for every netns host
-        ckpt.stage(step, {"step": step, "model": model.module.state_dict()})
-        if guard.should_stop(step):
-            guard.exit()
-        time.sleep(step_time)
-        step += 1
-
-
-def rendezvous_round() -> int:
-    """The c10d rendezvous round of this group: the same on every host, new on every restart.
-
-    The workers' store (the agents' shared TCPStore) outlives the rounds and holds no round
-    number; the rendezvous store at ``BENCH_RDZV_ENDPOINT`` (torchrun's ``--rdzv-endpoint``) keeps
-    the rendezvous state (pickled, base64) under ``torch.rendezvous.<run id>``.
-    """
-    import base64
-    import pickle
-
-    import torch.distributed as dist
-
-    host, port = os.environ["BENCH_RDZV_ENDPOINT"].rsplit(":", 1)
-    store = dist.TCPStore(host, int(port), is_master=False)
-    raw = store.get(f"torch.rendezvous.{os.environ['TORCHELASTIC_RUN_ID']}")
-    return int(pickle.loads(base64.b64decode(raw)).round)  # noqa: S301 - torch's own state, our own store
-
-
-# ----------------------------------------------------------------------------------------
-# Driving a launcher
-# ----------------------------------------------------------------------------------------
-
-
-class Launch:
-    """A launcher process whose combined output is read line by line with arrival times."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
-        self.log: list[str] = []
-        self.log_times: list[tuple[float, str]] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            now = time.monotonic()
-            self.log.append(line.rstrip("\n"))
-            self.log_times.append((now, line.rstrip("\n")))
-            self.lines.put((now, line))
-        self.lines.put((time.monotonic(), ""))
-
-    def next_line(self, deadline: float) -> tuple[float, str] | None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        try:
-            got = self.lines.get(timeout=left)
-        except queue.Empty:
-            return None
-        return None if got[1] == "" else got
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-PID = re.compile(r"^(?:\[rank \d+\] )?pid (\d+) (\d+)$")  # mlaunch prefixes worker lines, torchrun does not
-STEP = re.compile(r"^(?:\[rank \d+\] )?step (\d+)(?: ([\d.]+))?$")
-READY = "warm standby workers ready"
+from benchmarks.recovery.harness import PID, READY, STEP, WORKER, Launch, base_env, free_port  # noqa: E402
 
 
 def measure(
@@ -322,20 +168,6 @@ def phase_times(lines: list[tuple[float, str]], start: float, end: float) -> str
     return "; ".join(seen)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def base_env(ckpt: Path) -> dict[str, str]:
-    env = platform_free_env()
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", BENCH_CKPT_DIR=str(ckpt), PYTHONUNBUFFERED="1")
-    # The workers import launchers.elastic: from this checkout, installed or not.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    return env
-
-
 def run_mlaunch(
     args: argparse.Namespace,
     work: Path,
@@ -350,7 +182,7 @@ def run_mlaunch(
     hang = f"monitor: {{hang_timeout: {args.hang_timeout:g}s}}\n" if fault == signal.SIGSTOP else ""
     restart = f"max_restarts: {(kills or args.restarts) + 5}" + ("" if args.defaults else ", backoff: 0s")
     job.write_text(
-        f"name: fault-recovery\nentry: {HERE}\nargs: ['--worker', '--step-time', '{args.step_time}']\n"
+        f"name: fault-recovery\nentry: {WORKER}\nargs: ['--step-time', '{args.step_time}']\n"
         f"nodes: 1\nprocs_per_node: {args.nproc}\nlog_dir: {work / 'logs'}\n"
         # what the worker imports, and what DDP's constructor imports lazily (torch._dynamo)
         f"preload: [torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]\n"
@@ -379,8 +211,7 @@ def run_torchrun(args: argparse.Namespace, work: Path, rng: random.Random, kills
         f"--max-restarts={kills + 5}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        str(HERE),
-        "--worker",
+        str(WORKER),
         "--step-time",
         str(args.step_time),
     ]
@@ -445,21 +276,20 @@ def in_process_main(args: argparse.Namespace) -> int:
     fast = medians.get("in place, kill -9")
     if base and fast:
         print(f"  ratio in place / whole restart, kill -9 (median): {fast / base:.2f}")
-    if medians.get("torchrun") and fast:
-        print(f"  ratio in place / torchrun, kill -9 (median): {fast / medians['torchrun']:.3f}")
+    if (torchrun_median := medians.get("torchrun")) and fast:
+        print(f"  ratio in place / torchrun, kill -9 (median): {fast / torchrun_median:.3f}")
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--step-time", type=float, default=0.02)
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default 4; --hosts: per host, default 2)")
     parser.add_argument("--restarts", type=int, default=None, help="kills under mlaunch (default 50; --hosts: 20)")
     parser.add_argument(
         "--torchrun-restarts", type=int, default=None, help="kills under torchrun (0: skip; default 16; --hosts: 20)"
     )
-    parser.add_argument("--hosts", type=int, default=0, help="network-namespace hosts (fault_recovery_hosts.py)")
+    parser.add_argument("--hosts", type=int, default=0, help="network-namespace hosts (recovery/hosts.py)")
     parser.add_argument("--hangs", type=int, default=5, help="--hosts: hangs under mlaunch")
     parser.add_argument("--hang-timeout", type=float, default=3.0, help="--hosts: monitor.hang_timeout, seconds")
     parser.add_argument("--verbose", action="store_true", help="--hosts: the launchers' lines after each fault")
@@ -478,7 +308,9 @@ def main() -> int:
     parser.add_argument("--no-wait-standby", action="store_true", help="kill without waiting for standbys")
     parser.add_argument("--seed", type=int, default=4)
     parser.add_argument(
-        "--membership", action="store_true", help="--hosts 3: the last host leaves and comes back (membership_hosts.py)"
+        "--membership",
+        action="store_true",
+        help="--hosts 3: the last host leaves and comes back (recovery/membership.py)",
     )
     parser.add_argument("--cycles", type=int, default=3, help="--membership: leave-and-return cycles")
     parser.add_argument(
@@ -489,23 +321,20 @@ def main() -> int:
         "--defaults", action="store_true", help="job.yaml's restart defaults (no backoff: 0s); --in-process implies it"
     )
     args, _ = parser.parse_known_args()
-    if args.worker:
-        worker(args.step_time)
-        return 0
     if args.hosts and args.membership:
         args.nproc = 2 if args.nproc is None else args.nproc
         args.timeout = 120.0 if args.timeout is None else args.timeout
-        import membership_hosts  # the script's own directory is on sys.path
+        from benchmarks.recovery import membership
 
-        return membership_hosts.main(args)
+        return membership.main(args)
     if args.hosts:
         args.nproc = 2 if args.nproc is None else args.nproc  # the issue's 2 hosts × 2 ranks
         args.timeout = 120.0 if args.timeout is None else args.timeout  # torchrun across hosts is slow
         args.restarts = 20 if args.restarts is None else args.restarts
         args.torchrun_restarts = 20 if args.torchrun_restarts is None else args.torchrun_restarts
-        import fault_recovery_hosts  # the script's own directory is on sys.path
+        from benchmarks.recovery import hosts
 
-        return fault_recovery_hosts.main(args)
+        return hosts.main(args)
     args.nproc = 4 if args.nproc is None else args.nproc
     args.timeout = 60.0 if args.timeout is None else args.timeout
     args.restarts = 50 if args.restarts is None else args.restarts

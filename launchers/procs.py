@@ -81,6 +81,17 @@ def signal_group(pid: int, sig: int) -> None:
 STOPPED_STATES = frozenset("Tt")  # the /proc state letters of a stopped (or traced) process
 
 
+def process_state(pid: int) -> str:
+    """The process's state letter from ``/proc/PID/stat`` (R, S, D, T, t, Z...); "" where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read().decode("ascii", "replace")
+    except OSError:
+        return ""
+    rest = text[text.rfind(")") + 2 :]  # the command name may hold spaces and parentheses
+    return rest[:1]
+
+
 def signal_stop(leaders: list[int], sig: int, guarded: set[int]) -> None:
     """A stop signal to the groups led by ``leaders``, except to what a guarded process stops itself.
 

@@ -1,4 +1,4 @@
-"""The pure parts of the chaos storm harness (benchmarks/chaos*.py): the schedule, the parser, the report.
+"""The pure parts of the chaos storm harness (the package benchmarks/chaos/): the schedule, the parser, the report.
 
 No process, no clock: the schedule is a function of the seed, the report a function of the
 observations. The storm itself runs in tests/test_chaos_storm.py (netns, slow).
@@ -11,10 +11,10 @@ import sys
 import pytest
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from chaos_observe import Event, parse  # noqa: E402
-from chaos_report import build, frontier_at, losses, lost_steps, pace  # noqa: E402
-from chaos_schedule import CLASSES, NODE_LOSS, SAME_MEMBERSHIP, WHOLE_JOB, draw  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from benchmarks.chaos.observe import Event, parse  # noqa: E402
+from benchmarks.chaos.report import build, frontier_at, losses, lost_steps, pace  # noqa: E402
+from benchmarks.chaos.schedule import CLASSES, NODE_LOSS, SAME_MEMBERSHIP, WHOLE_JOB, draw  # noqa: E402
 
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:
@@ -117,8 +117,8 @@ def test_a_rank_fault_whose_host_has_no_rank_hits_a_host_that_has_one() -> None:
     from pathlib import Path
     from types import SimpleNamespace
 
-    from chaos_inject import Injector
-    from chaos_schedule import Fault
+    from benchmarks.chaos.inject import Injector
+    from benchmarks.chaos.schedule import Fault
 
     injector = Injector(SimpleNamespace(hosts=[None] * 3), Path("/nonexistent"), Path("/nonexistent"), random.Random(1))
     drawn = Fault(3, 1.0, "kill_rank", 1, 0.0, False)
@@ -138,9 +138,9 @@ def test_a_node_loss_waits_until_every_started_mlaunch_is_in_the_job() -> None:
     from pathlib import Path
     from types import SimpleNamespace
 
-    from chaos_inject import Injector
-    from chaos_observe import says_in_job
-    from chaos_schedule import Fault
+    from benchmarks.chaos.inject import Injector
+    from benchmarks.chaos.observe import says_in_job
+    from benchmarks.chaos.schedule import Fault
 
     running = {0, 1, 2}
     cluster = SimpleNamespace(hosts=[None] * 3, in_job={0, 2}, running=lambda h: h in running)
@@ -154,3 +154,41 @@ def test_a_node_loss_waits_until_every_started_mlaunch_is_in_the_job() -> None:
     running.discard(1)  # a host that is down does not hold the fault back
     cluster.in_job.discard(1)
     assert injector.target_ready(preempt)
+
+
+def test_a_storms_picture_joins_its_runs_across_the_harnesss_whole_job_restarts() -> None:
+    """A storm restarts the whole job after node 0 is lost: each run starts at attempt 0 and ends with its
+    own end event, and the timeline draws a log directory's newest run. The storm's picture once showed
+    its last 27 s of 94 (one fault of 13); joined, it spans every run, attempts numbered on, each earlier
+    run's end a whole-job restart, the goodput from the whole storm's events."""
+    from benchmarks.chaos.png import WHOLE_JOB_RESTART, joined
+    from launchers.observe import timeline_costs, timeline_model
+
+    def run(t0: float, steps: int) -> list[dict]:
+        """One run of the job: attempt 0 steps, a rank fails, attempt 1 steps, the run ends."""
+
+        def progress(attempt: int, at: float) -> list[dict]:
+            return [
+                {"time": at + s, "event": "progress", "attempt": attempt, "node": 0, "steps": {"0": s}}
+                for s in range(steps)
+            ]
+
+        return [
+            {"time": t0, "event": "start", "attempt": 0, "node": 0, "job": "storm"},
+            *progress(0, t0 + 1),
+            {"time": t0 + steps + 0.5, "event": "failure", "attempt": 0, "rank": 0},
+            {"time": t0 + steps + 0.6, "event": "start", "attempt": 1, "node": 0},
+            *progress(1, t0 + steps + 1),
+            {"time": t0 + 2 * steps + 2, "event": "end", "node": 0, "exit_code": 143, "wall_s": 1.0},
+        ]
+
+    first, second = run(1000.0, 5), run(1100.0, 5)
+    assert timeline_model.build(first + second).t0 == 1100.0  # unjoined: the last run alone
+    one = joined(first + second, [1099.0])
+    assert [e["event"] for e in one].count("end") == 1 and one[-1] is second[-1]
+    assert {e["attempt"] for e in one if e["event"] == "start"} == {0, 1, 2, 3}
+    restart = next(e for e in one if e["event"] == "restart")
+    assert (restart["time"], restart["attempt"], restart["cause"]) == (1099.0, 2, WHOLE_JOB_RESTART)
+    drawn = timeline_model.build(one)
+    assert (drawn.t0, drawn.t1) == (1000.0, second[-1]["time"])
+    assert timeline_costs.estimate(one, drawn.t1)["restarts"] == 3  # 1 + 1 in the runs, 1 by the harness

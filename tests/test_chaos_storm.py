@@ -1,6 +1,6 @@
 """A short seeded chaos storm (issue 35): every fault class once on 3 network-namespace hosts.
 
-``benchmarks/chaos.py`` with a schedule of 13 faults — one of each class, seed 35 — on 3 hosts ×
+``python -m benchmarks.chaos`` with a schedule of 13 faults — one of each class, seed 35 — on 3 hosts ×
 1 rank (DDP over gloo on the hosts' ``eth0``, ``nnodes: "2:3"``, warm standbys, every step staged,
 background commits); the benchmark's fault-free run is skipped (``--no-baseline``). Nothing may be
 lost: no unrecoverable error, no committed step lost by any resume, no process, shared memory or
@@ -30,7 +30,7 @@ def storm(tmp_path: Path, *args: str, timeout: float) -> dict:
         pytest.skip(reason)
     out = tmp_path / "chaos.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--out", str(out), "--keep", str(tmp_path), *args]
+    argv = [sys.executable, "-m", "benchmarks.chaos", "--out", str(out), "--keep", str(tmp_path), *args]
     argv += ["--deadline", str(timeout - 90)]  # the storm cuts itself first and says where the job was
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)

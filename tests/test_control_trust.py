@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 from elastic_testlib import CHAOS, final_checksum  # noqa: E402
 
 from launchers.config.job import Job
-from launchers.control import open_job_events
+from launchers.control import open_job_events, transport
 from launchers.control.transport import MAX_IN, curve_keys, secure_agent
-from launchers.control.wire import job_secret, seal
+from launchers.control.wire import Incoming, Outgoing, job_secret, seal, unseal
 from launchers.outcome import Failure
 from launchers.platform.cluster import Cluster
 
@@ -170,6 +170,17 @@ def recording_link(target: int) -> tuple[int, bytearray]:
     return int(server.getsockname()[1]), said
 
 
+def replay(port: int, said: bytes) -> socket.socket:
+    """A new connection saying a tap's bytes again, paced as a ZMTP client sends them: the greeting's signature,
+    the rest of the greeting, then the rest (libzmq mis-reads a whole session arriving in one read, and would
+    refuse the replay for that reason alone)."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    for part in (said[:10], said[10:64], said[64:]):
+        conn.sendall(part)
+        time.sleep(0.1)
+    return conn
+
+
 def test_a_captured_connection_replayed_later_is_not_acted_on() -> None:
     """Everything node 1 sent, from its handshake to a failure report, replayed on a new connection: refused in
     the handshake (fresh session keys on each connection), never a message the hub reads."""
@@ -182,13 +193,122 @@ def test_a_captured_connection_replayed_later_is_not_acted_on() -> None:
         assert until(lambda: a.hub.strangers.authenticated == 2)  # node 0's and node 1's (the monitor lags a tick)
         authenticated, failed = a.hub.strangers.authenticated, a.hub.strangers.handshake_failed
         for _ in range(3):
-            with socket.create_connection(("127.0.0.1", port)) as replay:
-                replay.sendall(bytes(said))
+            with replay(port, bytes(said)):
                 time.sleep(0.3)
         assert until(lambda: a.hub.strangers.handshake_failed >= failed + 3)
         assert a.hub.strangers.authenticated == authenticated  # no replayed connection got to say anything
         assert a.hub.dropped.unverified == a.hub.dropped.malformed == 0
     finally:
+        b.close(0)
+        a.close(0)
+
+
+def test_a_message_not_newer_in_its_senders_stream_is_stale() -> None:
+    """``wire``'s freshness: the same sealed bytes twice, or an older number after a newer, are not acted on;
+    another sender's stream (another node, a node's next run) is its own."""
+    out, heard = Outgoing(), Incoming()
+    first, second, third = (seal(KEY, {"t": "heartbeat", "node": 1}, out) for _ in range(3))
+    other = seal(KEY, {"t": "heartbeat", "node": 2}, Outgoing())
+    said = [first, first, third, second, other, third]
+    assert [unseal(KEY, f) is not None and heard.fresh(f) for f in said] == [True, False, True, False, True, False]
+    assert heard.replayed == 3
+    assert unseal(KEY, [first[0][:47] + b"\x07" + first[0][48:]]) is None  # the number is under the MAC
+
+
+@pytest.mark.parametrize("curve", [True, False], ids=["curve", "no-curve"])
+def test_an_insider_saying_an_old_message_again_is_dropped_and_counted(curve: bool, monkeypatch: Any) -> None:
+    """A sealed message said again on a new connection, and one re-ordered behind a newer (a tap's copy, or a
+    holder of the key): dropped, counted as replayed; the status it carried does not overwrite the newer one.
+    Without CURVE (``no-curve``: pyzmq's wheel always has it, so ``transport.has_curve`` is patched off, as a
+    libzmq built without libsodium would say) the numbers are all there is against a replay."""
+    if not curve:
+        monkeypatch.setattr(transport, "has_curve", lambda: False)
+    port = free_port()
+    a, b = pair(port)
+    context = zmq.Context()
+    try:
+        assert (a.hub.curve is not None) is curve
+        out = Outgoing()
+        old, new = (seal(KEY, {"t": "st", "node": 1, "entry": {"said": n}}, out) for n in ("old", "new"))
+        for frames in ([old, new], [old], [new]):  # the second and third connections: a replay, then a re-order
+            insider = context.socket(zmq.DEALER)
+            insider.setsockopt(zmq.LINGER, 1000)
+            secure_agent(insider, curve_keys(KEY), 2)
+            insider.connect(f"tcp://127.0.0.1:{port}")
+            for frame in frames:
+                insider.send_multipart(frame)
+            insider.close()
+        assert until(lambda: a.hub.heard.replayed == 2), a.hub.wire_stats()
+        assert a.hub.status.get(1) != {"said": "old"} and a.hub.dropped.unverified == a.hub.dropped.malformed == 0
+        assert a.hub.wire_stats()["replayed"] == 2
+    finally:
+        context.destroy(linger=0)
+        b.close(0)
+        a.close(0)
+
+
+def test_without_curve_a_tapped_connection_replayed_later_is_dropped_message_by_message(monkeypatch: Any) -> None:
+    """No CURVE (patched off, as above): a tap's copy of everything node 1 said, replayed on a new connection,
+    completes its (NULL) handshake — and then every message in it is stale: none acted on, each counted."""
+    monkeypatch.setattr(transport, "has_curve", lambda: False)
+    port = free_port()
+    tap, said = recording_link(port)
+    a, b = pair(port, tap)
+    try:
+        b.report_failure(Failure("rank 1", 1, 1, 9, None, [], None))
+        assert until(lambda: a.first_failure(0) is not None)
+        time.sleep(0.3)
+        heard = a.hub.traffic.messages_in
+        with replay(port, bytes(said)):
+            assert until(lambda: a.hub.heard.replayed >= 2)  # node 1's hello and failure at least
+        assert a.hub.traffic.messages_in > heard and a.hub.dropped.unverified == a.hub.dropped.malformed == 0
+        assert a.hub.roster.members == {0, 1} and a.hub.strangers.handshake_failed == 0
+    finally:
+        b.close(0)
+        a.close(0)
+
+
+def open_connections(port: int, count: int) -> list[socket.socket]:
+    """``count`` TCP connections to the port, opened without waiting for each (a stranger's burst)."""
+    conns = []
+    for _ in range(count):
+        conn = socket.socket()
+        conn.setblocking(False)
+        conn.connect_ex(("127.0.0.1", port))
+        conns.append(conn)
+    return conns
+
+
+def closed_by_peer(conns: list[socket.socket]) -> int:
+    """How many of them the other end closed (what it said before, its ZMTP greeting, read and let go)."""
+    closed = 0
+    for conn in conns:
+        with contextlib.suppress(BlockingIOError, OSError):  # open, or not connected yet
+            while conn.recv(1 << 12):
+                pass
+            closed += 1  # the end of the stream
+    return closed
+
+
+def test_two_thousand_strangers_connections_are_cut_over_the_cap_while_the_members_go_on() -> None:
+    """2,000 connections that never say a word: the hub keeps at most ``pending_limit`` of them (256 for two
+    nodes) and cuts the rest within ticks, long before the handshake limit (5 s) would; the members'
+    connections stay, a failure still reaches node 1, and what was cut is counted."""
+    port = free_port()
+    a, b = pair(port)
+    strangers: list[socket.socket] = []
+    try:
+        strangers = open_connections(port, 2000)  # the accept queue lets ~1,400 in within 2 s here, fewer under load
+        hub = a.hub.strangers  # ``over_cap`` counts the hub's own cuts only (not the 5 s handshake limit's)
+        cut = lambda: hub.accepted >= 600 and hub.over_cap >= hub.accepted - 256 - 2 - 16 and hub.pending() <= 256  # noqa: E731
+        assert until(cut, 8.0), a.hub.wire_stats()
+        assert closed_by_peer(strangers) >= hub.over_cap - 16, a.hub.wire_stats()  # really closed, not just counted
+        a.report_failure(Failure("rank 0", 0, 1, 9, None, [], None))
+        assert until(lambda: b.first_failure(0) is not None)
+        assert a.hub.roster.members == {0, 1} and a.hub.wire_stats()["over_cap"] == a.hub.strangers.over_cap
+    finally:
+        for conn in strangers:
+            conn.close()
         b.close(0)
         a.close(0)
 
@@ -303,10 +423,11 @@ def test_status_says_what_node_0_refused_and_a_key_from_public_facts() -> None:
 
     quiet = {"encrypted": True, "unverified": 0, "malformed": 0, "handshake_failed": 0, "closed_unauthenticated": 0}
     assert control_plane_line({"control_plane": quiet}) is None and control_plane_line({}) is None
-    busy = {**quiet, "unverified": 3, "handshake_failed": 2, "closed_unauthenticated": 200, "pending": 5}
+    busy = {**quiet, "unverified": 3, "replayed": 4, "handshake_failed": 2, "closed_unauthenticated": 2000}
+    busy |= {"over_cap": 1744, "cap": 256, "pending": 5}
     line = control_plane_line({"control_plane": {**busy, "keyed_from_public_facts": True, "encrypted": False}})
     assert line == (
         "control plane: keyed from public facts (set MLAUNCH_JOB_SECRET); not encrypted (this libzmq has no CURVE); "
-        "dropped 3 messages (3 did not verify, 0 malformed); refused 202 connections (2 failed the handshake, "
-        "200 closed before authenticating); 5 not authenticated yet"
+        "dropped 7 messages (3 did not verify, 0 malformed, 4 replayed); refused 2002 connections (2 failed the "
+        "handshake, 2000 closed before authenticating, 1744 cut over the cap of 256); 5 not authenticated yet"
     )

@@ -77,6 +77,31 @@ def test_readme_links_point_at_files_that_exist() -> None:
     assert not missing, missing
 
 
+BENCHMARK = re.compile(r"python3? (?:-m (benchmarks(?:\.\w+)+)|(benchmarks/[\w/]+(?:\.py)?))")
+
+
+def benchmark_runs(module: str, path: str) -> bool:
+    """``python -m benchmarks.X`` or ``python benchmarks/X[.py]`` names a script or a package with ``__main__``."""
+    target = ROOT / (module.replace(".", "/") if module else path)
+    if target.suffix == ".py":
+        return target.is_file()
+    return (target / "__main__.py").is_file() or (module != "" and target.with_suffix(".py").is_file())
+
+
+def test_every_benchmark_command_in_the_docs_names_one_that_exists() -> None:
+    """A benchmark that moves (issue 46: ``benchmarks/chaos.py`` became the package ``benchmarks/chaos/``)
+    leaves no command behind that names its old place: in the README, a page or a benchmark's own usage."""
+    commands, missing = 0, []
+    for page in [README, *doc_pages(), *sorted((ROOT / "benchmarks").rglob("*.py"))]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for module, path in BENCHMARK.findall(line):
+                commands += 1
+                if not benchmark_runs(module, path):
+                    missing.append(f"{page.relative_to(ROOT)}:{number} {module or path}")
+    assert commands > 20, "the benchmark commands were found"
+    assert not missing, "commands naming no benchmark: " + ", ".join(missing)
+
+
 def test_every_shell_block_in_the_docs_is_bash() -> None:
     """The example test runs ```bash blocks: a shell example under another fence would escape it."""
     for page in doc_pages():

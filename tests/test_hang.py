@@ -153,6 +153,27 @@ def test_ranks_that_never_report_are_not_judged(tmp_path: Path) -> None:
     assert "hung" not in result.stderr
 
 
+FINISHED_THEN_SLOW_EXIT = """
+    import time
+    from launchers import elastic
+    for step in range(5):
+        elastic.heartbeat(step)
+        time.sleep(0.05)
+    elastic.finished()
+    time.sleep(3)  # a finished rank's teardown: the last garbage collections of a large program take seconds
+"""
+
+
+def test_a_finished_rank_slow_to_exit_is_not_judged_hung(tmp_path: Path) -> None:
+    """A rank that reported completion and then takes longer than its hang limit to exit (a program that imported
+    transformers and DeepSpeed spent 8-12 s in the interpreter's last collections) is tearing down, not hung:
+    the job ends 0. It used to be failed as hung, every rank SIGKILLed after the training had finished."""
+    job = plain_job(tmp_path, FINISHED_THEN_SLOW_EXIT, extra="monitor: {hang_timeout: 1s}\n")
+    result = run_mlaunch([str(job)], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "hung" not in result.stderr
+
+
 PEER_CRASHES = """
     open(os.path.join(os.environ["READY_DIR"], str(rank)), "w").close()
     while len(os.listdir(os.environ["READY_DIR"])) < 4:  # all four ranks are up

@@ -10,6 +10,8 @@ writes which process trained which step):
 - no step is lost: the re-formed group resumes right after the newest step every rank staged;
 - the training ends exactly as the same fault ends it without the decorator (the whole job
   restarted), and exactly as the fault-free run when DDP's buckets are restored (issue 48);
+- every rank of the re-formed group reads the step from the memory the recovery kept
+  (``ipc.kept_segments``), not from the checkpoint directory, and nothing kept outlives the run;
 - mlaunch says what it did (log, ``events.jsonl``), and a failure that is the rank's own is still
   raised.
 """
@@ -81,9 +83,15 @@ def whole_restart(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.parametrize("fault", ["kill", "hang"])
 def test_survivors_keep_their_processes_and_lose_nothing(tmp_path: Path, fault: str, whole_restart: str) -> None:
     extra = "monitor: {hang_timeout: 3s}\n" if fault == "hang" else ""
-    result = run_mlaunch(["--engine", "pytorch", str(job(tmp_path, fault, extra=extra))], env=clean_env())
+    shm = tmp_path / "shm"  # this run's shared memory alone: what it leaves there is its own
+    shm.mkdir()
+    env = {**clean_env(), "MLAUNCH_SHM_DIR": str(shm)}
+    result = run_mlaunch(["--engine", "pytorch", str(job(tmp_path, fault, extra=extra))], env=env)
     err = result.stderr
     assert result.returncode == 0, err[-3000:]
+    # every rank of the re-formed group, the replacement too, read step 14 from the memory the recovery kept
+    assert re.findall(r"step (\d+) read from the memory the in-place recovery kept", err) == ["14"] * 4, err
+    assert not list(shm.iterdir()), list(shm.iterdir())  # nothing kept outlives the run
     pids = pids_per_rank(tmp_path)
     assert [len(pids[r]) for r in range(4)] == [1, 1, 2, 1], (pids, err[-2000:])  # only rank 2 is a new process
     assert "rank 0, rank 1, rank 3 keep their processes and rejoin in place" in err, err

@@ -18,10 +18,10 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 
-def module_files() -> dict[str, Path]:
+def module_files(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """Dotted module name → file, for every project module (packages by their __init__)."""
     found: dict[str, Path] = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -107,6 +107,31 @@ def package_graph() -> dict[str, set[str]]:
         graph.setdefault(source, set()).update(package_of(t, files) for t in targets)
         graph[source].discard(source)
     return graph
+
+
+def benchmark_graph() -> dict[str, set[str]]:
+    """Benchmark module → the benchmark modules it imports, whichever name it imports them by.
+
+    A script run as ``python benchmarks/NAME.py`` has ``benchmarks/`` first on ``sys.path`` and can import a
+    sibling by its bare name (``import fault_recovery``); a package's module imports ``benchmarks.recovery.x``.
+    Both are edges to the same file.
+    """
+    files = module_files(("benchmarks",))
+    bare = {name.removeprefix("benchmarks."): name for name in files if name != "benchmarks"}
+    known = set(files) | set(bare)
+    return {
+        name: {bare.get(target, target) for target in imported_modules(name, path, known)} - {name}
+        for name, path in files.items()
+    }
+
+
+def test_no_import_cycle_between_benchmarks() -> None:
+    """A benchmark's modes once imported each other in a circle (fault_recovery → its --hosts module →
+    fault_recovery, issue 46): what modes share lives in a module that imports none of them."""
+    graph = benchmark_graph()
+    assert graph["benchmarks.fault_recovery"] and graph["benchmarks.fault_burst"], "found no import between them"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between benchmarks: " + " → ".join(cycle or [])
 
 
 def test_no_import_cycle_between_packages() -> None:

@@ -3,7 +3,7 @@
 mlaunch's agent maps each rank's segment (``staging.SegmentReader``: the grace budget, the
 standby pool's "staged yet?" poll, the flash save). A mapping whose file shrinks kills the
 process that touches it with SIGBUS — not an exception, the whole mlaunch. A 300-fault storm
-(``benchmarks/chaos.py`` seed 37) lost node 0's mlaunch to signal 7 at the first step of an
+(``python -m benchmarks.chaos`` seed 37) lost node 0's mlaunch to signal 7 at the first step of an
 attempt, while the standby pool polled the segments: the segment used to be re-created in place
 (``O_TRUNC``, then grown), so for a moment the file was empty under the agent's mapping.
 

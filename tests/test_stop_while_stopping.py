@@ -1,6 +1,6 @@
 """A stop signal to mlaunch that comes while it is already stopping its ranks for another reason still stops it.
 
-A preemption does not wait for a convenient moment. A 300-fault storm (``benchmarks/chaos.py``
+A preemption does not wait for a convenient moment. A 300-fault storm (``python -m benchmarks.chaos``
 seed 37, fault 140) SIGTERMed node 0's mlaunch 0.07 s into a re-form (a candidate admitted at a
 checkpoint: every rank stopping gracefully); the re-form won, the SIGTERM was dropped, and node 0
 trained on for 13 minutes — on a platform, until the SIGKILL at the end of the grace period, with

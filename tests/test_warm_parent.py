@@ -187,6 +187,29 @@ def test_learning_stops_after_a_module_made_forking_unsafe(tmp_path: Path, monke
     assert learner.refused == {"sympy"} and "learns no more" in said[-1] and "sympy" in said[-1]
 
 
+def test_a_learned_import_that_fails_half_way_makes_the_warm_parent_unsafe(tmp_path: Path) -> None:
+    """A package whose ``__init__`` raised after importing a submodule leaves that submodule orphaned in
+    ``sys.modules``; a later import of the package then lacks it as an attribute, and every rank forked from
+    the warm parent failed (``module 'torch._dynamo' has no attribute 'utils'``, seen once in a DDP job).
+    Such a warm parent is unsafe (mlaunch restarts it without the module); a module that fails before
+    importing anything is only skipped, as before."""
+    (tmp_path / "halfpkg").mkdir()
+    (tmp_path / "halfpkg" / "__init__.py").write_text("from . import sub\nraise RuntimeError('boom')\n")
+    (tmp_path / "halfpkg" / "sub.py").write_text("X = 1\n")
+    (tmp_path / "failsfirst.py").write_text("raise ImportError('not here')\n")
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(tmp_path)!r}); "
+        "from launchers.standby.warm_parent import learn; "
+        "print(json.dumps(learn(['halfpkg', 'failsfirst'])))"  # roots_first: failsfirst, then halfpkg
+    )
+    env = {**clean_env(), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    assert reply["skipped"] == {"failsfirst": "ImportError: not here"}, reply
+    assert reply["module"] == "halfpkg" and "halfpkg.sub" in reply["unsafe"] and "boom" in reply["unsafe"], reply
+
+
 DDP_LEARN = """\
 import os, sys, time
 at_start = {"dynamo": "torch._dynamo" in sys.modules, "helper": "jobhelper" in sys.modules}

@@ -49,7 +49,7 @@ from launchers.control.status_mirror import StatusMirror
 from launchers.control.succession import Inherited, successor
 from launchers.control.topics import feature
 from launchers.control.transport import MAX_IN, CurveKeys, secure_agent
-from launchers.control.wire import seal, unseal
+from launchers.control.wire import Incoming, Outgoing, seal, unseal
 from launchers.log import say
 
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
@@ -78,6 +78,7 @@ class AgentState:
         self.join_timeout = max(node_timeout, join_timeout)
         self.cadence: Cadence = cadence(nnodes, node_timeout)
         self.incarnation = secrets.token_hex(4)
+        self.wire_out, self.wire_in = Outgoing(), Incoming()  # issue 47: this run's stream; the hub's (replays: no)
         self.cond = threading.Condition()
         self.wake = wake  # something arrived that the supervisor's loop acts on
         self.life = Life()
@@ -428,7 +429,7 @@ def receive(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float)
     except zmq.Again:
         return
     wire_message = unseal(secret, [frame])
-    if wire_message is not None:
+    if wire_message is not None and state.wire_in.fresh([frame]):
         with contextlib.suppress(KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
             message = m.decode(wire_message)
             if message is not None:
@@ -439,7 +440,7 @@ def flush(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -
     """Everything due, sealed and sent without blocking; what the socket does not take waits if it must arrive."""
     out = state.due(now)
     for index, message in enumerate(out):
-        frames = seal(secret, message.to_wire())
+        frames = seal(secret, message.to_wire(), state.wire_out)
         if len(frames[0]) > MAX_IN:  # the hub would cut the connection on it (``transport``): said, never sent
             say(f"control plane: node {state.node}'s {message.KIND!r} is {len(frames[0])} bytes, over the hub's "
                 f"limit of {MAX_IN}: not sent")  # fmt: skip

@@ -37,8 +37,8 @@ from launchers.control.reductions import BUILTIN, Reducers
 from launchers.control.roster import IllegalTransition, NodeStatus, Roster
 from launchers.control.succession import Inherited
 from launchers.control.successor_hub import bind, inherit
-from launchers.control.transport import MONITORED, Strangers, curve_keys, secure_hub
-from launchers.control.wire import seal, unseal
+from launchers.control.transport import MONITORED, Strangers, curve_keys, pending_limit, secure_hub
+from launchers.control.wire import Incoming, Outgoing, encode, seal, unseal
 from launchers.log import say
 
 VIEW_CACHE = 0.5  # seconds an encoded whole view is reused for other nodes asking (a burst of askers)
@@ -70,6 +70,7 @@ class Hub(threading.Thread):
         """
         super().__init__(name="mlaunch-control-hub", daemon=True)
         self.secret = secret
+        self.sent, self.heard = Outgoing(), Incoming()  # issue 47: the hub's stream; the agents' (replays dropped)
         self.nnodes = nnodes  # node indexes are 0 … nnodes-1
         self.node_timeout = node_timeout
         self.host_node = host_node
@@ -90,7 +91,7 @@ class Hub(threading.Thread):
         self._unbound = bind(self.sock, f"tcp://*:{port}", late=inherited is not None)  # a successor: maybe late
         self.monitor = self.sock.get_monitor_socket(MONITORED)  # strangers counted; a member's close: ``on_close``
         self.elastic = elastic is not None
-        self.strangers = Strangers()
+        self.strangers = Strangers(cap=pending_limit(nnodes), port=port)  # issue 47: ``shed`` over it
         self.dropped = Dropped()
         self.peers: dict[int, bytes] = {}  # node → its socket's identity
         self.gone: dict[bytes, int] = {}  # the sockets of incarnations left out → their node: told so when they speak
@@ -102,7 +103,7 @@ class Hub(threading.Thread):
         self.status: dict[int, Any] = {}
         self._summary: m.Summary | None = None  # a new one, to broadcast
         self.summary: dict[str, Any] | None = None  # the newest, for a node that joins later
-        self._view_frames: tuple[float, list[bytes]] | None = None
+        self._view_payload: tuple[float, bytes] | None = None  # encoded once, sealed (numbered) per asker
         self._publisher = Publisher()
         self._halt = threading.Event()
         self._last_broadcast = 0.0
@@ -187,6 +188,8 @@ class Hub(threading.Thread):
             self.dropped.unverified += 1
             self._reject()
             return None
+        if not self.heard.fresh(frames):  # issue 47: replayed, or re-ordered behind a newer (counted in heard)
+            return None
         try:
             if m.sender(wire, self.nnodes) is None:
                 raise ValueError("no such node")
@@ -264,11 +267,11 @@ class Hub(threading.Thread):
 
     def on_ask(self, ask: m.Ask) -> None:
         now = self._now
-        cached = self._view_frames
+        cached = self._view_payload
         if cached is None or now - cached[0] > VIEW_CACHE:
             nodes = {str(n): e for n, e in self.status.items()}
-            cached = self._view_frames = (now, seal(self.secret, m.View(nodes).to_wire()))
-        self._send_frames(ask.node, cached[1])
+            cached = self._view_payload = (now, encode(m.View(nodes).to_wire()))
+        self._send_frames(ask.node, seal(self.secret, cached[1], self.sent))
 
     def on_summary(self, summary: m.Summary) -> None:
         if summary.node == self.host_node and summary.summary is not None:
@@ -330,7 +333,7 @@ class Hub(threading.Thread):
                 self._send(node, done.message(topic, node))
                 continue
             if shared is None:
-                shared = seal(self.secret, done.message(topic, node).to_wire())
+                shared = seal(self.secret, done.message(topic, node).to_wire(), self.sent)
             self._send_frames(node, shared)
 
     # -- liveness ---------------------------------------------------------------------------------
@@ -345,13 +348,14 @@ class Hub(threading.Thread):
             try:
                 event = self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             if self.strangers.on_event(event) and self.elastic:
                 self.membership.on_close(now)
+        self.strangers.shed()  # issue 47: unauthenticated connections over the cap
 
     def wire_stats(self) -> dict[str, Any]:
         """What strangers cost the hub so far (any thread: plain ints, read whole enough for a status line)."""
-        return wire_stats(self.curve is not None, self.dropped, self.strangers)
+        return wire_stats(self.curve is not None, self.dropped, self.strangers, self.heard.replayed)
 
     def _check_lost(self, now: float) -> None:
         close, short = self.membership.fuse(now, self.cadence.heartbeat)  # ``silence_limit``, said once
@@ -365,11 +369,11 @@ class Hub(threading.Thread):
 
     # -- sending ----------------------------------------------------------------------------------
     def _send(self, node: int, message: m.Message) -> None:
-        self._send_frames(node, seal(self.secret, message.to_wire()))
+        self._send_frames(node, seal(self.secret, message.to_wire(), self.sent))
 
     def _multicast(self, nodes: Iterable[int], message: m.Message) -> None:
         """One encoding, the same bytes to ``nodes`` (a meeting's members, an exchange's contributors)."""
-        frames = seal(self.secret, message.to_wire())
+        frames = seal(self.secret, message.to_wire(), self.sent)
         for node in nodes:
             self._send_frames(node, frames)
 
@@ -379,7 +383,7 @@ class Hub(threading.Thread):
             self._to(ident, frames)
 
     def _to(self, ident: bytes, frames: list[bytes] | m.Message) -> None:
-        payload = seal(self.secret, frames.to_wire()) if isinstance(frames, m.Message) else frames
+        payload = seal(self.secret, frames.to_wire(), self.sent) if isinstance(frames, m.Message) else frames
         try:  # unroutable or full (a peer whose link is down, or that does not read): heartbeats tell
             self.sock.send_multipart([ident, *payload], zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -390,7 +394,7 @@ class Hub(threading.Thread):
     def _broadcast(self, message: m.Message) -> None:
         """One encoding, the same bytes to every node still in the job (the loop is the per-peer cost: keep it bare)."""
         began = self._last_broadcast = time.monotonic()
-        (body,) = seal(self.secret, message.to_wire())
+        (body,) = seal(self.secret, message.to_wire(), self.sent)
         send, sent = self.sock.send, 0
         skip = self.roster.quiet
         for node, ident in list(self.peers.items()):

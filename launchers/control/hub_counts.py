@@ -26,13 +26,16 @@ class Traffic:
     broadcasts: dict[str, tuple[float, float]] = field(default_factory=dict)  # kind → (began, seconds) of the last
 
 
-def wire_stats(encrypted: bool, dropped: Dropped, strangers: Any) -> dict[str, Any]:
+def wire_stats(encrypted: bool, dropped: Dropped, strangers: Any, replayed: int = 0) -> dict[str, Any]:
     """The status line's figures: what the hub refused, and the connections that never authenticated."""
     return {
         "encrypted": encrypted,
         "unverified": dropped.unverified,
         "malformed": dropped.malformed,
+        "replayed": replayed,
         "handshake_failed": strangers.handshake_failed,
         "closed_unauthenticated": strangers.closed_unauthenticated,
+        "over_cap": strangers.over_cap,
+        "cap": strangers.cap,
         "pending": strangers.pending(),
     }

@@ -6,13 +6,19 @@ client must know it before its first byte), and one the agents share. A connecti
 not complete the handshake — raw bytes, another job, a stranger without the key — never
 delivers a message; libsodium (bundled in pyzmq's wheels) encrypts every frame with a
 per-connection session key, and its nonces refuse a replayed or re-ordered frame on the
-connection. Without CURVE in the installed libzmq (a source build without libsodium) the
-plane runs on the HMAC of ``wire`` alone, and says so.
+connection. pyzmq's wheels always carry it (libzmq built with libsodium); without CURVE in the
+installed libzmq (a source build without libsodium) the plane runs on ``wire`` alone — every
+message MAC'd and numbered in its sender's stream, so a replayed or re-ordered one is still
+dropped, but nothing is encrypted and anyone completes a connection — and says so
+(``mlaunch status``: "not encrypted").
 
 Bounds: a frame longer than ``MAX_IN`` closes the connection before it is held in memory
 (``ZMQ_MAXMSGSIZE``); a connection that has not authenticated within ``handshake_limit``
 (5 s, more for thousands of nodes) is closed (``ZMQ_HANDSHAKE_IVL``), so the connections of
-strangers live at most that long.
+strangers live at most that long; and no more than ``pending_limit`` of them are open at once:
+libzmq has no such option (nor a hook before the handshake: ZAP is asked after it), so the hub
+cuts the newest connections over the limit itself (``Strangers.shed``: ``shutdown(2)`` on the
+accepted descriptor the monitor named; libzmq sees the peer gone and closes it).
 
 ``Strangers`` reads the hub's socket monitor: connections accepted, handshakes failed (raw
 bytes, a wrong key), connections closed before or after their handshake; what it counts is
@@ -22,7 +28,9 @@ membership a peer may have gone (``Hub._closed_connections``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import socket
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +42,14 @@ MAX_IN = 16 << 20  # bytes: the largest message an agent says (a status entry is
 HANDSHAKE = 5.0  # seconds a connection may take to authenticate, at least
 HANDSHAKE_PER_NODE = 0.005  # and this much per node of the job: node 0 does every node's handshake (~0.3 ms of
 # CPU each, on one I/O thread) when they all connect at once; cut sooner, they would be cut and come again
+
+
+PENDING_MIN = 256  # connections not authenticated yet the hub keeps at once, at least (a member's own retry is one)
+
+
+def pending_limit(nnodes: int) -> int:
+    """How many connections may be unauthenticated at once: 256, or twice the nodes (all joining at once, twice)."""
+    return max(PENDING_MIN, 2 * nnodes)
 
 
 def handshake_limit(nnodes: int) -> float:
@@ -109,12 +125,16 @@ class Strangers:
     stranger's (or a peer's own retry) and nothing more.
     """
 
+    cap: int = PENDING_MIN  # connections not authenticated yet, at most (``pending_limit``)
+    port: int = 0  # the hub's port: a descriptor is cut only if it is still one of its connections
     accepted: int = 0
     authenticated: int = 0
     handshake_failed: int = 0  # raw bytes, another protocol, a wrong key, no handshake in time
     closed_unauthenticated: int = 0
+    over_cap: int = 0  # connections cut at once because ``cap`` were unauthenticated (also closed_unauthenticated)
     open_fds: set[int] = field(default_factory=set)
     _handshaken: int = 0  # handshakes succeeded on connections still open (no fd in that event: a count)
+    _newest: list[int] = field(default_factory=list)  # accepted over the cap since the last ``shed``
 
     def on_event(self, frames: list[bytes]) -> bool:
         """One monitor message; True when it is the close of an authenticated connection."""
@@ -122,6 +142,8 @@ class Strangers:
         if kind == zmq.EVENT_ACCEPTED:
             self.accepted += 1
             self.open_fds.add(value)
+            if self.pending() > self.cap:
+                self._newest.append(value)
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.authenticated += 1
             self._handshaken += 1
@@ -142,3 +164,35 @@ class Strangers:
     def pending(self) -> int:
         """Connections open that have not authenticated (bounded in time by ``handshake_limit``)."""
         return max(0, len(self.open_fds) - self._handshaken)
+
+    def shed(self) -> None:
+        """Cut the connections accepted over the cap, once the monitor's events so far are all read.
+
+        Read first, so that a descriptor closed since (and its number reused) is no longer in
+        ``open_fds``; and a descriptor is cut only while it is a TCP connection to the hub's
+        port (never another of the process's sockets). The newest go: a flood's, while the held
+        ones age out in ``handshake_limit`` and the members' connections stay. A member that
+        reconnects while strangers fill the cap is cut too, and retries (every 2 s at most).
+        """
+        newest, self._newest = self._newest, []
+        for fd in newest:
+            if fd in self.open_fds and _cut(fd, self.port):
+                self.over_cap += 1
+
+
+def _cut(fd: int, port: int) -> bool:
+    """``shutdown(2)`` a descriptor libzmq owns (it stays libzmq's to close); False if it is not the hub's."""
+    try:
+        conn = socket.socket(fileno=fd)
+    except OSError:  # closed since, or not a socket now
+        return False
+    try:
+        if conn.type != socket.SOCK_STREAM or conn.getsockname()[1] != port:
+            return False
+        conn.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            conn.detach()

@@ -28,7 +28,8 @@ groups stay referenced: destroying a gloo group's threads can deadlock on the GI
 next attempt's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``,
 ``MLAUNCH_RESTART_COUNT``...), applies it, and calls the function again. Inside, ``load_latest()``
 returns the newest step every rank staged, which mlaunch committed from the ranks' shared memory
-while they waited (the flash save), so every rank of the new group starts from the same step.
+while they waited (the flash save), so every rank of the new group starts from the same step; each
+rank reads it from the segments mlaunch kept for it (``ipc.kept_segments``), not from storage.
 
 An exception that no peer failure explains (mlaunch says nothing within ``notice_within`` seconds) is
 the rank's own and is raised as before; mlaunch then restarts per ``restart:``. When mlaunch cannot

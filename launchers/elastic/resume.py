@@ -35,8 +35,8 @@ from typing import Any, Protocol
 from launchers.elastic import ddp_layouts, replicated
 from launchers.elastic.errors import CheckpointError
 from launchers.elastic.format import layout, shardfile
-from launchers.elastic.ipc import progress, rank_segment
-from launchers.elastic.ranks import collective
+from launchers.elastic.ipc import kept_segments, progress, rank_segment
+from launchers.elastic.ranks import collective, env
 
 ON_UNREADABLE_ENV = "MLAUNCH_ON_UNREADABLE"  # "fail" (the default) | "start_over": job.yaml's checkpoint.on_unreadable
 
@@ -141,9 +141,15 @@ def own_shard(ckpt: Checkpointer, item: layout.Committed, rank: int, world: int)
         sources = [checked]
     for source in sources:
         path = item.shard(source)
-        if str(source) not in item.manifest["shards"] or not path.exists():
+        if str(source) not in item.manifest["shards"]:
             continue
         try:
+            staged = _kept_state(ckpt, item, source) if source == rank and item.world_size == world else None
+            if staged is not None:
+                collective.say(f"step {item.step} read from the memory the in-place recovery kept, not from {path}")
+                return Read(staged[0])
+            if not path.exists():
+                continue
             state, _meta = shardfile.read_file(path, trusted=ckpt.trusted)
         except shardfile.UntrustedShard as exc:
             return Read(error=f"needs trusted=True: {path}: {exc}", fatal=True)
@@ -153,6 +159,41 @@ def own_shard(ckpt: Checkpointer, item: layout.Committed, rank: int, world: int)
             return Read(error=f"{path}: {exc}")
         return Read(state)
     return Read(error=f"no shard for rank {rank} in {item.path}")
+
+
+def _kept_state(ckpt: Checkpointer, item: layout.Committed, rank: int) -> tuple[Any, dict[str, Any]] | None:
+    """This rank's shard of ``item`` decoded from the memory an in-place recovery kept (``ipc.kept_segments``).
+
+    The flash save committed ``item`` from these very bytes: the image is used when it has the
+    committed shard's step and size and its header (the metadata and the table of every tensor) is
+    the committed file's, byte for byte (a read of a few KiB); None otherwise: the file is read.
+    """
+    entry = item.manifest["shards"].get(str(rank))
+    run_id = env.run_id()
+    if not run_id or not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
+        return None
+
+    def decode(image: memoryview) -> tuple[Any, dict[str, Any]] | None:
+        if not _same_header(image, item.shard(rank)):
+            return None
+        try:
+            return shardfile.decode(image, trusted=ckpt.trusted)
+        except (shardfile.UntrustedShard, shardfile.ShardedState):
+            raise  # the file holds the same: said as for the file
+        except (OSError, ValueError):
+            return None  # not what was committed after all: the file is read
+
+    return kept_segments.read_kept(run_id, rank, item.step, entry["bytes"], decode)
+
+
+def _same_header(image: memoryview, path: Path) -> bool:
+    """The shard image's prefix and header equal the first bytes of the file at ``path``."""
+    try:
+        size = shardfile.PREFIX.size + shardfile.read_prefix(image)[0]
+        with open(path, "rb") as fh:
+            return fh.read(size) == bytes(image[:size])
+    except (OSError, ValueError):
+        return False
 
 
 def _replicated_source(item: layout.Committed, rank: int, world: int) -> int | Read:

@@ -166,7 +166,7 @@ class MarkReader:
     on_started_over = on_recomputed
 
     def on_injected(self, e: dict[str, Any], t: float) -> None:
-        """A fault a test harness injected (``benchmarks/chaos_png.py``), as it says."""
+        """A fault a test harness injected (``benchmarks/chaos/png.py``), as it says."""
         host = e.get("host")
         self.add(t, "injected", host if isinstance(host, int) and host >= 0 else None, f"injected: {e.get('fault')}", e)
 

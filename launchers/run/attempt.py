@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchers.config.job import Job
-from launchers.elastic.ipc import completion, progress, staging
+from launchers.elastic.ipc import completion, kept_segments, progress, staging
 from launchers.engines.base import Engine
 from launchers.log import say
 from launchers.observe.observer import JobObserver
@@ -127,10 +127,23 @@ def run_attempt(
         run.replicas.end(outcome)  # before the segments go: a node that left leaves the survivors' slots to commit
     run.observer.attempt_ended(outcome)
     roots = flash.checkpoint_dirs(job)
-    staging.unlink_run(run.run_id)  # this attempt's staged state is persisted or obsolete
+    _release_shared_memory(run)
+    return outcome, roots
+
+
+def _release_shared_memory(run: RunContext) -> None:
+    """The attempt's staged state is persisted or obsolete, its progress files too; what recovers in place stays.
+
+    Ranks kept through a peer's failure, and the failed rank's replacement, read the step the flash
+    save committed from the segments kept here (``ipc.kept_segments``), not from the checkpoint
+    directory; the last attempt's kept segments were read when its ranks started.
+    """
+    staging.unlink_kept(run.run_id)
+    if run.survivors:
+        kept_segments.keep_for_next_attempt(run.run_id)
+    staging.unlink_run(run.run_id)
     progress.unlink_run(run.run_id)
     completion.clear(run.run_id)
-    return outcome, roots
 
 
 def _in_place_events(supervisor: Supervisor, survivors: Survivors | None, observer: JobObserver, attempt: int) -> None:

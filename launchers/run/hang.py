@@ -42,19 +42,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from launchers.config.durations import format_duration
-from launchers.elastic.ipc import progress
+from launchers.elastic.ipc import completion, progress
 from launchers.observe import hang_limit
 from launchers.outcome import Failure
 from launchers.plan import LaunchPlan
-from launchers.procs import STOPPED_STATES
-from launchers.run.hang_stacks import answered_stack_request
+from launchers.procs import STOPPED_STATES, process_state
+from launchers.run.hang_stacks import answered_stack_request, log_marks, read_log_from
 from launchers.run.hang_stacks import dump_stacks as dump_stacks
 from launchers.run.hang_stacks import innermost_frame as innermost_frame
 from launchers.run.streams import Worker
 
 HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryable for exit-code restart policies
 WAITER_DEFER = hang_limit.WAITER_DEFER  # seconds a node whose hung ranks all wait in a collective leaves to others
-MAX_STACK_BYTES = 1 << 20  # of a log read back for a frame: a dump is a few KiB
+
+
+# A rank that reported completion (``elastic.finished()``, the integrations' ``finish()``) and has not exited yet is
+# tearing down: the interpreter's last garbage collections of a program that imported transformers and DeepSpeed
+# (half a million objects) took 8-12 s on 2 loaded cores, past the auto limit's 10 s floor, and the finished job
+# was failed as hung. Such a rank is judged against this allowance (or its own limit, when longer) instead.
+TEARDOWN_S = 120.0
 
 
 @dataclass
@@ -109,17 +115,6 @@ _COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
 def collective_frame(frame: str) -> bool:
     """An innermost frame inside ``torch.distributed``'s collectives (``distributed_c10d.py:2871 in all_reduce``)."""
     return frame.split(":", 1)[0] in _COLLECTIVE_FILES
-
-
-def process_state(pid: int) -> str:
-    """The process's state letter from ``/proc/PID/stat`` (R, S, D, T, t, Z...); "" where unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            text = fh.read().decode("ascii", "replace")
-    except OSError:
-        return ""
-    rest = text[text.rfind(")") + 2 :]  # the command name may hold spaces and parentheses
-    return rest[:1]
 
 
 class HangMonitor:
@@ -186,6 +181,7 @@ class HangMonitor:
             return []
         self._next = now + self.every
         judged = []
+        finished = completion.finished_ranks(self.run_id, self.attempt)
         for report in progress.read_run(self.run_id):
             if report.attempt != self.attempt:
                 continue
@@ -194,6 +190,8 @@ class HangMonitor:
             verdict = hang_limit.judge(self._seen(report, now), self.policy, self.learned.slowest)
             if verdict.limit is None:
                 continue
+            if report.rank in finished and self._seen(report, now).silent < max(verdict.limit, TEARDOWN_S):
+                continue  # it finished training and is exiting: a large program's last collections take seconds
             worker = _owner(report, workers)
             if worker is None or not _alive(report.pid):
                 continue
@@ -224,13 +222,7 @@ class HangMonitor:
 
     def log_marks(self, stale: list[Stale]) -> dict[int, tuple[str, int]]:
         """Where each hung rank stands in its log (pid → path, offset), before its stacks are asked for."""
-        marks = {}
-        for s in stale:
-            log = s.worker.log
-            if s.worker.spec.log and log is not None and not log.closed:
-                with contextlib.suppress(OSError, ValueError):
-                    marks[s.worker.pid] = (s.worker.spec.log, log.tell())
-        return marks
+        return log_marks(s.worker for s in stale)
 
     def failure(self, stale: list[Stale], marks: dict[int, tuple[str, int]] | None = None) -> Failure:
         """The failure the supervisor reports: the likeliest culprit first (``blame_order``), then the rest.
@@ -242,7 +234,7 @@ class HangMonitor:
         if marks:
             for s in stale:
                 if s.worker.pid in marks:
-                    text = _read_from(*marks[s.worker.pid])
+                    text = read_log_from(*marks[s.worker.pid])
                     s.frame = innermost_frame(text)
                     if s.report.stack_signal:  # it registered the stack signal: it answers unless it cannot run
                         s.answered = answered_stack_request(text)
@@ -308,13 +300,6 @@ def _where(s: Stale) -> str:
     if s.in_collective:
         return "waiting in a collective (no rank of this node is outside one)"
     return "outside any collective wait" + (f", innermost frame {s.frame}" if s.frame else "")
-
-
-def _read_from(path: str, offset: int) -> str:
-    with contextlib.suppress(OSError), open(path, "rb") as fh:
-        fh.seek(offset)
-        return fh.read(MAX_STACK_BYTES).decode("utf-8", "replace")
-    return ""
 
 
 def _owner(report: progress.Progress, workers: list[Worker]) -> Worker | None:

@@ -17,11 +17,13 @@ import time
 from collections.abc import Callable, Iterable
 
 from launchers.elastic.ipc import progress
-from launchers.procs import signal_group
+from launchers.procs import STOPPED_STATES, process_state, signal_group
 from launchers.run.streams import Worker
 
 DUMP_WAIT = 2.0  # at most this long for the stacks to arrive before the stop goes on
 DUMP_QUIET = 0.3  # ... or until the ranks have been silent this long after the signal
+ANSWERED_QUIET = 0.05  # ... or this long, once every rank that can answer has begun its dump
+MAX_STACK_BYTES = 1 << 20  # of a log read back for a frame: a dump is a few KiB
 PY_SPY_TIMEOUT = 10.0
 
 
@@ -72,9 +74,13 @@ def dump_stacks(
     (SIGURG is ignored by whoever did not register it); ranks that never imported
     ``launchers.elastic`` get ``py-spy dump`` when it is installed. ``pump`` reads the workers'
     output (so the stacks reach the logs) and says whether any arrived; this returns once they
-    stopped arriving, within ``DUMP_WAIT``.
+    stopped arriving, within ``DUMP_WAIT``: ``DUMP_QUIET`` after the last output, or only
+    ``ANSWERED_QUIET`` once every rank that can answer has begun its dump in its log (a stopped
+    or D-state rank cannot: it is the culprit, and waiting for it cost every in-place recovery
+    from a hang 0.3 s).
     """
     registered = {p.pid for p in progress.read_run(run_id) if p.stack_signal}
+    marks = log_marks(workers)  # where each one's dump will start in its log
     unregistered = [w for w in workers if not _has_registered(w, registered)]
     for worker in unregistered:
         signal_group(worker.pid, progress.STACK_SIGNAL)
@@ -82,15 +88,55 @@ def dump_stacks(
         with contextlib.suppress(OSError):
             os.kill(pid, progress.STACK_SIGNAL)
     spies = _py_spy(unregistered)
+    answering = None if unregistered else _answering_logs(workers, registered, marks)
     end = time.monotonic() + DUMP_WAIT
     quiet_since = time.monotonic()
     while time.monotonic() < end:
-        if pump(min(DUMP_QUIET, max(0.0, end - time.monotonic()))):
+        quiet = ANSWERED_QUIET if answering is not None and _all_answered(answering) else DUMP_QUIET
+        if pump(min(quiet, max(0.0, end - time.monotonic()))):
             quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= DUMP_QUIET:
+        elif time.monotonic() - quiet_since >= quiet:
             break
     _collect_py_spy(spies, announce)
     announce(f"stacks of {len(workers)} processes written to their logs (signal {progress.STACK_SIGNAL.name})")
+
+
+def log_marks(workers: Iterable[Worker]) -> dict[int, tuple[str, int]]:
+    """Where each worker stands in its log now (pid → path, offset); workers without a log file are left out."""
+    marks = {}
+    for worker in workers:
+        log = worker.log
+        if worker.spec.log and log is not None and not log.closed:
+            with contextlib.suppress(OSError, ValueError):
+                marks[worker.pid] = (worker.spec.log, log.tell())
+    return marks
+
+
+def read_log_from(path: str, offset: int) -> str:
+    """What a log holds from ``offset`` on ("" where unreadable), at most ``MAX_STACK_BYTES``."""
+    with contextlib.suppress(OSError), open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(MAX_STACK_BYTES).decode("utf-8", "replace")
+    return ""
+
+
+def _answering_logs(
+    workers: list[Worker], registered: set[int], marks: dict[int, tuple[str, int]]
+) -> list[tuple[str, int]] | None:
+    """The logs where an answer must appear: every rank that can run; None when one's answer cannot be told
+    (a rank under a wrapper, a worker without a log file): then only the quiet period ends the wait."""
+    logs = []
+    for worker in workers:
+        if process_state(worker.pid) in STOPPED_STATES | {"D", "Z", ""}:
+            continue
+        if worker.pid not in registered or worker.pid not in marks:
+            return None
+        logs.append(marks[worker.pid])
+    return logs
+
+
+def _all_answered(logs: list[tuple[str, int]]) -> bool:
+    return all(answered_stack_request(read_log_from(path, offset)) for path, offset in logs)
 
 
 def _has_registered(worker: Worker, registered: set[int]) -> bool:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from launchers.elastic.ipc import recovery
 from launchers.outcome import Failure
 from launchers.plan import ProcessSpec
-from launchers.procs import STOPPED_STATES, process_env
+from launchers.procs import STOPPED_STATES, process_env, process_state
 from launchers.run.streams import OutputStreams, Worker
 
 if TYPE_CHECKING:
@@ -108,8 +108,6 @@ class Survivors:
 
 def stuck_pids(pids: Iterable[int]) -> set[int]:
     """The processes among ``pids`` that are stopped (T, t) or in uninterruptible sleep (D) now."""
-    from launchers.run.hang import process_state
-
     return {pid for pid in pids if process_state(pid) in STOPPED_STATES | {"D"}}
 
 

@@ -102,6 +102,7 @@ def run_job(
         if standbys is not None:
             standbys.close()
         staging.unlink_run(run_id)
+        staging.unlink_kept(run_id)
         progress.unlink_run(run_id)
         completion.clear(run_id)
         recovery.unlink_run(run_id)

@@ -99,6 +99,7 @@ def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
             os.killpg(pgid, signal.SIGKILL)
     kill_marked_processes(run_id, exclude={os.getpid(), parent})
     staging.unlink_run(run_id)  # shared memory outlives processes: free it whatever happened
+    staging.unlink_kept(run_id)
     progress.unlink_run(run_id)
     completion.clear(run_id)
     shm_sweep.unlink_alive(run_id)  # last: until here a sweeper finds this run locked, not dead

@@ -161,6 +161,22 @@ def roots_first(modules: list[str]) -> list[str]:
     return list(reversed(modules))
 
 
+def half_imported(before: set[str]) -> str:
+    """What a failed import left in ``sys.modules`` that a fork must not inherit ("" if nothing).
+
+    Python removes the module whose import raised, not the submodules its package imported before
+    the error: they stay, orphaned (their package is gone). A later import of the package runs its
+    ``__init__`` again, finds them in ``sys.modules`` and never binds them as its attributes: ranks
+    forked from such a process failed in DDP's constructor with ``module 'torch._dynamo' has no
+    attribute 'utils'``. Modules the failed import completed elsewhere are whole, and harmless.
+    """
+    orphans = sorted(m for m in set(sys.modules) - before if "." in m and m.rpartition(".")[0] not in sys.modules)
+    if not orphans:
+        return ""
+    shown = ", ".join(orphans[:3]) + (f" and {len(orphans) - 3} more" if len(orphans) > 3 else "")
+    return f"{len(orphans)} module(s) whose package is gone ({shown})"
+
+
 def learn(modules: list[str]) -> dict[str, Any]:
     """Import what the ranks were seen to import, skipping what fails; never from the job's directory."""
     added: list[str] = []
@@ -172,10 +188,16 @@ def learn(modules: list[str]) -> dict[str, Any]:
         for name in roots_first(modules):
             if name in sys.modules:
                 continue
+            known = set(sys.modules)
             try:
                 importlib.import_module(name)
             except BaseException as exc:  # noqa: BLE001 - a module that fails here is not preloaded
-                skipped[name] = f"{type(exc).__name__}: {exc}"[:300]
+                why = f"{type(exc).__name__}: {exc}"[:300]
+                left = half_imported(known)
+                if left:  # this process now holds half-initialised modules: no standby may be forked from it
+                    return {"unsafe": f"importing {name} failed half-way ({why}) and left {left}", "module": name,
+                            "imported": added, "skipped": skipped}  # fmt: skip
+                skipped[name] = why
                 continue
             added.append(name)
             hazard = fork_hazard(name)

@@ -1,7 +1,7 @@
 """Why a DDP job resumed from its module's ``state_dict()`` ends in other bits than its uninterrupted twin.
 
 ``python ddp_first_step.py WORLD`` runs WORLD processes (gloo on loopback, one machine) that each train the chaos
-worker's model (``benchmarks/chaos_worker.py``: DDP, SGD with momentum, data seeded by step and rank) three ways
+worker's model (``benchmarks/chaos/worker.py``: DDP, SGD with momentum, data seeded by step and rank) three ways
 in one process group and print, from rank 0, one JSON line:
 
 - ``uninterrupted``: 6 steps, one DDP;

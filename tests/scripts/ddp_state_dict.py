@@ -1,6 +1,6 @@
 """DDP as most scripts write it, under mlaunch: the module's own ``state_dict()`` staged every step.
 
-The chaos worker's training (``benchmarks/chaos_worker.py``: DDP over gloo, SGD with momentum, data seeded by step
+The chaos worker's training (``benchmarks/chaos/worker.py``: DDP over gloo, SGD with momentum, data seeded by step
 and rank) with nothing mlaunch-specific but ``Checkpointer.stage``/``save``/``load_latest`` and the stop flag: no
 ``capture(model=ddp)``, the DDP wrapper is never handed over. With more than two ranks a resume ends bit-identical
 to the uninterrupted run only if the restarted DDP reduces its first step with the bucket layout DDP had rebuilt

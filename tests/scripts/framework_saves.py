@@ -251,20 +251,25 @@ def deepspeed(work: Path) -> dict[str, Any]:
 
     ds.init_distributed(dist_backend="gloo")
     stage = int(os.environ.get("ZERO_STAGE", "2"))
-    model = tiny_gpt2()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    config = {
-        "train_micro_batch_size_per_gpu": 4,
-        "zero_optimization": {"stage": stage},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
-    }
-    engine, _, _, _ = ds.initialize(model=model, optimizer=optimizer, config=config)
+
+    def engine_of(model: Any) -> Any:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        config = {
+            "train_micro_batch_size_per_gpu": 4,
+            # under ZeRO-3, LayerNorms and biases stay gathered (persistent), the weights are partitioned
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 100},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9,
+        }
+        return ds.initialize(model=model, optimizer=optimizer, config=config)[0]
+
+    engine = engine_of(tiny_gpt2())
     mlaunch = integration.MlaunchDeepSpeed(engine, work / "native")
     for step in (1, 2):
         engine.backward(engine(**batch(step)).loss)
         engine.step()
     saved = through_staging(mlaunch._capture(2), work)
+    before = full_state(engine)
     mlaunch.save()
     materialised = work / "materialised"
     materialised.mkdir()
@@ -277,16 +282,32 @@ def deepspeed(work: Path) -> dict[str, Any]:
                 torch.load(native / name, weights_only=False), torch.load(materialised / name, weights_only=False)
             )
             result["files"][name] = "same values" if same else "differs"
-    module = torch.load(materialised / "mp_rank_00_model_states.pt", weights_only=False)["module"]
-    result["tied"] = module["lm_head.weight"].data_ptr() == module["transformer.wte.weight"].data_ptr()
-    before = {k: v.clone() for k, v in engine.module.state_dict().items()}
+    states = torch.load(next(materialised.glob("*model_states.pt")), weights_only=False)
+    if stage == 3:  # the parameters are in the optimizer's partitions: DeepSpeed records the tie by name
+        result["tied"] = states["shared_params"] == {"lm_head.weight": "transformer.wte.weight"}
+    else:
+        module = states["module"]
+        result["tied"] = module["lm_head.weight"].data_ptr() == module["transformer.wte.weight"].data_ptr()
     (work / "native" / "latest").write_text("global_step2")
+    native.rename(work / "own")  # kept beside, for a look when a file differs
+    materialised.rename(native)  # the framework's own load, of the materialised copy
+    fresh = tiny_gpt2()
     with torch.no_grad():
-        for p in engine.module.parameters():
+        for p in fresh.parameters():
             p.zero_()
-    engine.load_checkpoint(str(work / "native"), "global_step2")
-    result["loads"] = all(torch.equal(before[k], v) for k, v in engine.module.state_dict().items())
+    other = engine_of(fresh)  # ZeRO-3 loads into a pristine engine only (load_checkpoint's docstring)
+    other.load_checkpoint(str(work / "native"), "global_step2")
+    after = full_state(other)
+    result["loads"] = before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     return result
+
+
+def full_state(engine: Any) -> dict[str, torch.Tensor]:
+    """The module's state with every parameter whole (ZeRO-3 gathers its partitions: every rank calls this)."""
+    import deepspeed as ds
+
+    with ds.zero.GatheredParameters(list(engine.module.parameters())):
+        return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
 
 FRAMEWORKS = {"accelerate": accelerate, "transformers": transformers, "lightning": lightning, "deepspeed": deepspeed}

@@ -180,17 +180,19 @@ def control_plane_line(data: dict[str, Any]) -> str | None:
         parts.append("keyed from public facts (set MLAUNCH_JOB_SECRET)")
     if not plane.get("encrypted"):
         parts.append("not encrypted (this libzmq has no CURVE)")
-    dropped = int(plane.get("unverified") or 0) + int(plane.get("malformed") or 0)
+    dropped = sum(int(plane.get(why) or 0) for why in ("unverified", "malformed", "replayed"))
     refused = int(plane.get("handshake_failed") or 0) + int(plane.get("closed_unauthenticated") or 0)
     if dropped:
         parts.append(
             f"dropped {dropped} messages ({plane.get('unverified', 0)} did not verify, "
-            f"{plane.get('malformed', 0)} malformed)"
+            f"{plane.get('malformed', 0)} malformed, {plane.get('replayed', 0)} replayed)"
         )
     if refused:
         parts.append(
             f"refused {refused} connections ({plane.get('handshake_failed', 0)} failed the handshake, "
-            f"{plane.get('closed_unauthenticated', 0)} closed before authenticating)"
+            f"{plane.get('closed_unauthenticated', 0)} closed before authenticating"
+            + (f", {plane['over_cap']} cut over the cap of {plane.get('cap')}" if plane.get("over_cap") else "")
+            + ")"
         )
     if plane.get("pending"):
         parts.append(f"{plane['pending']} not authenticated yet")

@@ -17,7 +17,8 @@ state version, which ``load_state_dict`` hands to ``_load_from_state_dict``: how
 saved by an older version of itself); ``torch.save`` writes it; staging keeps the mapping, not the attribute.
 
 Why the others: ``torch.save`` writes them (``requires_grad`` and the ``Parameter`` type in each tensor's
-record; pickle writes a string once and refers back to it where the same object recurs). The names a
+record, a tensor's Python attributes — DeepSpeed ZeRO-3's ``ds_id`` on its flat partitions — beside it;
+pickle writes a string once and refers back to it where the same object recurs). The names a
 framework's code writes are interned literals, so equal strings were one object there: interning the copy's
 strings writes the same bytes (a JSON-decoded "cpu" key otherwise made the Trainer's ``rng_state.pth`` differ).
 
@@ -25,7 +26,8 @@ So an integration stages ``record(state)`` beside the state (plain data: the pat
 share a storage, with each view's offset, shape, stride and dtype; each ``_metadata`` by the path of its
 dict) and calls ``restore(state, recorded)`` on the copy it reads back before handing it to the framework's
 writer: every group becomes views of one new storage again, holding the staged bytes, as it was shared,
-each dict has its ``_metadata`` again, each tensor its ``requires_grad``, and each string is interned.
+each dict has its ``_metadata`` again, each tensor its ``requires_grad`` and plain Python attributes, and each
+string is interned.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def record(state: Any) -> dict[str, Any]:
     """What ``restore`` needs to put back into a staged copy of ``state`` (plain data)."""
     grads = [[path, isinstance(t, torch.nn.Parameter)] for path, t in _tensors(state, []) if t.requires_grad]
     metadata = [[path, meta] for path, meta in _metadata(state, [])]
-    return {"shared": shared(state), "metadata": metadata, "grads": grads}
+    attributes = [[path, attrs] for path, t in _tensors(state, []) if (attrs := _plain_attributes(t))]
+    return {"shared": shared(state), "metadata": metadata, "grads": grads, "attributes": attributes}
 
 
 def restore(state: Any, recorded: dict[str, Any] | None) -> Any:
@@ -62,7 +65,22 @@ def restore(state: Any, recorded: dict[str, Any] | None) -> Any:
         tensor = _get(state, path)
         if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
             _put(state, path, torch.nn.Parameter(tensor) if parameter else tensor.requires_grad_(True))
+    for path, attrs in recorded.get("attributes", []):
+        tensor = _get(state, path)
+        if isinstance(tensor, torch.Tensor):
+            for name, value in attrs.items():
+                setattr(tensor, sys.intern(name), value)
     return _intern(state)
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _plain_attributes(tensor: torch.Tensor) -> dict[str, Any]:
+    """The Python attributes a tensor carries (its ``__dict__``, which ``torch.save`` writes) that are plain data:
+    DeepSpeed ZeRO-3 tags its flat fp32 partitions with ``ds_id``."""
+    attrs = getattr(tensor, "__dict__", None) or {}
+    return {name: value for name, value in attrs.items() if isinstance(name, str) and isinstance(value, _PLAIN)}
 
 
 def shared(state: Any) -> list[dict[str, Any]]:

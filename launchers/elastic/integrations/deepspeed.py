@@ -22,10 +22,11 @@ What the helper does:
   own layout (``<save_dir>/global_step<N>/``, then ``latest``), and every rank leaves with 143.
 - **kill -9 / crash**: ``step_end`` stages the dictionaries ``save_checkpoint`` would write for this
   rank (DeepSpeed's own ``_save_checkpoint`` builds them: the model states file on data-parallel rank
-  0, with the optimizer below ZeRO; each rank's ZeRO optimizer partition from stage 1 on) and its RNG
-  state, in shared memory; mlaunch commits the newest step every rank staged. ``resume()`` writes that
-  step as ``<save_dir>/global_step<N>/`` with ``latest`` pointing at it when it is newer than the tag
-  ``latest`` names, then loads it with ``engine.load_checkpoint``.
+  0, with the optimizer below ZeRO; each rank's ZeRO optimizer partition from stage 1 on; under ZeRO-3
+  every rank's own model states file, each partitioned parameter the empty placeholder ``save_checkpoint``
+  writes, without its partition/all-gather) and its RNG state, in shared memory; mlaunch commits the newest
+  step every rank staged. ``resume()`` writes that step as ``<save_dir>/global_step<N>/`` with ``latest``
+  pointing at it when it is newer than the tag ``latest`` names, then loads it with ``engine.load_checkpoint``.
 - **RNG and data**: DeepSpeed saves no RNG state; the helper's saves put every rank's RNG state (and
   ``data``'s ``state_dict``) into the checkpoint's ``client_state`` under ``"mlaunch"``, and ``resume``
   puts them back.
@@ -35,9 +36,9 @@ only plain data (its ``DeepSpeedConfig``; the ZeRO optimizer's ``LossScaler``), 
 own files with ``weights_only=False`` anyway. Keep ``checkpoint.dir`` writable by you alone, as
 ``save_dir`` already must be.
 
-Limits: ZeRO stages 0–2 (stage 3 gathers parameters to build the model states, a collective per step);
-no pipeline or tensor parallelism, no MoE, no NVMe offload; ``save_checkpoint`` calls outside the helper
-(``engine.save_checkpoint`` directly) carry no RNG state.
+Limits: ZeRO stages 0–3; no tensor parallelism; pipeline parallelism, MoE layers and NVMe offload are refused
+when the helper is built (``NotImplementedError``: their state is in files the staging does not capture);
+``save_checkpoint`` calls outside the helper (``engine.save_checkpoint`` directly) carry no RNG state.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class MlaunchDeepSpeed:
     """Nothing lost on SIGTERM or kill -9 under mlaunch, in DeepSpeed's own checkpoint format."""
 
     def __init__(self, engine: Any, save_dir: str | Path, *, data: Any = None) -> None:
+        refuse_unsupported(engine)
         self.engine = engine
         self.save_dir = Path(save_dir)
         self.data = data  # saved and restored through client_state (e.g. a ResumableLoader)
@@ -95,8 +97,9 @@ class MlaunchDeepSpeed:
         m = _TAG.match(tag)
         if m:
             return tag, int(m.group(1))
-        try:  # a tag of the user's own: the step is in the model states file
-            states = torch.load(self.save_dir / tag / "mp_rank_00_model_states.pt", weights_only=False, mmap=True)
+        try:  # a tag of the user's own: the step is in the model states file (zero_pp_rank_0_... under ZeRO-3)
+            name = min(p.name for p in (self.save_dir / tag).glob("*mp_rank_00_model_states.pt"))
+            states = torch.load(self.save_dir / tag / name, weights_only=False, mmap=True)
             return tag, int(states["global_steps"])
         except Exception:  # noqa: BLE001 - unreadable: mlaunch's commit, if any, is better
             return None
@@ -128,9 +131,9 @@ class MlaunchDeepSpeed:
         return int(self.engine.global_steps)
 
     def _write(self, tmp: Path, step: int, saved: dict[str, Any]) -> None:
-        """This rank's files of ``global_step<N>/`` from what it staged (rank 0 adds every rank's RNG)."""
-        every = self.session.every_rank(step, saved) if rank_world()[0] == 0 else [saved]
-        write_files(tmp, step, saved, client_state(every, saved))
+        """This rank's files of ``global_step<N>/`` from what it staged, with every rank's RNG state in its model
+        states file (as ``save()`` writes it: under ZeRO-3 every rank loads its own ``zero_pp_rank_<r>`` file)."""
+        write_files(tmp, step, saved, client_state(_every_rank({"rng": saved["rng"]}), saved))
 
     # -- each step ---------------------------------------------------------------------
     def step_end(self, step: int) -> None:
@@ -143,13 +146,7 @@ class MlaunchDeepSpeed:
 
     def save(self) -> Path:
         """``engine.save_checkpoint`` of the current step with every rank's RNG state (every rank)."""
-        import torch.distributed as dist
-
-        own = _rng_state()
-        every: list[Any] = [own]
-        if dist.is_available() and dist.is_initialized():
-            every = [None] * dist.get_world_size()
-            dist.all_gather_object(every, own)
+        every = _every_rank(_rng_state())
         client = {"rng": {str(r): s for r, s in enumerate(every)}, "data": self._data_state()}
         tag = f"global_step{self.engine.global_steps}"
         self.engine.save_checkpoint(str(self.save_dir), tag, client_state={"mlaunch": client})
@@ -170,8 +167,9 @@ class MlaunchDeepSpeed:
         level = quiet.level
         quiet.setLevel(logging.WARNING)
         try:
-            if engine.save_non_zero_checkpoint:
-                engine._save_checkpoint(str(self.save_dir), tag, client_state={})
+            if engine.save_non_zero_checkpoint:  # every rank under ZeRO-3 (its own zero_pp_rank_<r> file)
+                with _partitioned_module_state(engine):
+                    engine._save_checkpoint(str(self.save_dir), tag, client_state={})
             if engine.save_zero_checkpoint:  # _save_zero_checkpoint, without its copy of zero_to_fp32.py
                 from deepspeed.git_version_info import version
 
@@ -191,6 +189,79 @@ class MlaunchDeepSpeed:
 
     def _data_state(self) -> Any:
         return self.data.state_dict() if self.data is not None else None
+
+
+def refuse_unsupported(engine: Any) -> None:
+    """Raise for what the helper cannot save whole: its staged copy would be missing state, silently."""
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    unsupported = {
+        "pipeline parallelism (PipelineEngine: its layers save their own files)": isinstance(engine, PipelineEngine),
+        "MoE layers (their experts save their own files)": bool(getattr(engine, "has_moe_layers", False)),
+        "NVMe offload (the optimizer's state lives in the swap files)": _nvme(engine),
+    }
+    found = [what for what, yes in unsupported.items() if yes]
+    if found:
+        limits = "see docs/trainers-deepspeed.md"
+        raise NotImplementedError(f"MlaunchDeepSpeed cannot flash-save {', '.join(found)}; {limits}")
+
+
+def _nvme(engine: Any) -> bool:
+    try:
+        offload_param = engine.zero_offload_param()
+        on_nvme = offload_param is not None and str(getattr(offload_param, "device", "")).endswith("nvme")
+        return bool(engine.zero_nvme_offload_optimizer()) or on_nvme
+    except AttributeError:
+        return False
+
+
+class _partitioned_module_state:  # noqa: N801 - used as a context manager, like torch.no_grad
+    """``engine.module_state_dict`` as ``save_checkpoint`` sees it under ZeRO-3, without partitioning anything.
+
+    ``save_checkpoint`` first partitions every parameter (``checkpoint_event_prologue``: each ZeRO-3 parameter's
+    ``data`` becomes an empty tensor, the values live in the optimizer's flat fp32 partitions, saved in the
+    ``optim_states`` files), writes, then gathers the persistent ones again (``checkpoint_event_epilogue``: an
+    all-gather). Staging runs every step and must not communicate: this puts the empty tensor the partitioned
+    parameter would hold in place of each ZeRO-3 parameter (one per parameter: tied names share it) in the
+    state dict, and leaves the live parameters as they are. Below ZeRO-3 nothing changes.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.active = bool(engine.zero_optimization_partition_weights())
+
+    def __enter__(self) -> None:
+        if not self.active:
+            return
+        engine = self.engine
+        original = engine.module_state_dict
+
+        def module_state_dict(*args: Any, **kwargs: Any) -> Any:
+            state = original(*args, **kwargs)
+            prefix = kwargs.get("prefix", "")
+            placeholders: dict[int, torch.Tensor] = {}
+            for name, param in engine.module.named_parameters(prefix=prefix, remove_duplicate=False):
+                if name in state and hasattr(param, "ds_id"):
+                    empty = torch.empty(0, dtype=param.dtype, device=param.device)
+                    state[name] = placeholders.setdefault(id(param), empty)
+            return state
+
+        engine.module_state_dict = module_state_dict  # an instance attribute: the class's method is untouched
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            vars(self.engine).pop("module_state_dict", None)
+
+
+def _every_rank(own: Any) -> list[Any]:
+    """``own`` of every rank, by rank (an all-gather; ``[own]`` without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [own]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, own)
+    return every
 
 
 def _write_text(path: Path, text: str) -> None:

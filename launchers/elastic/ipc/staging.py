@@ -63,6 +63,25 @@ def run_segments(run_id: str) -> list[str]:
     return sorted(glob.glob(os.path.join(glob.escape(shm_dir()), f"mlaunch.{glob.escape(run_id)}.rank*")))
 
 
+def kept_path(run_id: str, rank: int) -> str:
+    """Where rank ``rank``'s segment of the last attempt waits for the next one (``ipc.kept_segments``)."""
+    return os.path.join(shm_dir(), f"mlaunch.{run_id}.kept.rank{rank}")
+
+
+def kept_segments(run_id: str) -> list[str]:
+    return glob.glob(os.path.join(glob.escape(shm_dir()), f"mlaunch.{glob.escape(run_id)}.kept.rank*"))
+
+
+def unlink_kept(run_id: str) -> int:
+    """Remove the segments ``run_id`` kept for its next attempt; how many."""
+    removed = 0
+    for path in kept_segments(run_id):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed += 1
+    return removed
+
+
 def _building_path(path: str) -> str:
     """Where a segment is built before it takes ``path``'s name: hidden, so ``run_segments`` never lists it."""
     head, name = os.path.split(path)
@@ -70,7 +89,10 @@ def _building_path(path: str) -> str:
 
 
 def unlink_run(run_id: str) -> int:
-    """Remove every segment of ``run_id`` (and any a killed rank left half-built); returns how many."""
+    """Remove every segment of ``run_id`` (and any a killed rank left half-built); returns how many.
+
+    Not the segments kept for the next attempt (``ipc.kept_segments``): ``unlink_kept`` removes those.
+    """
     removed = 0
     building = glob.glob(os.path.join(glob.escape(shm_dir()), f".mlaunch.{glob.escape(run_id)}.rank*.new"))
     for path in [*run_segments(run_id), *building]:

@@ -2,7 +2,7 @@
 
 Run through ``python benchmarks/fault_recovery.py --hosts 3 --membership`` (root: it makes the
 hosts with ``tests/netns.py``). 3 network-namespace hosts × 2 ranks, one mlaunch per host the
-ModelArts way, the worker is ``fault_recovery.py --worker`` (DDP over gloo on the hosts' ``eth0``,
+ModelArts way, the worker is ``recovery/worker.py`` (DDP over gloo on the hosts' ``eth0``,
 every step staged, ``BENCH_ELASTIC``: it resumes through ``load_latest(into=...)`` and says which
 step). ``checkpoint.persist_every`` commits a staged step in the background every few steps;
 ``elastic.grow: at_checkpoint``; warm standbys (``preload``).
@@ -37,13 +37,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import fault_recovery as single
-from fault_recovery_hosts import figures as recovery_figures
-from fault_recovery_hosts import host_env
+from benchmarks.recovery import harness
+from benchmarks.recovery.harness import figures as recovery_figures
+from benchmarks.recovery.harness import host_env
 
-ROOT = single.ROOT
+ROOT = harness.ROOT
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
 from netns import Host, NetnsHosts, netns_unavailable_reason  # noqa: E402
 
 from launchers.elastic.format import layout  # noqa: E402
@@ -121,11 +120,11 @@ class Group:
         self.resumed: int | None = None
 
     def feed(self, index: int, line: str) -> None:
-        if m := single.PID.search(line):
+        if m := harness.PID.search(line):
             self.pids[int(m.group(1))] = (index, int(m.group(2)))
-        if single.READY in line:
+        if harness.READY in line:
             self.ready.add(index)
-        if single.STEP.search(line):
+        if harness.STEP.search(line):
             self.steps += 1
         if m := RESUMED.search(line):
             self.resumed = int(m.group(1))
@@ -151,9 +150,9 @@ class Group:
             self.feed(index, line)
             if mark is not None and marked is None and mark.search(line):
                 marked = when - since
-            if single.PID.search(line) and 0 in self.pids:
+            if harness.PID.search(line) and 0 in self.pids:
                 fresh = True
-            if fresh and (m := single.STEP.search(line)):
+            if fresh and (m := harness.STEP.search(line)):
                 return (float(m.group(2)) if m.group(2) else when) - since, marked if marked is not None else -1.0
         raise TimeoutError("no first step of a new group")
 
@@ -187,7 +186,7 @@ def cycle(hosts: Hosts, group: Group, ckpt: Path, args: argparse.Namespace) -> C
     result.grow, result.commit_wait = group.first_step(began, args.timeout, REGROUP)
     if args.verbose:  # what the launchers said while host 3 came back, timed from its start
         for when, line in hosts.timed[mark:]:
-            if not single.STEP.search(line.split("] ", 1)[-1]):
+            if not harness.STEP.search(line.split("] ", 1)[-1]):
                 print(f"    {when - began:+8.3f}s {line[:160]}", flush=True)
     return result
 
@@ -230,7 +229,7 @@ def main(args: argparse.Namespace) -> int:
         ckpt = work / "ckpt"
         job = work / "job.yaml"
         job.write_text(
-            f"name: membership-hosts\nentry: {single.HERE}\nargs: ['--worker', '--step-time', '{args.step_time}']\n"
+            f"name: membership-hosts\nentry: {harness.WORKER}\nargs: ['--step-time', '{args.step_time}']\n"
             f"nodes: 3\nprocs_per_node: {args.nproc}\nlog_dir: {work / 'logs'}\n"
             "preload: [torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]\n"
             f"checkpoint: {{dir: {ckpt}, grace_period: 10s, persist_every: {PERSIST_EVERY}}}\n"
@@ -238,7 +237,7 @@ def main(args: argparse.Namespace) -> int:
             f"monitor: {{node_timeout: {NODE_TIMEOUT:g}s}}\n"
             "pytorch: {nnodes: '2:3'}\nelastic: {grow: at_checkpoint}\n"
         )
-        base = single.base_env(ckpt)
+        base = harness.base_env(ckpt)
         base["BENCH_ELASTIC"] = "1"
         hosts = Hosts(net.hosts, job, base, args.nproc)
         cycles: list[Cycle] = []

@@ -1,4 +1,4 @@
-"""The fault schedule of a chaos storm: a pure function of the seed (``benchmarks/chaos.py``).
+"""The fault schedule of a chaos storm: a pure function of the seed (``python -m benchmarks.chaos``).
 
 ``draw(seed, count, ...)`` returns the faults in order, each with the gap since the previous
 one, its class, its target host and how long it lasts. Nothing here touches a process: the same

@@ -1,4 +1,4 @@
-"""Injecting a chaos storm's faults (``benchmarks/chaos.py``): one real action per class.
+"""Injecting a chaos storm's faults (``python -m benchmarks.chaos``): one real action per class.
 
 Signals with ``os.kill`` to the pids the ranks printed (or, for standbys, found among the host's
 namespace processes by their command line); ``ip link set eth0 down|up`` inside the host's
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from chaos_observe import Cluster
-from chaos_schedule import Fault
+from benchmarks.chaos.observe import Cluster
+from benchmarks.chaos.schedule import Fault
 
 IP = "/usr/sbin/ip" if os.path.exists("/usr/sbin/ip") else "ip"
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")

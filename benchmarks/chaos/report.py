@@ -1,4 +1,4 @@
-"""The report of a chaos storm (``benchmarks/chaos.py``): a pure function of what the runs saw.
+"""The report of a chaos storm (``python -m benchmarks.chaos``): a pure function of what the runs saw.
 
 Definitions (docs/benchmarks.md says the same):
 
@@ -22,8 +22,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from chaos_observe import Event
-from chaos_schedule import CLASSES, NODE_LOSS
+from benchmarks.chaos.observe import Event
+from benchmarks.chaos.schedule import CLASSES, NODE_LOSS
 
 
 def pace(events: Sequence[Event]) -> float | None:
@@ -82,7 +82,7 @@ def by_class(values: Sequence[float], faults: Sequence[dict[str, Any]], only_iso
 def build(
     storm: dict[str, Any], baseline: dict[str, Any], *, min_nodes: int, spacing: float, seed: int
 ) -> dict[str, Any]:
-    """The report: ``storm`` and ``baseline`` are chaos_storm.Record fields plus ``leftovers``."""
+    """The report: ``storm`` and ``baseline`` are storm.Record fields plus ``leftovers``."""
     events, faults = storm["events"], [f for f in storm["faults"] if "done" in f]
     step_time = pace(baseline["events"]) or pace(events) or 0.0
     last = max((e.stamp for e in events if e.kind == "step"), default=0.0)

@@ -1,4 +1,4 @@
-"""The training job of a chaos storm (``benchmarks/chaos.py``): what mlaunch runs on every host.
+"""The training job of a chaos storm (``python -m benchmarks.chaos``): what mlaunch runs on every host.
 
 Deterministic DDP over gloo (CPU): the data of a step are seeded by (step, rank), the state is
 the module's and the optimizer's state dicts and the step, so a run that resumes from any

@@ -2,7 +2,7 @@
 
 Run through ``python benchmarks/fault_recovery.py --hosts 2`` (root: it makes the hosts with
 ``tests/netns.py``). Each host runs its own launcher the way a cluster starts them, the worker is
-``fault_recovery.py --worker`` (gloo over the hosts' ``eth0``, DDP, staged steps):
+``recovery/worker.py`` (gloo over the hosts' ``eth0``, DDP, staged steps):
 
 - **mlaunch**, ModelArts style (``--init_method tcp://HOST0:6666 --rank I --world_size 2``,
   ``MA_NUM_GPUS=2``): node 0's mlaunch hosts the control plane, warm standbys (``preload``),
@@ -35,7 +35,6 @@ import queue
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,9 +43,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import fault_recovery as single
+from benchmarks.recovery import harness
+from benchmarks.recovery.harness import figures, host_env
 
-ROOT = single.ROOT
+ROOT = harness.ROOT
 sys.path.insert(0, str(ROOT / "tests"))
 from netns import Host, NetnsHosts, netns_unavailable_reason  # noqa: E402
 
@@ -149,11 +149,11 @@ class Group:
     steps: int = 0
 
     def feed(self, index: int, line: str) -> None:
-        if m := single.PID.search(line):
+        if m := harness.PID.search(line):
             self.pids[int(m.group(1))] = (index, int(m.group(2)))
-        if single.READY in line:
+        if harness.READY in line:
             self.ready.add(index)
-        if single.STEP.search(line):
+        if harness.STEP.search(line):
             self.steps += 1
 
 
@@ -179,7 +179,7 @@ def follow(lines: Lines, group: Group, result: Result, timeout: float) -> None:
             return
         when, index, line = got
         group.feed(index, line)
-        if m := single.PID.search(line):
+        if m := harness.PID.search(line):
             fresh.add(int(m.group(1)))
         if (m := HANGING.search(line)) and result.fault is None:
             result.fault = float(m.group(2))
@@ -190,7 +190,7 @@ def follow(lines: Lines, group: Group, result: Result, timeout: float) -> None:
             result.notified = when - result.fault
         if result.kind == "hang" and result.detected is None and HUNG.search(line) and not HANGING.search(line):
             result.detected = when - result.fault
-        if 0 in fresh and (m := single.STEP.search(line)):
+        if 0 in fresh and (m := harness.STEP.search(line)):
             stamp = float(m.group(2)) if m.group(2) else when
             result.recovered = stamp - result.fault
             group.steps = 1
@@ -235,7 +235,7 @@ def measure(lines: Lines, kinds: list[str], hosts: int, wait_ready: bool, args: 
         print(f"  {kind} {i + 1}/{len(kinds)}: {describe(result)}", flush=True)
         if args.verbose and result.fault is not None:  # what the launchers said, timed from the fault
             for when, line in lines.timed[mark:]:
-                if not single.STEP.search(line.split("] ", 1)[-1]):
+                if not harness.STEP.search(line.split("] ", 1)[-1]):
                     print(f"    {when - result.fault:+8.3f}s {line[:200]}", flush=True)
         if result.recovered is None:
             errors = [line for line in lines.log[-400:] if "rror" in line or "failed" in line][-4:]
@@ -254,19 +254,12 @@ def describe(r: Result) -> str:
     return f"{where} → first step after {s(r.recovered)}{extra}, other host's ranks exited {s(r.others_stopped)}"
 
 
-def host_env(base: dict[str, str], hosts: list[Host], host: Host, nproc: int) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "SKYPILOT_", "JOB_COMPLETION_INDEX"))}
-    env.update(GLOO_SOCKET_IFNAME="eth0", MA_NUM_GPUS=str(nproc), MA_NUM_HOSTS=str(len(hosts)))
-    env.update(VC_TASK_INDEX=str(host.index), VC_WORKER_HOSTS=",".join(h.name for h in hosts))
-    return env
-
-
 def run_mlaunch(args: argparse.Namespace, hosts: list[Host], work: Path) -> list[Result]:
     kinds = ["kill"] * args.restarts + ["hang"] * args.hangs
     random.Random(args.seed + 1).shuffle(kinds)
     job = work / "mlaunch-job.yaml"
     job.write_text(
-        f"name: fault-recovery-hosts\nentry: {single.HERE}\nargs: ['--worker', '--step-time', '{args.step_time}']\n"
+        f"name: fault-recovery-hosts\nentry: {harness.WORKER}\nargs: ['--step-time', '{args.step_time}']\n"
         f"nodes: {len(hosts)}\nprocs_per_node: {args.nproc}\nlog_dir: {work / 'logs'}\n"
         f"preload: [torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]\n"
         f"checkpoint: {{dir: {work / 'ckpt-mlaunch'}, grace_period: 10s}}\n"
@@ -274,7 +267,7 @@ def run_mlaunch(args: argparse.Namespace, hosts: list[Host], work: Path) -> list
         f"monitor: {{hang_timeout: {args.hang_timeout}s, node_timeout: 30s}}\n"
     )
     lines = Lines()
-    base = single.base_env(work / "ckpt-mlaunch")
+    base = harness.base_env(work / "ckpt-mlaunch")
     base["BENCH_HANG_DIR"] = str(args.hang_dir)
     for host in hosts:
         argv = [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)]
@@ -288,32 +281,18 @@ def run_mlaunch(args: argparse.Namespace, hosts: list[Host], work: Path) -> list
 
 def run_torchrun(args: argparse.Namespace, hosts: list[Host], work: Path) -> list[Result]:
     lines = Lines()
-    base = single.base_env(work / "ckpt-torchrun")
+    base = harness.base_env(work / "ckpt-torchrun")
     base.update(BENCH_FRESH_PREFIX="round", BENCH_RDZV_ENDPOINT=f"{hosts[0].name}:{RDZV_PORT}")
     for host in hosts:
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}"]
         argv += [f"--nproc-per-node={args.nproc}", f"--max-restarts={args.torchrun_restarts + 5}"]
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0].name}:{RDZV_PORT}", "--rdzv-id=bench"]
-        argv += [str(single.HERE), "--worker", "--step-time", str(args.step_time)]
+        argv += [str(harness.WORKER), "--step-time", str(args.step_time)]
         lines.start(host, argv, host_env(base, hosts, host, args.nproc))
     try:
         return measure(lines, ["kill"] * args.torchrun_restarts, len(hosts), False, args)
     finally:
         lines.stop()
-
-
-def figures(
-    name: str, values: list[float | None], ref: float | None, goal: str = "", against: str = "torchrun's median"
-) -> float | None:
-    """Print the median, min and max of ``values`` (and the median's ratio to ``ref``); the median."""
-    ok = [v for v in values if v is not None]
-    if not ok:
-        print(f"  {name}: none measured ({len(values)} tried)")
-        return None
-    med = statistics.median(ok)
-    ratio = f" = {med / ref:.3f}× {against}" if ref else ""
-    print(f"  {name}: median {med:.3f}s{ratio} (min {min(ok):.3f}s, max {max(ok):.3f}s, n={len(ok)}){goal}")
-    return med
 
 
 def report(args: argparse.Namespace, ml: list[Result], tr: list[Result]) -> None:

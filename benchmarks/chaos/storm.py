@@ -1,4 +1,4 @@
-"""One run of a chaos storm's job (``benchmarks/chaos.py``): start every host, inject, observe, end.
+"""One run of a chaos storm's job (``python -m benchmarks.chaos``): start every host, inject, observe, end.
 
 The loop reads every host's lines, fires each fault ``gap`` seconds after the previous one (as soon
 as its target exists: a rank kill needs a rank), runs the undos when due, and watches each host's
@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos_inject import Injector
-from chaos_observe import Cluster, Event, parse, says_in_job
-from chaos_schedule import WHOLE_JOB, Fault
-
+from benchmarks.chaos.inject import Injector
+from benchmarks.chaos.observe import Cluster, Event, parse, says_in_job
+from benchmarks.chaos.schedule import WHOLE_JOB, Fault
 from launchers.elastic.format import layout
 
 STALL = 150.0  # seconds without a step (outside a whole-job restart) that count as a stalled job
@@ -29,7 +28,7 @@ RETARGET_AFTER = 5.0  # seconds a rank or standby fault waits for its host to ha
 
 @dataclass
 class Record:
-    """What one run saw, for chaos_report (plain values only)."""
+    """What one run saw, for report.py (plain values only)."""
 
     events: list[Event] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
@@ -50,7 +49,7 @@ class Storm:
     end_file: Path
     faults: list[Fault]
     node_timeout: float
-    grace: float = 10.0  # the job's checkpoint.grace_period (chaos.py's job file)
+    grace: float = 10.0  # the job's checkpoint.grace_period (__main__.py's job file)
     tail: int = 20
     end_step: int | None = None  # a fixed last step (the fault-free run): written before the start
     rec: Record = field(default_factory=Record)

@@ -1,4 +1,4 @@
-"""What a chaos storm saw (``benchmarks/chaos.py``): one mlaunch per host, their lines parsed and stamped.
+"""What a chaos storm saw (``python -m benchmarks.chaos``): one mlaunch per host, their lines parsed and stamped.
 
 ``parse(line)`` is pure: it turns one line of a host's mlaunch output into an ``Event`` (or None).
 ``Cluster`` starts and stops each host's mlaunch (the ModelArts way: ``--init_method tcp://HOST0
