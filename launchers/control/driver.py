@@ -19,7 +19,8 @@ from typing import Any
 
 import zmq
 
-from launchers.control.agent_core import AgentState, dealer, flush, receive
+from launchers.control.agent_core import AgentState
+from launchers.control.agent_socket import dealer, flush, receive
 from launchers.control.transport import curve_keys
 
 TIMERS = 0.2  # seconds between looks at every agent's timers (heartbeat, status, hello retry, the hub's silence)

@@ -31,6 +31,7 @@ from launchers.control.cadence import Cadence, cadence
 from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.gathers import Done, Gathers
 from launchers.control.hub_counts import Dropped, Traffic, wire_stats  # noqa: E402
+from launchers.control.hub_send import Sending
 from launchers.control.hub_view import HubView, Publisher
 from launchers.control.membership import Membership
 from launchers.control.reductions import BUILTIN, Reducers
@@ -42,12 +43,11 @@ from launchers.control.wire import Incoming, Outgoing, encode, seal, unseal
 from launchers.log import say
 
 VIEW_CACHE = 0.5  # seconds an encoded whole view is reused for other nodes asking (a burst of askers)
-_MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)  # plain ints: the per-peer loop is the cost
 BATCH = 2000  # messages taken in before the timers are looked at again
 GONE_AGAIN = "it was left out of the job earlier"
 
 
-class Hub(threading.Thread):
+class Hub(Sending, threading.Thread):
     def __init__(
         self,
         context: zmq.Context[Any],
@@ -366,50 +366,6 @@ class Hub(threading.Thread):
 
     def _lost_message(self, node: int, now: float) -> m.Lost:
         return m.Lost(node, self.hosts.get(node, ""), now - self.roster.seen.get(node, now))
-
-    # -- sending ----------------------------------------------------------------------------------
-    def _send(self, node: int, message: m.Message) -> None:
-        self._send_frames(node, seal(self.secret, message.to_wire(), self.sent))
-
-    def _multicast(self, nodes: Iterable[int], message: m.Message) -> None:
-        """One encoding, the same bytes to ``nodes`` (a meeting's members, an exchange's contributors)."""
-        frames = seal(self.secret, message.to_wire(), self.sent)
-        for node in nodes:
-            self._send_frames(node, frames)
-
-    def _send_frames(self, node: int, frames: list[bytes]) -> None:
-        ident = self.peers.get(node)
-        if ident is not None and self.roster.of(node) is not NodeStatus.LOST:
-            self._to(ident, frames)
-
-    def _to(self, ident: bytes, frames: list[bytes] | m.Message) -> None:
-        payload = seal(self.secret, frames.to_wire(), self.sent) if isinstance(frames, m.Message) else frames
-        try:  # unroutable or full (a peer whose link is down, or that does not read): heartbeats tell
-            self.sock.send_multipart([ident, *payload], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return
-        self.traffic.messages_out += 1
-        self.traffic.bytes_out += sum(len(f) for f in payload)
-
-    def _broadcast(self, message: m.Message) -> None:
-        """One encoding, the same bytes to every node still in the job (the loop is the per-peer cost: keep it bare)."""
-        began = self._last_broadcast = time.monotonic()
-        (body,) = seal(self.secret, message.to_wire(), self.sent)
-        send, sent = self.sock.send, 0
-        skip = self.roster.quiet
-        for node, ident in list(self.peers.items()):
-            if node not in skip:
-                try:
-                    send(ident, _MORE)
-                    send(body, _LAST)
-                    sent += 1
-                except zmq.ZMQError:  # a peer that cannot take it: heartbeats tell
-                    pass
-        took = time.monotonic() - began
-        self.traffic.messages_out += sent
-        self.traffic.bytes_out += sent * len(body)
-        self.traffic.slowest_broadcast = max(self.traffic.slowest_broadcast, took)
-        self.traffic.broadcasts[message.KIND] = (began, took)
 
 
 _HANDLERS = m.handlers(Hub, m.AGENT)

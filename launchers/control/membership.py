@@ -264,9 +264,7 @@ class Membership:
         return effects
 
     def _may_go_on_without(self, node: int, heard: bool) -> bool:
-        """``heard``: its departure was said (leaving, an exit code, a new mlaunch), not a silence: it is on
-        no other side, and is not counted in the majority (nor is a node never heard: the first start's
-        last call; it never ran with this membership)."""
+        """``heard``: its departure was said, not a silence (or it was never heard): it is no voter."""
         assert self.span is not None
         remaining = (self.roster.members - {node}) | set(self.roster.nodes(NodeStatus.CANDIDATE))
         agreed = heard or node not in self.roster.seen
