@@ -253,6 +253,12 @@ def _node0_signalled_then_lost(node_timeout: float, sig: int) -> Lost:
     port = free_port()
     code = NODE0.format(root=root, port=port, timeout=node_timeout)
     node0 = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    # node 1 joins once node 0's hub listens: under load node 0's interpreter took longer to start than
+    # node 1's join allows with node_timeout 2 s ("an agent never joined the hub", seen in CI)
+    import select
+
+    assert node0.stdout is not None and select.select([node0.stdout], [], [], 60)[0], "node 0 never started"
+    assert node0.stdout.readline().strip() == "up"
     member = NetworkEvents(
         node=1, nnodes=2, master_addr="127.0.0.1", port=port, secret=b"k" * 32, node_timeout=node_timeout
     )
