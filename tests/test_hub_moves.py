@@ -178,14 +178,20 @@ def test_node_0_vanishes_and_the_others_meet_at_node_1_s_hub_without_it() -> Non
             nodes[1].state.result("bg/a0/ok", time.monotonic() + 5)
 
 
-def test_an_isolated_survivor_ends_instead_of_going_on_alone() -> None:
-    """``1:3``: node 0 and node 2 vanish; node 1 alone holds 1 of 3: its hub cannot leave node 2 out."""
+def test_nodes_whose_mlaunch_ended_are_on_no_other_side() -> None:
+    """``1:3``: node 2's mlaunch ends, then node 0's: their connections closed, so neither is on another side
+    of a partition (a partition closes nothing) and node 1 goes on alone, as any job may shrink to MIN."""
+    from launchers.control import Left
+
     with plane((1, 3)) as nodes:
         meet(nodes, "0", 0)
         vanish(nodes[2])
+        assert next_event(nodes[1], Left).node == 2
         vanish(nodes[0])
-        lost = until(lambda: nodes[1].lost, timeout=15.0)
-        assert lost is not None and lost.node == 2 and "no strict majority" in lost.describe(), lost
+        assert next_event(nodes[1], Left).node == 0
+        (alone,) = meet(nodes[1:2], "1", 1)
+        assert alone.members == (1,) and sorted(x.node for x in alone.left) == [0, 2], alone
+        assert nodes[1].lost is None
 
 
 def test_without_a_host_list_or_a_range_node_0_s_loss_ends_the_job_as_before() -> None:

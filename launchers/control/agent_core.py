@@ -12,10 +12,8 @@ Reliability: the DEALER socket queues nothing for a hub it is not connected to (
 is said again every ``hello_retry`` until ``welcome`` comes. What must arrive (the kinds
 ``messages`` marks ``RELIABLE``) is kept in the outbox until the socket takes it, and failure
 reports, contributions and meetings not yet answered are said again after every ``welcome``
-(a rejoin); the hub takes a repeated one once.
-
-Every field is behind ``cond``: the node's threads hand work in, the driver's thread takes it
-out and delivers the hub's words.
+(a rejoin, or a new hub: ``succession``); the hub takes a repeated one once. Every field is behind
+``cond``: the node's threads hand work in, the driver's thread takes it out and delivers the hub's words.
 """
 
 from __future__ import annotations
@@ -99,6 +97,7 @@ class AgentState:
         self.hub = 0  # the node hosting the hub (``succession.hub_of`` the membership)
         self.members: tuple[int, ...] = tuple(range(nnodes))  # the last meeting's membership
         self.tried: tuple[int, ...] = ()  # hubs found silent since the last meeting
+        self.departed: tuple[int, ...] = ()  # members the hub left out since the last meeting (``left``)
         self.moving = False  # joined a new hub: hello until it answers
         self.move_to: str | None = None  # the driver reconnects the socket there
         self._last_sent = -1e9
@@ -233,22 +232,21 @@ class AgentState:
             self.end(AgentPhase.LOST, Lost(self.hub, what, silent))
 
     def _move(self, now: float, silent: float, leaving: str = "") -> bool:
-        """The hub is silent (or its node said it is ``leaving``): join the next one (``succession.successor``)
-        and tell the supervisor the old one left, as any member's loss (True); False when the job cannot
-        go on here (the hub is lost)."""
+        """The hub is silent (or ``leaving``): join the next (``succession``), its loss told as any member's."""
         if self.span is None or self.mover is None or self.life.phase is not AgentPhase.MEMBER:
             return False
-        tried = (*self.tried, self.hub)
-        after = successor(self.members, tried, self.span[0], (self.hub,) if leaving else ())
+        tried, gone = (*self.tried, self.hub), tuple(n for n in self.departed if n not in self.tried)
+        ended = bool(leaving) or self.heard < self.hub_closed  # said so, or its connection closed: no other side
+        after = successor(self.members, (*tried, *gone), self.span[0], (*gone, *((self.hub,) if ended else ())))
         if after is None:
             return False
         hosts = tuple(self.hosts[n] if n < len(self.hosts) else "" for n in tried)
-        inherited = Inherited(self.members, tried, hosts, round(silent, 3), self.epoch, leaving)
+        inherited = Inherited(self.members, tried, hosts, round(silent, 3), self.epoch, leaving, ended, gone)
         try:
             address = self.mover(after, inherited)
         except (zmq.ZMQError, OSError) as exc:  # a hub that cannot start here: the job ends, as before
             say(f"control plane: node {self.node} cannot host the hub: {exc}")
-            return False
+            address = None
         if address is None:
             return False
         with self.cond:
@@ -267,7 +265,7 @@ class AgentState:
         """The address of the hub to reconnect to, once (the driver's thread)."""
         with self.cond:
             address, self.move_to = self.move_to, None
-            return address
+        return address
 
     def on_message(self, message: m.Message, now: float) -> None:
         self.heard = now
@@ -326,6 +324,7 @@ class AgentState:
         # the hub's own node leaves gracefully (SIGTERM): the hub moves now, its ranks save with ours
         if handed_over and self._move(time.monotonic(), 0.0, departure.why or "its mlaunch was stopped"):
             return
+        self.departed = (*self.departed, departure.node)
         self._push(departure.event())
 
     def on_met(self, met: m.Met) -> None:
@@ -344,7 +343,7 @@ class AgentState:
             while len(self.meetings) > KEEP_RESULTS:
                 self.meetings.popitem(last=False)
             self.epoch = met.epoch
-            self.members, self.tried = meeting.members, ()
+            self.members, self.tried, self.departed = meeting.members, (), ()
             if self.node in meeting.members and self.life.admit():
                 self.admitted = meeting
             # what changed before the meeting is in its answer: it must not stop the generation it starts

@@ -168,13 +168,14 @@ class Membership:
         """A node silent past the limit: a candidate is dropped, a member left out, or it is lost (the job ends)."""
         roster = self.roster
         why = f"its mlaunch sent nothing for {seconds:.1f}s"
-        if seconds < self.node_timeout and now - seconds < self._last_unexplained_close(now):
+        closed = seconds < self.node_timeout and now - seconds < self._last_unexplained_close(now)
+        if closed:  # its mlaunch ended (a partition closes no connection): no voter of the majority
             why += " after a connection to the control plane closed"
         self.expect_close(node, now)  # a cut-off mlaunch gives up on the hub, or learns it is out, and ends
         if roster.of(node) is NodeStatus.CANDIDATE:
             roster.drop(node)
             return [Drop(node)]
-        departed = self.depart(node, why, now, seconds)
+        departed = self.depart(node, why, now, seconds, ended=closed)
         if departed is not None:
             return departed
         roster.lose(node)
@@ -234,7 +235,7 @@ class Membership:
         return [Broadcast(m.Left(departure, len(roster.members) - 1))]
 
     def depart(
-        self, node: int, why: str, now: float, seconds: float = 0.0, graceful: bool = False
+        self, node: int, why: str, now: float, seconds: float = 0.0, graceful: bool = False, ended: bool = False
     ) -> list[Effect] | None:
         """Leave ``node`` out (what follows), or None when the job cannot go on without it.
 
@@ -247,9 +248,9 @@ class Membership:
         roster = self.roster
         if self.span is None or node == self.host_node or roster.of(node) is not NodeStatus.MEMBER:
             return None
-        if not self._may_go_on_without(node, graceful or not seconds):
+        if not self._may_go_on_without(node, graceful or ended or not seconds):
             return None
-        if graceful or not seconds or node not in roster.seen:
+        if graceful or ended or not seconds or node not in roster.seen:
             self.graceful.add(node)  # not a voter of the majority from now on (``succession.may_go_on``)
         roster.leave_out(node)
         self.epoch += 1
@@ -263,8 +264,7 @@ class Membership:
             effects += self._check_meeting(key)
         return effects
 
-    def _may_go_on_without(self, node: int, heard: bool) -> bool:
-        """``heard``: its departure was said, not a silence (or it was never heard): it is no voter."""
+    def _may_go_on_without(self, node: int, heard: bool) -> bool:  # heard: said, ended, never heard: no voter
         assert self.span is not None
         remaining = (self.roster.members - {node}) | set(self.roster.nodes(NodeStatus.CANDIDATE))
         agreed = heard or node not in self.roster.seen

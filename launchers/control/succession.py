@@ -61,6 +61,8 @@ class Inherited:
     seconds: float  # how long the first of them had been silent
     epoch: int  # the members' epoch (the last meeting's): the new hub starts past it
     graceful: str = ""  # the first hub's node said it is leaving (SIGTERM): why; its ranks save with ours
+    ended: bool = False  # the first hub's connection closed (its mlaunch ended): it is on no other side
+    departed: tuple[int, ...] = ()  # members the old hub left out since the last meeting (its decision stands)
 
     def why(self, node: int) -> str:
         first = self.gone[0]

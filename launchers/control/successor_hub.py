@@ -19,14 +19,17 @@ from launchers.control.succession import Inherited
 
 def inherit(membership: Membership, inherited: Inherited, now: float) -> None:
     """The successor's roster and membership (``succession.Inherited``)."""
-    membership.roster.inherit(inherited.members, inherited.gone, now)
+    membership.roster.inherit(inherited.members, (*inherited.gone, *inherited.departed), now)
+    membership.graceful.update(inherited.departed)  # left out under the old hub's rule: no voters now
+    for node in inherited.departed:  # said at the next meeting, with the rest (the old hub's ``left`` said why)
+        membership.departed.append(m.Departure(node, "", "it was left out of the job before the hub moved"))
     membership.last_met = frozenset(inherited.members)
     membership.epoch = inherited.epoch + 1  # every contribution made under the old hub is void
     for node, host in zip(inherited.gone, inherited.hosts, strict=True):
         membership.roster.hosts[node] = host
         first = node == inherited.gone[0]
         graceful = first and bool(inherited.graceful)
-        if graceful:
+        if graceful or (first and inherited.ended):
             membership.graceful.add(node)  # it said it leaves: not a voter of the majority
         seconds = inherited.seconds if first else 0.0
         membership.departed.append(m.Departure(node, host, inherited.why(node), seconds, graceful))
