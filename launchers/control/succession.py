@@ -10,9 +10,10 @@ new hub. A successor that is itself unreachable is passed over the same way (``t
 No split brain (``may_go_on``): a side goes on only when it holds at least MIN nodes *and* a
 strict majority of the last membership. Two disjoint sides cannot both hold a strict majority of
 the same set, so at most one side of any partition re-forms; the other side's hub cannot complete
-a departure, declares the silent nodes lost and its mlaunches end non-zero. A member that said it
-is leaving (SIGTERM) agreed to go: a graceful leave is not a partition and is not counted against
-the majority (``departures_left``).
+a departure, declares the silent nodes lost and its mlaunches end non-zero. A member that is on no
+other side is not counted (``graceful``): one that said it leaves (SIGTERM, an exit code), and one
+whose connection closed before its silence (its mlaunch ended: a partition closes nothing), so
+killed nodes still let the job shrink down to MIN.
 """
 
 from __future__ import annotations
