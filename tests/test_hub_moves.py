@@ -53,7 +53,10 @@ def test_no_partition_leaves_two_sides_going_on() -> None:
                 for side in itertools.combinations(last, cut):
                     other = tuple(n for n in last if n not in side)
                     assert not (may_go_on(last, side, minimum) and may_go_on(last, other, minimum)), (side, minimum)
+                    # the side holding the hub wins a tie; the other side still never passes with it
+                    assert not (may_go_on(last, side, minimum, hub=True) and may_go_on(last, other, minimum))
     assert may_go_on((0, 1, 2), (1, 2), 2) and not may_go_on((0, 1, 2), (0,), 1)
+    assert may_go_on((0, 1), (0,), 1, hub=True) and not may_go_on((0, 1), (1,), 1)  # a tie is the hub's
     assert may_go_on((0, 1, 2), (0,), 1, graceful=(1, 2))  # those that left said so: nobody is on another side
 
 

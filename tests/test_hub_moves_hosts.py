@@ -77,8 +77,9 @@ def test_node_0_s_link_cut_the_others_go_on_and_node_0_ends_alone(tmp_path: Path
     run = start_ddp(tmp_path, hosts3, 40)
     try:
         run.wait_for(r"saved step (9|1\d): model-checksum", host=0)
+        cut = time.monotonic()
         subprocess.run([IP, "-n", hosts3[0].ns, "link", "set", "eth0", "down"], check=True, timeout=10)
-        took = moved(run, time.monotonic())
+        took = moved(run, cut)
         codes = run.finish()
     finally:
         run.kill()

@@ -268,7 +268,7 @@ class Membership:
         assert self.span is not None
         remaining = (self.roster.members - {node}) | set(self.roster.nodes(NodeStatus.CANDIDATE))
         agreed = heard or node not in self.roster.seen
-        return may_go_on(self.last_met, remaining, self.span[0], self.graceful | ({node} if agreed else set()))
+        return may_go_on(self.last_met, remaining, self.span[0], self.graceful | ({node} if agreed else set()), True)
 
     def _cannot_leave(self, node: int) -> str:
         if self.span is None:

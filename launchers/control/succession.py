@@ -8,8 +8,9 @@ membership (``next_hub``), so they all reconnect to one node, and that node's ml
 new hub. A successor that is itself unreachable is passed over the same way (``tried``).
 
 No split brain (``may_go_on``): a side goes on only when it holds at least MIN nodes *and* a
-strict majority of the last membership. Two disjoint sides cannot both hold a strict majority of
-the same set, so at most one side of any partition re-forms; the other side's hub cannot complete
+majority of the last membership: more than half to move the hub, half for the side that holds it
+(a tie is the hub's). Two disjoint sides cannot both pass, so at most one side of any partition
+re-forms; the other side's hub cannot complete
 a departure, declares the silent nodes lost and its mlaunches end non-zero. A member that is on no
 other side is not counted (``graceful``): one that said it leaves (SIGTERM, an exit code), and one
 whose connection closed before its silence (its mlaunch ended: a partition closes nothing), so
@@ -33,16 +34,19 @@ def next_hub(members: Iterable[int], tried: Collection[int]) -> int | None:
     return min(left) if left else None
 
 
-def may_go_on(last: Collection[int], remaining: Collection[int], minimum: int, graceful: Collection[int] = ()) -> bool:
+def may_go_on(
+    last: Collection[int], remaining: Collection[int], minimum: int, graceful: Collection[int] = (), hub: bool = False
+) -> bool:
     """Whether ``remaining`` may go on as the job after the others of ``last`` (the last membership) left.
 
     ``minimum``: the range's MIN. ``graceful``: members of ``last`` that said they were leaving:
-    they agreed to go, so the majority is taken of ``last`` without them. Strict majority of one
-    set: two disjoint sides can never both pass, whatever the partition.
+    they agreed to go, so the majority is taken of ``last`` without them. ``hub``: the side that holds
+    the hub needs half (a tie is its), the other side more than half, to move the hub: two disjoint
+    sides can never both pass, whatever the partition.
     """
-    voters = [node for node in last if node not in graceful]
+    voters = [node for node in last if node not in graceful]  # those on no other side are not counted
     holding = sum(1 for node in voters if node in remaining)
-    return len(remaining) >= minimum and 2 * holding > len(voters)
+    return len(remaining) >= minimum and (2 * holding > len(voters) or (hub and 2 * holding == len(voters)))
 
 
 @dataclass(frozen=True)
