@@ -85,7 +85,7 @@ def test_node_0_s_link_cut_the_others_go_on_and_node_0_ends_alone(tmp_path: Path
         run.kill()
     text = run.text()
     print(f"node 0's link cut → the 2-node job re-formed in {took:.2f}s (node_timeout {NODE_TIMEOUT:g}s)")
-    assert NODE_TIMEOUT < took < NODE_TIMEOUT + 10, text  # nothing closed: node_timeout of silence
+    assert took < NODE_TIMEOUT + 10, text  # nothing closed: node_timeout of silence since it was last heard
     assert codes[1] == 0 and codes[2] == 0 and codes[0] != 0, (codes, text)
     assert re.search(r"node [12] \(\S+\) is lost: .*below the elastic minimum 2", run.text(0)), text  # it knows why
     assert final_checksum(run.text(1)), text
