@@ -97,6 +97,7 @@ def open_job_events(job: Job, cluster: Cluster, reducers: Reducers | None = None
         elastic=node_range(job),  # the membership may change within it (``membership``)
         last_call=job.elastic.last_call,  # the first start waits this long for nodes beyond MIN
         reducers=table,
+        hosts=cluster.hosts,  # where the hub moves when node 0 is lost (``succession``); none known: it cannot
     )
     events.keyed_from_public_facts = public  # shown by `mlaunch status`
     return events

@@ -16,6 +16,7 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -36,6 +37,7 @@ from launchers.control.events import (
 )
 from launchers.control.hub import Hub
 from launchers.control.reductions import BUILTIN, How, Reducers
+from launchers.control.succession import Inherited
 from launchers.log import say
 
 CLOSE_WAIT = 10.0  # node 0 keeps the hub this long at most for the other nodes to leave
@@ -58,12 +60,15 @@ class NetworkEvents(JobEvents):
         elastic: tuple[int, int] | None = None,
         reducers: Reducers = BUILTIN,
         last_call: float = LAST_CALL,
+        hosts: Sequence[str] = (),
     ) -> None:
         """``driver``: a shared one (the benchmark's many agents in one process), else this node's own.
 
         ``elastic``: the job's node range (MIN, MAX): the hub leaves a lost node out and admits
-        nodes that join instead of ending the job (``membership``). ``reducers``: what node 0's
-        hub reduces exchanges with (``reductions.BUILTIN`` and the callers' own)."""
+        nodes that join instead of ending the job (``membership``), and its hub moves when node 0 is
+        lost (``succession``: to the host of the next member, ``hosts``: the platform's host of each
+        node index). ``reducers``: what the hub reduces exchanges with (``reductions.BUILTIN`` and
+        the callers' own)."""
         super().__init__(reducers)
         self.node = node
         self.nnodes = nnodes
@@ -74,14 +79,21 @@ class NetworkEvents(JobEvents):
         if driver is None:
             driver = Driver(zmq.Context(), secret)
         self.driver = driver
+        self.port, self.hosts, self.elastic = port, tuple(hosts), elastic
+        self._hub_args = (node_timeout, reducers, last_call)
+        self.movable = elastic is not None and len(self.hosts) >= nnodes and all(self.hosts)
+        self._handed_over = False  # this node hosted the hub and left gracefully: the others moved on
         if node == 0:
-            self.hub = Hub(driver.context, port, secret, nnodes, node_timeout, elastic, reducers, last_call)
+            self.hub = Hub(
+                driver.context, port, secret, nnodes, node_timeout, elastic, reducers, last_call, movable=self.movable
+            )
             self.hub.start()
         self._wake_r, self._wake_w = _pipe() if self._own else (-1, -1)  # the supervisor's loop: something arrived
         self.wake_fd: int | None = self._wake_r if self._own else None
         self.state = AgentState(
-            node, nnodes, node_timeout, join_timeout or 0.0, host or socket.gethostname(), wake=self._wake
-        )
+            node, nnodes, node_timeout, join_timeout or 0.0, host or socket.gethostname(), wake=self._wake,
+            elastic=elastic, hosts=self.hosts, mover=self._move_hub if self._own else None,
+        )  # fmt: skip
         driver.add(self.state, f"tcp://{'127.0.0.1' if node == 0 else master_addr}:{port}")
         if self._own:
             driver.start()
@@ -89,6 +101,31 @@ class NetworkEvents(JobEvents):
                 f"control plane: node {node} of {nnodes} joining {master_addr}:{port}"
                 + (" (hosting it)" if node == 0 else "")
             )
+
+    def _move_hub(self, node: int, inherited: Inherited) -> str | None:
+        """The hub moves to ``node`` (the driver's thread): started here when it is this node; its address.
+
+        None when the platform named no host of every node (no host list): the members could not all find
+        the new hub, so it does not move (the job ends, as before)."""
+        if not self.movable:
+            return None
+        if node == self.node:
+            if self.hub is None:
+                timeout, reducers, last_call = self._hub_args
+                self.hub = Hub(
+                    self.driver.context, self.port, self.secret, self.nnodes, timeout, self.elastic, reducers,
+                    last_call, host_node=node, inherited=inherited, movable=True,
+                )  # fmt: skip
+                self.hub.start()
+                say(f"control plane: node {node} hosts the hub now, for nodes {', '.join(map(str, inherited.members))}"
+                    f" without {', '.join(map(str, inherited.gone))}")  # fmt: skip
+            return f"tcp://127.0.0.1:{self.port}"
+        return f"tcp://{self.hosts[node]}:{self.port}"
+
+    @property
+    def hosting(self) -> bool:
+        """This node's mlaunch runs the job's hub (node 0, or its successor)."""
+        return self.hub is not None
 
     # -- the supervisor's and the runner's side ------------------------------------------------
     @property
@@ -168,8 +205,8 @@ class NetworkEvents(JobEvents):
         self._kick()
 
     def publish_summary(self, summary: dict[str, Any]) -> None:
-        if self.node == 0:
-            self.state.send(m.Summary(0, summary))
+        if self.hub is not None:
+            self.state.send(m.Summary(self.node, summary))
             self._kick()
 
     def wire_stats(self) -> dict[str, Any] | None:
@@ -183,12 +220,13 @@ class NetworkEvents(JobEvents):
 
     def close(self, exit_code: int) -> None:
         self.state.flush_status()
-        if self.node == 0:  # the job's last word: peers that follow node 0 exit with it
-            self.state.send(m.End(0, exit_code))
+        if self.hub is not None:  # the job's last word: peers that follow the hub's node exit with it
+            self.state.send(m.End(self.node, exit_code))
         self.state.send(m.Bye(self.node, exit_code))
         self._kick()
         if self.hub is not None:
-            self.hub.wait_everyone_left(CLOSE_WAIT)
+            if not self._handed_over:  # handed over: the others left for the next hub already
+                self.hub.wait_everyone_left(CLOSE_WAIT)
             self.hub.stop()
         said = self.driver.remove(self.state)  # sends what is due (the bye) and closes the socket
         if not self._own:
@@ -249,13 +287,15 @@ class NetworkEvents(JobEvents):
         self._kick()
 
     def leave(self, why: str) -> None:
-        if self.node != 0:  # node 0's stop ends the job (its ``end``): it hosts the plane
+        """Said to the hub; the hub's own node too when the hub can move (it hands over), else its stop ends the job."""
+        if self.hub is None or self.movable:
+            self._handed_over = self.hub is not None
             self.state.send(m.Leaving(self.node, why))
             self._kick()
 
     def regroup(self, why: str) -> None:
-        if self.node == 0:
-            self.state.send(m.Regroup(0, why))
+        if self.hub is not None:
+            self.state.send(m.Regroup(self.node, why))
             self._kick()
 
     def _kick(self) -> None:

@@ -12,20 +12,17 @@ Reliability: the DEALER socket queues nothing for a hub it is not connected to (
 is said again every ``hello_retry`` until ``welcome`` comes. What must arrive (the kinds
 ``messages`` marks ``RELIABLE``) is kept in the outbox until the socket takes it, and failure
 reports, contributions and meetings not yet answered are said again after every ``welcome``
-(a rejoin); the hub takes a repeated one once.
-
-Every field is behind ``cond``: the node's threads hand work in, the driver's thread takes it
-out and delivers the hub's words.
+(a rejoin, or a new hub: ``succession``); the hub takes a repeated one once. Every field is behind
+``cond``: the node's threads hand work in, the driver's thread takes it out and delivers the hub's words.
 """
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -46,9 +43,9 @@ from launchers.control.events import (
 from launchers.control.life import AgentPhase, Life
 from launchers.control.reductions import How, wire
 from launchers.control.status_mirror import StatusMirror
+from launchers.control.succession import Inherited, successor
 from launchers.control.topics import feature
-from launchers.control.transport import MAX_IN, CurveKeys, secure_agent
-from launchers.control.wire import Incoming, Outgoing, seal, unseal
+from launchers.control.wire import Incoming, Outgoing
 from launchers.log import say
 
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
@@ -63,7 +60,13 @@ class AgentState:
         join_timeout: float,
         host: str,
         wake: Callable[[], None] = lambda: None,
+        elastic: tuple[int, int] | None = None,
+        hosts: Sequence[str] = (),
+        mover: Callable[[int, Inherited], str | None] | None = None,
     ) -> None:
+        """``elastic``: the node range; with it (and a ``mover``) a member whose hub falls silent moves to the
+        next hub (``succession``) instead of ending. ``hosts``: the platform's host of each node index.
+        ``mover(node, inherited)``: starts the hub here when ``node`` is this one; the address to join, or None."""
         self.node = node
         self.nnodes = nnodes
         self.host = host
@@ -90,6 +93,13 @@ class AgentState:
         now = time.monotonic()
         self.started = self.heard = now
         self.hub_closed = -1e9  # when the connection to the hub last closed (its mlaunch likely ended)
+        self.span, self.hosts, self.mover = elastic, tuple(hosts), mover
+        self.hub = 0  # the node hosting the hub (``succession.hub_of`` the membership)
+        self.members: tuple[int, ...] = tuple(range(nnodes))  # the last meeting's membership
+        self.tried: tuple[int, ...] = ()  # hubs found silent since the last meeting
+        self.departed: tuple[int, ...] = ()  # members the hub left out since the last meeting (``left``)
+        self.moving = False  # joined a new hub: hello until it answers
+        self.move_to: str | None = None  # the driver reconnects the socket there
         self._last_sent = -1e9
         self._next_hello = now
 
@@ -178,7 +188,7 @@ class AgentState:
             while self._outbox:
                 out.append(self._outbox.popleft())
             welcomed = self.life.welcomed
-            if not welcomed and now >= self._next_hello:
+            if (not welcomed or self.moving) and now >= self._next_hello:
                 self._next_hello = now + self.cadence.hello_retry
                 out.append(m.Hello(self.node, self.host, self.incarnation, self.generation))
             entry = self.status.due(now, self.cadence.status) if welcomed else None
@@ -212,12 +222,50 @@ class AgentState:
         if closed:
             limit = min(limit, after_close(self.node_timeout, self.cadence.heartbeat))
         if silent > limit and self.life.phase is not AgentPhase.CLOSING and not self.life.final:
+            if self._move(now, silent):
+                return
             what = "the master, hosting the control plane" + (
                 "" if welcomed else "; it never answered: not started, unreachable, or another job secret"
             )
             if closed and silent < self.node_timeout:
                 what += "; its connection closed"
-            self.end(AgentPhase.LOST, Lost(0, what, silent))
+            self.end(AgentPhase.LOST, Lost(self.hub, what, silent))
+
+    def _move(self, now: float, silent: float, leaving: str = "") -> bool:
+        """The hub is silent (or ``leaving``): join the next (``succession``), its loss told as any member's."""
+        if self.span is None or self.mover is None or self.life.phase is not AgentPhase.MEMBER:
+            return False
+        tried, gone = (*self.tried, self.hub), tuple(n for n in self.departed if n not in self.tried)
+        ended = bool(leaving) or self.heard < self.hub_closed  # said so, or its connection closed: no other side
+        after = successor(self.members, (*tried, *gone), self.span[0], (*gone, *((self.hub,) if ended else ())))
+        if after is None:
+            return False
+        hosts = tuple(self.hosts[n] if n < len(self.hosts) else "" for n in tried)
+        inherited = Inherited(self.members, tried, hosts, round(silent, 3), self.epoch, leaving, ended, gone)
+        try:
+            address = self.mover(after, inherited)
+        except (zmq.ZMQError, OSError) as exc:  # a hub that cannot start here: the job ends, as before
+            say(f"control plane: node {self.node} cannot host the hub: {exc}")
+            address = None
+        if address is None:
+            return False
+        with self.cond:
+            old, first = self.hub, not self.tried
+            self.tried, self.hub, self.moving, self.move_to = tried, after, True, address
+            self.heard, self._next_hello, self.hub_closed = now, now, -1e9
+            if first:
+                self.events.append(Left(old, hosts[0], inherited.why(old), round(silent, 3), bool(leaving)))
+            self.cond.notify_all()
+        said = f"is leaving ({leaving})" if leaving else f"sent nothing for {silent:.1f}s"
+        say(f"control plane: node {old}'s hub {said}; node {self.node} joins node {after}'s")
+        self.wake()
+        return True
+
+    def take_move(self) -> str | None:
+        """The address of the hub to reconnect to, once (the driver's thread)."""
+        with self.cond:
+            address, self.move_to = self.move_to, None
+        return address
 
     def on_message(self, message: m.Message, now: float) -> None:
         self.heard = now
@@ -228,6 +276,7 @@ class AgentState:
     # -- the hub's words (``messages.handlers``) ---------------------------------------------------
     def on_welcome(self, welcome: m.Welcome) -> None:
         with self.cond:
+            self.moving = False
             self.life.welcome(welcome.candidate)
             self.cond.notify_all()
             self.cadence = Cadence.of(welcome, self.cadence)
@@ -270,7 +319,13 @@ class AgentState:
         self.end(AgentPhase.LEFT_OUT, Lost(out.node, out.host, 0.0, out.why, True))
 
     def on_left(self, left: m.Left) -> None:
-        self._push(left.departure.event())
+        departure = left.departure
+        handed_over = departure.node == self.hub and departure.graceful and departure.node != self.node
+        # the hub's own node leaves gracefully (SIGTERM): the hub moves now, its ranks save with ours
+        if handed_over and self._move(time.monotonic(), 0.0, departure.why or "its mlaunch was stopped"):
+            return
+        self.departed = (*self.departed, departure.node)
+        self._push(departure.event())
 
     def on_met(self, met: m.Met) -> None:
         """A meeting's answer (or a candidate's admission): the membership of the next generation.
@@ -288,6 +343,7 @@ class AgentState:
             while len(self.meetings) > KEEP_RESULTS:
                 self.meetings.popitem(last=False)
             self.epoch = met.epoch
+            self.members, self.tried, self.departed = meeting.members, (), ()
             if self.node in meeting.members and self.life.admit():
                 self.admitted = meeting
             # what changed before the meeting is in its answer: it must not stop the generation it starts
@@ -341,53 +397,3 @@ class AgentState:
 
 
 _HANDLERS = m.handlers(AgentState, m.HUB)
-
-
-def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: CurveKeys | None) -> zmq.Socket[Any]:
-    """The agent's socket: it queues nothing for a hub it is not connected to (a late hub gets no backlog).
-
-    ``keys``: the job's CURVE keys (``transport``): only the job's hub can answer, encrypted."""
-    sock = context.socket(zmq.DEALER)
-    secure_agent(sock, keys, state.nnodes)
-    sock.setsockopt(zmq.LINGER, 500)
-    sock.setsockopt(zmq.IMMEDIATE, 1)
-    sock.setsockopt(zmq.IDENTITY, f"node-{state.node}-{state.incarnation}".encode())
-    sock.setsockopt(zmq.RECONNECT_IVL, 100)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # a hub that is not there yet: back off to every 2 s
-    sock.connect(address)
-    return sock
-
-
-def receive(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -> None:
-    """One message the hub said, to the state (a message that does not verify, or is malformed, is dropped).
-
-    One per readiness: the poller is level-triggered, so a socket with more waiting is
-    reported again at once; asking each socket whether more is there (``ZMQ_EVENTS``, or
-    ending on ``zmq.Again``) cost more, for thousands of sockets, than the extra poll.
-    """
-    try:
-        frame = sock.recv(zmq.NOBLOCK)  # the hub says one frame; a stray extra part fails its MAC on its own
-    except zmq.Again:
-        return
-    wire_message = unseal(secret, [frame])
-    if wire_message is not None and state.wire_in.fresh([frame]):
-        with contextlib.suppress(KeyError, TypeError, ValueError):  # signed by the job's secret, but malformed
-            message = m.decode(wire_message)
-            if message is not None:
-                state.on_message(message, now)
-
-
-def flush(sock: zmq.Socket[Any], state: AgentState, secret: bytes, now: float) -> None:
-    """Everything due, sealed and sent without blocking; what the socket does not take waits if it must arrive."""
-    out = state.due(now)
-    for index, message in enumerate(out):
-        frames = seal(secret, message.to_wire(), state.wire_out)
-        if len(frames[0]) > MAX_IN:  # the hub would cut the connection on it (``transport``): said, never sent
-            say(f"control plane: node {state.node}'s {message.KIND!r} is {len(frames[0])} bytes, over the hub's "
-                f"limit of {MAX_IN}: not sent")  # fmt: skip
-            continue
-        try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.ZMQError:  # not connected (yet) or the hub's pipe is full
-            state.unsent(out[index:])
-            return

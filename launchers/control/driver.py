@@ -19,7 +19,8 @@ from typing import Any
 
 import zmq
 
-from launchers.control.agent_core import AgentState, dealer, flush, receive
+from launchers.control.agent_core import AgentState
+from launchers.control.agent_socket import dealer, flush, receive
 from launchers.control.transport import curve_keys
 
 TIMERS = 0.2  # seconds between looks at every agent's timers (heartbeat, status, hello retry, the hub's silence)
@@ -94,6 +95,10 @@ class Driver(threading.Thread):
                     for sock, state in agents.items():
                         flush(sock, state, self.secret, now)
                         state.check(now)
+                        address = state.take_move()
+                        if address is not None:  # the hub moved (``succession``): a new socket joins it
+                            self._changes.append((state, threading.Event()))
+                            self._changes.append((state, address))
         finally:
             # a remove handed in as it stopped
             self._apply_changes(poller, agents, sockets, (monitors, monitor_of), time.monotonic())

@@ -31,21 +31,23 @@ from launchers.control.cadence import Cadence, cadence
 from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.gathers import Done, Gathers
 from launchers.control.hub_counts import Dropped, Traffic, wire_stats  # noqa: E402
+from launchers.control.hub_send import Sending
 from launchers.control.hub_view import HubView, Publisher
 from launchers.control.membership import Membership
 from launchers.control.reductions import BUILTIN, Reducers
 from launchers.control.roster import IllegalTransition, NodeStatus, Roster
+from launchers.control.succession import Inherited
+from launchers.control.successor_hub import bind, inherit
 from launchers.control.transport import MONITORED, Strangers, curve_keys, pending_limit, secure_hub
 from launchers.control.wire import Incoming, Outgoing, encode, seal, unseal
 from launchers.log import say
 
 VIEW_CACHE = 0.5  # seconds an encoded whole view is reused for other nodes asking (a burst of askers)
-_MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)  # plain ints: the per-peer loop is the cost
 BATCH = 2000  # messages taken in before the timers are looked at again
 GONE_AGAIN = "it was left out of the job earlier"
 
 
-class Hub(threading.Thread):
+class Hub(Sending, threading.Thread):
     def __init__(
         self,
         context: zmq.Context[Any],
@@ -56,19 +58,28 @@ class Hub(threading.Thread):
         elastic: tuple[int, int] | None = None,
         reducers: Reducers = BUILTIN,
         last_call: float = LAST_CALL,
+        host_node: int = 0,
+        inherited: Inherited | None = None,
+        movable: bool = False,
     ) -> None:
         """``elastic``: the node range (members leave and join: ``membership``); ``reducers``: for exchanges.
 
         ``last_call``: at the first start, how long the members that came wait for the others once MIN met.
+        ``host_node``: the node whose mlaunch runs it; ``inherited``: a successor's start (``successor_hub``);
+        ``movable``: every node can find a successor (every host is known): ``host_node`` may leave.
         """
         super().__init__(name="mlaunch-control-hub", daemon=True)
         self.secret = secret
         self.sent, self.heard = Outgoing(), Incoming()  # issue 47: the hub's stream; the agents' (replays dropped)
         self.nnodes = nnodes  # node indexes are 0 … nnodes-1
         self.node_timeout = node_timeout
-        self.roster = Roster(nnodes)
+        self.host_node = host_node
+        self.roster = Roster(nnodes, host_node)
         self.hosts = self.roster.hosts
-        self.membership = Membership(self.roster, elastic, node_timeout, last_call)
+        self.membership = Membership(self.roster, elastic, node_timeout, last_call, host_node)
+        self.membership.movable = movable and elastic is not None
+        if inherited is not None:
+            inherit(self.membership, inherited, time.monotonic())
         self.cadence: Cadence = cadence(len(self.roster.members), node_timeout)
         self.sock = context.socket(zmq.ROUTER)
         self.curve = curve_keys(secret)  # None: this libzmq has no CURVE (the HMAC alone keys the plane)
@@ -77,7 +88,7 @@ class Hub(threading.Thread):
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node that reconnects takes its identity back
         self.sock.setsockopt(zmq.BACKLOG, max(100, min(nnodes, 65536)))  # every node connecting at once
         self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.bind(f"tcp://*:{port}")
+        self._unbound = bind(self.sock, f"tcp://*:{port}", late=inherited is not None)  # a successor: maybe late
         self.monitor = self.sock.get_monitor_socket(MONITORED)  # strangers counted; a member's close: ``on_close``
         self.elastic = elastic is not None
         self.strangers = Strangers(cap=pending_limit(nnodes), port=port)  # issue 47: ``shed`` over it
@@ -126,6 +137,8 @@ class Hub(threading.Thread):
         next_tick = 0.0
         try:
             while not self._halt.is_set():
+                if self._unbound is not None:
+                    self._unbound = bind(self.sock, self._unbound, late=True)
                 if self.sock.poll(50):
                     self._receive()
                 self._now = now = time.monotonic()
@@ -261,18 +274,18 @@ class Hub(threading.Thread):
         self._send_frames(ask.node, seal(self.secret, cached[1], self.sent))
 
     def on_summary(self, summary: m.Summary) -> None:
-        if summary.node == 0 and summary.summary is not None:
+        if summary.node == self.host_node and summary.summary is not None:
             self._summary, self.summary = m.Summary(summary=summary.summary), summary.summary
 
     def on_end(self, end: m.End) -> None:
-        if end.node == 0:
-            self._apply([EndJob(m.End(0, end.exit_code, self.hosts.get(0, "")))])
+        if end.node == self.host_node:
+            self._apply([EndJob(m.End(end.node, end.exit_code, self.hosts.get(end.node, "")))])
 
     def on_meet(self, meet: m.Meet) -> None:
         self._apply(self.membership.on_meet(meet))
 
     def on_regroup(self, regroup: m.Regroup) -> None:
-        if regroup.node == 0:
+        if regroup.node == self.host_node:
             self._apply(self.membership.regroup(regroup.why))
 
     def on_ready(self, ready: m.Ready) -> None:
@@ -353,50 +366,6 @@ class Hub(threading.Thread):
 
     def _lost_message(self, node: int, now: float) -> m.Lost:
         return m.Lost(node, self.hosts.get(node, ""), now - self.roster.seen.get(node, now))
-
-    # -- sending ----------------------------------------------------------------------------------
-    def _send(self, node: int, message: m.Message) -> None:
-        self._send_frames(node, seal(self.secret, message.to_wire(), self.sent))
-
-    def _multicast(self, nodes: Iterable[int], message: m.Message) -> None:
-        """One encoding, the same bytes to ``nodes`` (a meeting's members, an exchange's contributors)."""
-        frames = seal(self.secret, message.to_wire(), self.sent)
-        for node in nodes:
-            self._send_frames(node, frames)
-
-    def _send_frames(self, node: int, frames: list[bytes]) -> None:
-        ident = self.peers.get(node)
-        if ident is not None and self.roster.of(node) is not NodeStatus.LOST:
-            self._to(ident, frames)
-
-    def _to(self, ident: bytes, frames: list[bytes] | m.Message) -> None:
-        payload = seal(self.secret, frames.to_wire(), self.sent) if isinstance(frames, m.Message) else frames
-        try:  # unroutable or full (a peer whose link is down, or that does not read): heartbeats tell
-            self.sock.send_multipart([ident, *payload], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return
-        self.traffic.messages_out += 1
-        self.traffic.bytes_out += sum(len(f) for f in payload)
-
-    def _broadcast(self, message: m.Message) -> None:
-        """One encoding, the same bytes to every node still in the job (the loop is the per-peer cost: keep it bare)."""
-        began = self._last_broadcast = time.monotonic()
-        (body,) = seal(self.secret, message.to_wire(), self.sent)
-        send, sent = self.sock.send, 0
-        skip = self.roster.quiet
-        for node, ident in list(self.peers.items()):
-            if node not in skip:
-                try:
-                    send(ident, _MORE)
-                    send(body, _LAST)
-                    sent += 1
-                except zmq.ZMQError:  # a peer that cannot take it: heartbeats tell
-                    pass
-        took = time.monotonic() - began
-        self.traffic.messages_out += sent
-        self.traffic.bytes_out += sent * len(body)
-        self.traffic.slowest_broadcast = max(self.traffic.slowest_broadcast, took)
-        self.traffic.broadcasts[message.KIND] = (began, took)
 
 
 _HANDLERS = m.handlers(Hub, m.AGENT)

@@ -48,6 +48,7 @@ from launchers.control import messages as m
 from launchers.control.cadence import after_close
 from launchers.control.effects import Broadcast, Drop, Effect, EndJob, Multicast, Send, VoidExchanges
 from launchers.control.roster import NodeStatus, Roster
+from launchers.control.succession import may_go_on
 
 KEEP_MEETINGS = 64  # meeting results kept for a node that says its part again (a rejoin)
 LEAVING_CODE = 143  # the job's exit code when a node leaving ends it (128 + SIGTERM)
@@ -55,9 +56,19 @@ LEAVING_CODE = 143  # the job's exit code when a node leaving ends it (128 + SIG
 
 class Membership:
     def __init__(
-        self, roster: Roster, span: tuple[int, int] | None, node_timeout: float, last_call: float = LAST_CALL
+        self,
+        roster: Roster,
+        span: tuple[int, int] | None,
+        node_timeout: float,
+        last_call: float = LAST_CALL,
+        host_node: int = 0,
     ) -> None:
+        """``host_node``: the node whose mlaunch runs this hub (node 0, or its successor: ``succession``)."""
         self.roster = roster
+        self.host_node = host_node
+        self.movable = False  # the hub can move (every node's host is known): its own node may leave gracefully
+        self.last_met: frozenset[int] = frozenset(roster.members)  # the last meeting's membership (``may_go_on``)
+        self.graceful: set[int] = set()  # members that left gracefully since the last meeting
         self.last_call = last_call
         self.quorum_since: dict[str, float] = {}  # meeting → since when only never-heard members are missing
         self.span = span  # (MIN, MAX); None: the membership never changes (a loss ends the job)
@@ -83,7 +94,9 @@ class Membership:
             return []
         node, known = hello.node, self.incarnations.get(hello.node)
         self.incarnations[node] = hello.incarnation
-        if known is None or known == hello.incarnation or node == 0 or self.roster.of(node) is not NodeStatus.MEMBER:
+        if known is None or known == hello.incarnation or node == self.host_node:
+            return []
+        if self.roster.of(node) is not NodeStatus.MEMBER:
             return []
         self.expect_close(node, now)  # the old mlaunch's connection: closed already, or about to
         return self.depart(node, "its mlaunch started again (the one before it ended)", now) or []
@@ -155,13 +168,14 @@ class Membership:
         """A node silent past the limit: a candidate is dropped, a member left out, or it is lost (the job ends)."""
         roster = self.roster
         why = f"its mlaunch sent nothing for {seconds:.1f}s"
-        if seconds < self.node_timeout and now - seconds < self._last_unexplained_close(now):
+        closed = seconds < self.node_timeout and now - seconds < self._last_unexplained_close(now)
+        if closed:  # its mlaunch ended (a partition closes no connection): no voter of the majority
             why += " after a connection to the control plane closed"
         self.expect_close(node, now)  # a cut-off mlaunch gives up on the hub, or learns it is out, and ends
         if roster.of(node) is NodeStatus.CANDIDATE:
             roster.drop(node)
             return [Drop(node)]
-        departed = self.depart(node, why, now, seconds)
+        departed = self.depart(node, why, now, seconds, ended=closed)
         if departed is not None:
             return departed
         roster.lose(node)
@@ -190,12 +204,14 @@ class Membership:
     def on_leaving(self, node: int, why: str, now: float) -> list[Effect]:
         """A member's mlaunch was stopped (SIGTERM): left out gracefully; else the job ends on every node.
 
-        Nothing to do without a range, for node 0 (its stop ends the job anyway) or a node that
-        is not a member (a candidate's stop is its ``bye``: it is dropped).
+        Nothing to do without a range, for the hub's own node (its stop moves the hub: ``succession``)
+        or a node that is not a member (a candidate's stop is its ``bye``: it is dropped).
         """
         roster = self.roster
         self.expect_close(node, now)
-        if self.span is None or node == 0 or roster.of(node) is not NodeStatus.MEMBER:
+        if node == self.host_node and self.span is not None and self.movable:
+            return self._hand_over(node, why)
+        if self.span is None or node == self.host_node or roster.of(node) is not NodeStatus.MEMBER:
             if roster.of(node) is NodeStatus.CANDIDATE:
                 roster.drop(node)
                 return [Drop(node)]
@@ -206,20 +222,36 @@ class Membership:
         said = f"node {node} is leaving ({why}), and the job cannot go on without it: {self._cannot_leave(node)}"
         return [EndJob(m.End(node, LEAVING_CODE, roster.hosts.get(node, ""), f"{said}; every node stops"))]
 
-    def depart(
-        self, node: int, why: str, now: float, seconds: float = 0.0, graceful: bool = False
-    ) -> list[Effect] | None:
-        """Leave ``node`` out (what follows), or None when the job cannot go on without it (node 0, below MIN).
+    def _hand_over(self, node: int, why: str) -> list[Effect]:
+        """The hub's own node leaves gracefully: every member is told (``left``, graceful) and moves to the next
+        hub (``succession``); its ranks save with theirs. Below MIN the job ends on every node, as for any."""
+        assert self.span is not None
+        roster = self.roster
+        rest = (roster.members - {node}) | set(roster.nodes(NodeStatus.CANDIDATE))
+        if not may_go_on(self.last_met, rest, self.span[0], self.graceful | {node}):
+            said = f"node {node} is leaving ({why}), and the job cannot go on without it: {self._cannot_leave(node)}"
+            return [EndJob(m.End(node, LEAVING_CODE, roster.hosts.get(node, ""), f"{said}; every node stops"))]
+        departure = m.Departure(node, roster.hosts.get(node, ""), why, 0.0, True)
+        return [Broadcast(m.Left(departure, len(roster.members) - 1))]
 
-        Waiting candidates count towards MIN: the next meeting admits them. ``graceful``: its mlaunch
-        said it is leaving (its ranks are saving with everyone's), not lost: it is not told it was left
-        out, and its silence is never judged again.
+    def depart(
+        self, node: int, why: str, now: float, seconds: float = 0.0, graceful: bool = False, ended: bool = False
+    ) -> list[Effect] | None:
+        """Leave ``node`` out (what follows), or None when the job cannot go on without it.
+
+        It cannot when ``node`` hosts this hub (its loss moves the hub instead), below MIN, or when the
+        rest would not hold a strict majority of the last meeting's membership (``succession.may_go_on``:
+        the other side of a partition may be the one going on). Waiting candidates count towards MIN:
+        the next meeting admits them. ``graceful``: its mlaunch said it is leaving (its ranks are saving
+        with everyone's), not lost: it is not told it was left out, and its silence is never judged again.
         """
         roster = self.roster
-        if self.span is None or node == 0 or roster.of(node) is not NodeStatus.MEMBER:
+        if self.span is None or node == self.host_node or roster.of(node) is not NodeStatus.MEMBER:
             return None
-        if len(roster.members) - 1 + len(roster.nodes(NodeStatus.CANDIDATE)) < self.span[0]:
+        if not self._may_go_on_without(node, graceful or ended or not seconds):
             return None
+        if graceful or ended or not seconds or node not in roster.seen:
+            self.graceful.add(node)  # not a voter of the majority from now on (``succession.may_go_on``)
         roster.leave_out(node)
         self.epoch += 1
         host = roster.hosts.get(node, "")
@@ -232,15 +264,32 @@ class Membership:
             effects += self._check_meeting(key)
         return effects
 
+    def _may_go_on_without(self, node: int, heard: bool) -> bool:  # heard: said, ended, never heard: no voter
+        assert self.span is not None
+        remaining = (self.roster.members - {node}) | set(self.roster.nodes(NodeStatus.CANDIDATE))
+        agreed = heard or node not in self.roster.seen
+        return may_go_on(self.last_met, remaining, self.span[0], self.graceful | ({node} if agreed else set()), True)
+
     def _cannot_leave(self, node: int) -> str:
         if self.span is None:
             return ""
-        if node == 0:
-            return "node 0 hosts the control plane and the rendezvous master: the job cannot re-form without it"
+        if node == self.host_node and not self.movable:
+            return (
+                f"node {node} hosts the control plane, and the platform names no host list to move it to "
+                "(VC_WORKER_HOSTS, SLURM_JOB_NODELIST, a rank table, an MPI hostfile ...)"
+            )
         left = len(self.roster.members) - 1
         candidates = len(self.roster.nodes(NodeStatus.CANDIDATE))
         waiting = f" and {candidates} waiting to join" if candidates else ""
-        return f"only {left} node(s) would remain{waiting}, below the elastic minimum {self.span[0]} (pytorch.nnodes)"
+        if left + candidates < self.span[0]:
+            return (
+                f"only {left} node(s) would remain{waiting}, below the elastic minimum {self.span[0]} (pytorch.nnodes)"
+            )
+        voters = len(self.last_met - self.graceful)
+        return (
+            f"the {left} node(s) that would remain hold no strict majority of the {voters} node(s) of the last "
+            "membership: the others may be going on without them (no split brain)"
+        )
 
     @staticmethod
     def out_reason(why: str) -> str:
@@ -287,6 +336,7 @@ class Membership:
             self.regroup_asked,
         )
         self.departed, self.regroup_asked = [], ""
+        self.last_met, self.graceful = frozenset(roster.members), set()
         self.results[key] = result
         while len(self.results) > KEEP_MEETINGS:
             self.results.popitem(last=False)
@@ -347,4 +397,4 @@ class Membership:
         if self.span is None or self.regroup_asked or not self.roster.nodes(NodeStatus.CANDIDATE):
             return []
         self.regroup_asked = why
-        return [Broadcast(m.Regroup(0, why))]
+        return [Broadcast(m.Regroup(self.host_node, why))]

@@ -14,9 +14,10 @@ each node receives a dict of the fields' results). The built-in names:
 - ``count``: how many members contributed (a meeting);
 - ``intersect``: the sorted common elements of every node's list;
 - ``max`` / ``min``: of numbers; ``and``: every value true;
-- ``gather0``: node 0 gets node → value, the others None;
-- ``scatter0``: node 0's value is ``{"all": A, "each": {node: S}}``; node n gets
-  ``{"all": A, "mine": S_n}`` (node 0 decided something for each node);
+- ``gather0``: the lowest contributor (node 0 while it is in the job) gets node → value, the
+  others None;
+- ``scatter0``: the lowest contributor's value is ``{"all": A, "each": {node: S}}``; node n gets
+  ``{"all": A, "mine": S_n}`` (that node decided something for each node);
 - ``group_rank``: the value is a group key; node n gets its position among its group's
   nodes, the group's size and the largest group's size.
 
@@ -124,11 +125,13 @@ def _intersect(values: dict[int, Any]) -> Result:
 
 
 def _gather0(values: dict[int, Any]) -> Result:
-    return None, {0: {str(n): v for n, v in sorted(values.items())}}
+    """To the lowest contributor: node 0, or the member that hosts the hub after it (``succession``)."""
+    lead = min(values, default=0)
+    return None, {lead: {str(n): v for n, v in sorted(values.items())}}
 
 
 def _scatter0(values: dict[int, Any]) -> Result:
-    decided = values.get(0) or {}
+    decided = values.get(min(values, default=0)) or {}
     each = decided.get("each") or {}
     everyone = decided.get("all")
     return {"all": everyone, "mine": None}, {int(n): {"all": everyone, "mine": s} for n, s in each.items()}

@@ -50,7 +50,9 @@ class IllegalTransition(RuntimeError):
 class Roster:
     """Node → status, with when each node was last heard and its host name (data the statuses do not carry)."""
 
-    def __init__(self, nnodes: int) -> None:
+    def __init__(self, nnodes: int, host: int = 0) -> None:
+        """``host``: the node whose mlaunch runs the hub (node 0, or its successor)."""
+        self.host = host
         self.status: dict[int, NodeStatus] = dict.fromkeys(range(nnodes), NodeStatus.MEMBER)
         self.seen: dict[int, float] = {}  # node → when it was last heard (monotonic)
         self.hosts: dict[int, str] = {}
@@ -107,11 +109,23 @@ class Roster:
     def lose(self, node: int) -> None:
         self._move(node, (NodeStatus.MEMBER,), NodeStatus.LOST)
 
+    def inherit(self, members: tuple[int, ...], gone: tuple[int, ...], now: float) -> None:
+        """A successor's hub (``succession``): the last membership, its silent hubs left out, the rest heard now.
+
+        Heard now: a member that is gone as well is judged by its silence from here (``node_timeout``),
+        never waited for as one that never started."""
+        self.status = dict.fromkeys(members, NodeStatus.MEMBER)
+        self.seen = {node: now for node in members}
+        self._derive()
+        for node in gone:
+            if self.status.get(node) is NodeStatus.MEMBER:
+                self.leave_out(node)
+
     # -- questions ----------------------------------------------------------------------------------
     def everyone_left(self) -> bool:
-        """Every other node that was heard said bye, was left out or is lost (none heard: at once)."""
-        status = self.status
-        return not any(node != 0 and status.get(node) in LISTENING for node in self.seen)
+        """Every node but the hub's own that was heard said bye, was left out or is lost (none heard: at once)."""
+        status, host = self.status, self.host
+        return not any(node != host and status.get(node) in LISTENING for node in self.seen)
 
     def _move(self, node: int, sources: tuple[NodeStatus | None, ...], target: NodeStatus | None) -> None:
         now = self.status.get(node)

@@ -88,7 +88,8 @@ def start_generation(
     deadline = started + WAIT
     mine = captured.holding(node, renumber).to_wire() if captured is not None else None
     gathered = exchange(topics.replica_save(attempt, "have"), {"addr": addr, "have": mine}, deadline, "gather0")
-    decided = _decide(gathered or {}, captured) if node == 0 else {}
+    lead = gathered is not None  # the lowest member gets the gather (node 0, or the next once it is lost)
+    decided = _decide(gathered, captured) if lead else {}
     got = exchange(topics.replica_save(attempt, "plan"), decided, deadline, "scatter0") or {}
     shared, own = got.get("all") or {}, got.get("mine") or {}
     buddy = str(own.get("buddy") or "")
@@ -106,7 +107,7 @@ def start_generation(
     all_sizes = exchange(
         topics.replica_save(attempt, "done"), {str(i): n for i, n in sizes.items()}, deadline, "gather0"
     )
-    path = _commit(tmp, verdict, all_sizes or {}, captured, attempt) if node == 0 else None
+    path = _commit(tmp, verdict, all_sizes or {}, captured, attempt) if lead else None
     step = exchange(
         topics.replica_save(attempt, "committed"), verdict.step if path is not None else -1, deadline, "max"
     )

@@ -2,8 +2,9 @@
 
 The platform numbers its nodes once (``VC_TASK_INDEX``, ``--rank``, ``SLURM_NODEID`` ...). When an
 elastic job leaves a node out or takes one back, the job's node ranks are the members' positions
-in the sorted list of their platform indexes: node 0 (the master, the control plane's hub) stays
-node 0, the others close up. Everything a rank reads about the job's shape must say the same:
+in the sorted list of their platform indexes: the lowest member (node 0 while it is in the job; the
+next one once it is lost: ``control.succession``) is node rank 0 and hosts the rendezvous master,
+the others close up. Everything a rank reads about the job's shape must say the same:
 ``RANK``/``WORLD_SIZE``/``NODE_RANK`` come from the engine's plan of the resized cluster, and the
 platform's own variables that a script may read (``MA_NUM_HOSTS``, ``VC_TASK_INDEX``,
 ``VC_WORKER_HOSTS``, ``PET_NNODES`` ...) are restated for the ranks (``Cluster.rank_env``), each
@@ -68,14 +69,16 @@ def resize(platform: Cluster, members: Sequence[int]) -> Cluster:
     """The platform's cluster with only ``members`` (platform indexes, this node among them) in the job."""
     ordered = sorted(set(members))
     me = platform.node_rank
-    if me not in ordered or 0 not in ordered:
-        raise ValueError(f"node {me} cannot run as a member of {ordered} (node 0 and this node must be in it)")
+    if me not in ordered:
+        raise ValueError(f"node {me} cannot run as a member of {ordered} (this node must be in it)")
     if ordered == list(range(platform.nnodes)):
         return replace(platform, members=None, rank_env={})
     hosts = [platform.host_of(index) for index in ordered]
     rank = ordered.index(me)
+    master = platform.master_addr if ordered[0] == 0 else hosts[0]  # the lowest member hosts it (``succession``)
     return replace(
         platform,
+        master_addr=master,
         nnodes=len(ordered),
         node_rank=rank,
         hosts=hosts,

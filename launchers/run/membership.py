@@ -19,7 +19,9 @@ meeting, who is admitted, and the job's restart count. Then, per generation:
 
 A node whose mlaunch starts while the job runs is a candidate: it starts no ranks, says so, and
 waits to be admitted (``elastic.grow``: at the next meeting, or node 0 makes one right after the
-next committed checkpoint). Node 0 never leaves: it hosts the hub and the rendezvous master.
+next committed checkpoint). No node is special: when the node hosting the hub (node 0 at first) is
+lost, the hub and the rendezvous master move to the lowest surviving member (``control.succession``)
+and the meeting there re-forms the job as after any node's loss.
 """
 
 from __future__ import annotations
@@ -98,19 +100,18 @@ class ElasticMembership:
 
 
 NODE0_LOST = (
-    "an elastic job cannot go on without node 0: it hosts the control plane (the hub every node meets at) "
-    "and the rendezvous master; the job ends on every node, as without a range — start it again "
-    "(or let the platform restart node 0's pod and the job) to resume from the newest committed step. "
-    "(From here a lost node 0 and this node cut off from the others look the same: if only this node's "
-    "link failed, the others go on without it and this node can rejoin by starting its mlaunch again.)"
+    "the control plane's hub (node {hub}) is lost and could not move to another node: the nodes left would "
+    "be fewer than the elastic minimum or hold no strict majority of the last membership (the others may "
+    "be going on without this node), or the platform names no host list to move it to; the job ends here "
+    "— if the others go on, this node can rejoin by starting its mlaunch again"
 )
 
 
 def _say_if_node0_lost(events: JobEvents) -> None:
-    """Node 0 lost: why the range does not help (the others stop, as a job without one does)."""
+    """The hub lost and it could not move (``control.succession``): why the range does not help here."""
     lost = events.lost
-    if lost is not None and lost.node == 0 and not lost.out and events.node != 0:
-        say(NODE0_LOST)
+    if lost is not None and not lost.out and lost.node != events.node and lost.host.startswith("the master"):
+        say(NODE0_LOST.format(hub=lost.node))
 
 
 def _meeting_wait(job: Job) -> float:
