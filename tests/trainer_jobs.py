@@ -59,8 +59,18 @@ def job_yaml(
 
 def extensions_dir(python: Path) -> Path:
     """Where DeepSpeed builds its C++ op (shm_comm, at start-up): beside the cached venv, so a machine whose
-    test cache survives (``$MLAUNCH_TEST_CACHE``) builds it once, as it installs the venv once."""
-    return python.parent.parent / "torch_extensions"
+    test cache survives (``$MLAUNCH_TEST_CACHE``) builds it once, as it installs the venv once.
+
+    A build that was killed leaves torch's ``lock`` file behind, and every later build waits on it for
+    ever (a test run interrupted mid-build made each DeepSpeed test time out after 300 s): a lock older
+    than any build (10 minutes) is removed, and said."""
+    where = python.parent.parent / "torch_extensions"
+    for lock in where.glob("*/lock"):
+        with contextlib.suppress(OSError):
+            if time.time() - lock.stat().st_mtime > 600:
+                lock.unlink()
+                print(f"removed a stale torch extension build lock: {lock}", file=sys.stderr)
+    return where
 
 
 @dataclass
