@@ -80,7 +80,30 @@ def slow_enabled(config: pytest.Config) -> bool:
     )
 
 
+# The files that take longest (minutes of real frameworks and netns hosts), longest first. ``-n auto
+# --dist loadfile`` hands whole files to the workers in collection order: collected last, a long file
+# ran alone at the end while the other worker idled (test_trainers.py: the last ~8 minutes of a run).
+LONGEST_FIRST = (
+    "test_trainers.py",
+    "test_chaos.py",
+    "test_membership_hosts.py",
+    "test_chaos_storm.py",
+    "test_slurm_real.py",
+    "test_resume_hosts.py",
+    "test_hang_auto.py",
+    "test_trainers_zero3.py",
+    "test_hub_moves_hosts.py",
+    "test_replicas_hosts.py",
+    "test_job_control_hosts.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def longest_first(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=longest_first)  # stable: the rest keep their order
     if slow_enabled(config):
         return
     skip = pytest.mark.skip(reason="slow suite: run with --slow, MLAUNCH_SLOW=1 or CI=true")
