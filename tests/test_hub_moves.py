@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from plane_helpers import together, until
 
 from launchers.control import messages as m
 from launchers.control.effects import Broadcast, Drop
@@ -111,28 +112,6 @@ def plane(elastic: tuple[int, int] | None, hosts: tuple[str, ...] = LOOP) -> Ite
     finally:
         for events in reversed(nodes):
             events.close(0)
-
-
-def until(check: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    return check()
-
-
-def together(nodes: list[Any], call: Any) -> list[Any]:
-    import threading
-
-    results: dict[int, Any] = {}
-    threads = [threading.Thread(target=lambda i=i, n=n: results.__setitem__(i, call(n))) for i, n in enumerate(nodes)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return [results[i] for i in range(len(nodes))]
 
 
 def meet(nodes: list[Any], key: str, generation: int) -> list[Any]:
