@@ -49,7 +49,7 @@ def rebuilt_layout(model: DistributedDataParallel) -> list[list[int]] | None:
     if unreadable(model):
         return None
     try:
-        if not model._get_ddp_logging_data().get("has_rebuilt_buckets"):
+        if not has_rebuilt(model):
             return None
         buckets = current_layout(model)
     except (AttributeError, KeyError, RuntimeError, TypeError):
@@ -57,6 +57,26 @@ def rebuilt_layout(model: DistributedDataParallel) -> list[list[int]] | None:
         return None
     setattr(model, _CACHE, buckets)
     return buckets
+
+
+def has_rebuilt(model: DistributedDataParallel) -> bool:
+    """Whether DDP has rebuilt its buckets: its own flag, set the moment it rebuilds (second forward).
+
+    DDP's logging data says so only from the forward after that (it is refreshed before the rebuild), so a
+    step staged right after the rebuilding step had no layout and its resume reduced with the constructor's.
+    """
+    flag = getattr(model, "_has_rebuilt_buckets", None)
+    if isinstance(flag, bool):
+        return flag
+    return bool(model._get_ddp_logging_data().get("has_rebuilt_buckets"))
+
+
+def rebuild_pending(model: DistributedDataParallel) -> bool:
+    """True between DDP's first forward and its rebuild: the layout its next step reduces with is not known yet
+    (DDP computes it from the order the first backward's gradients became ready, inside the next forward)."""
+    if getattr(model, "_has_rebuilt_buckets", True) is not False or not getattr(model, "_lazy_init_ran", False):
+        return False
+    return bool(model.static_graph or not model.find_unused_parameters)  # find_unused keeps the constructor's
 
 
 def unreadable(model: DistributedDataParallel) -> bool:
@@ -84,7 +104,7 @@ def layout(model: DistributedDataParallel) -> list[list[int]] | None:
         return cached
     try:
         rebuilt = reducer._rebuild_buckets()
-        if not rebuilt and not model._get_ddp_logging_data().get("has_rebuilt_buckets"):
+        if not rebuilt and not has_rebuilt(model):
             return None  # no backward yet: the next step still uses the constructor's layout
         buckets = current_layout(model)
     except (AttributeError, KeyError, RuntimeError, TypeError):

@@ -12,6 +12,8 @@ Scripts stage ``model.module.state_dict()``, not the DDP wrapper, so the layout 
   collective: a model whose rebuild is still pending (only its first step done) has none yet. The models
   are found by creation order: ``DistributedDataParallel.__init__`` is wrapped the first time this runs
   (earlier ones are found once through the garbage collector's list).
+  A model between its first forward and that rebuild (a shard staged after the job's first step) is marked
+  pending: its layout cannot be known without the collective the rebuild is, and the resume says so.
 - ``resumed(shard)`` (one line where ``load_latest`` settles on a checkpoint) reads that header and gives each
   DDP model of this process — built before or after the load — its recorded layout in a forward pre-hook,
   so before its first step. The n-th DDP model built gets the n-th layout recorded (the same script builds
@@ -32,6 +34,12 @@ from pathlib import Path
 from typing import Any
 
 _KEY = "ddp_buckets"  # in a shard's header: [{"index", "params", "buckets"}] per DDP model
+_PENDING_KEY = "ddp_buckets_pending"  # creation indices of the DDP models whose rebuild was still pending
+PENDING = (
+    "resuming from step {step}, staged after its DDP model's first iteration: DDP had not yet rebuilt its "
+    "gradient buckets, so the layout its next step reduced with is unknown here; the resumed run may differ from "
+    "an uninterrupted one in the last bits (with more than two ranks)"
+)
 _lock = threading.Lock()
 _models: list[weakref.ReferenceType[Any]] = []  # every DDP model of this process, in creation order
 _tracking = False
@@ -47,7 +55,7 @@ def header() -> dict[str, Any]:
     _track(ddp)
     from launchers.elastic import ddp_buckets
 
-    entries = []
+    entries, pending = [], []
     for index, ref in enumerate(list(_models)):
         model = ref()
         if model is None:
@@ -56,9 +64,11 @@ def header() -> dict[str, Any]:
         if buckets is None:
             if ddp_buckets.unreadable(model):
                 _say_once("read", ddp_buckets.UNREADABLE)
+            elif ddp_buckets.rebuild_pending(model):
+                pending.append(index)
             continue
         entries.append({"index": index, "params": sum(len(b) for b in buckets), "buckets": buckets})
-    return {_KEY: entries} if entries else {}
+    return {**({_KEY: entries} if entries else {}), **({_PENDING_KEY: pending} if pending else {})}
 
 
 def resumed(shard: Path) -> None:
@@ -69,9 +79,12 @@ def resumed(shard: Path) -> None:
     from launchers.elastic.format import shardfile
 
     try:
-        entries = shardfile.read_meta(shard).get(_KEY) or []  # the JSON header only
+        meta = shardfile.read_meta(shard)  # the JSON header only
     except (OSError, ValueError):
         return
+    entries = meta.get(_KEY) or []
+    if meta.get(_PENDING_KEY):
+        _say_once("pending", PENDING.format(step=meta.get("step", "?")))
     _track(ddp)
     with _lock:
         _pending.clear()

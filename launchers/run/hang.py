@@ -47,13 +47,16 @@ from launchers.observe import hang_limit
 from launchers.outcome import Failure
 from launchers.plan import LaunchPlan
 from launchers.procs import STOPPED_STATES, process_state
-from launchers.run.hang_stacks import answered_stack_request, log_marks, read_log_from
+from launchers.run.hang_stacks import DUMP_WAIT, answered_stack_request, log_marks, read_log_from
 from launchers.run.hang_stacks import dump_stacks as dump_stacks
 from launchers.run.hang_stacks import innermost_frame as innermost_frame
 from launchers.run.streams import Worker
 
 HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryable for exit-code restart policies
-WAITER_DEFER = hang_limit.WAITER_DEFER  # seconds a node whose hung ranks all wait in a collective leaves to others
+# Seconds a node whose hung ranks all wait in a collective leaves to the culprit's node: that node judges its
+# sleeper at about the same moment, then asks for stacks (up to DUMP_WAIT when a rank is slow to answer) before
+# its declaration travels; a shorter wait let a loaded waiter's node declare its own waiting rank first (seen in CI).
+WAITER_DEFER = hang_limit.WAITER_DEFER + DUMP_WAIT
 
 
 # A rank that reported completion (``elastic.finished()``, the integrations' ``finish()``) and has not exited yet is
