@@ -6,8 +6,15 @@ lacks it after DDP's rebuild makes the resumed run differ from the uninterrupted
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +40,7 @@ def group() -> Iterator[None]:
         ddp_layouts.forget_models()
 
 
-def _step(model: torch.nn.Module) -> None:
+def _step(model: Any) -> None:
     model(torch.ones(4, 8)).sum().backward()
 
 
@@ -59,3 +66,20 @@ def test_find_unused_parameters_keeps_the_constructors_layout_and_is_never_pendi
     _step(model)
     _step(model)
     assert ddp_layouts.header() == {}
+
+
+def test_a_job_grown_from_two_ranks_to_three_reduces_with_one_layout_on_every_rank(tmp_path: Path) -> None:
+    """The new rank 2 has no shard of its own in the 2-rank checkpoint: it once read no layout while ranks 0-1 set
+    the recorded one, and its reducer ordered the bucket unlike theirs — gloo then summed one parameter's gradient
+    into another's, silently (seen in a chaos storm as a later resize refusing the "replicated" state that had
+    drifted apart). Real gloo ranks on loopback (``tests/scripts/ddp_grow_layout.py``)."""
+    script = Path(__file__).resolve().parent / "scripts" / "ddp_grow_layout.py"
+    env = {**os.environ, "PYTHONPATH": str(script.parent.parent.parent)}
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    said = [json.loads(m) for m in re.findall(r'\{"rank": \d, "layout": [^}]*\}', done.stdout)]
+    assert sorted(s["rank"] for s in said) == [0, 1, 2], done.stdout
+    layouts = {json.dumps(s["layout"]) for s in said}
+    assert len(layouts) == 1, said

@@ -14,7 +14,9 @@ Scripts stage ``model.module.state_dict()``, not the DDP wrapper, so the layout 
   (earlier ones are found once through the garbage collector's list).
   A model between its first forward and that rebuild (a shard staged after the job's first step) is marked
   pending: its layout cannot be known without the collective the rebuild is, and the resume says so.
-- ``resumed(shard)`` (one line where ``load_latest`` settles on a checkpoint) reads that header and gives each
+- ``recorded(shard)`` then ``resumed(...)`` (where ``load_latest`` settles on a checkpoint) read one header — the
+  lowest saved rank's, the same file on every rank, so a grown job's new ranks set what the others set; the
+  ranks compare what they read (``Recorded.digest``) before any sets it — and give each
   DDP model of this process — built before or after the load — its recorded layout in a forward pre-hook,
   so before its first step. The n-th DDP model built gets the n-th layout recorded (the same script builds
   its models in the same order); a model whose parameters do not match is left alone, said once.
@@ -27,9 +29,12 @@ Importing this module imports no torch; it works only in a process that already 
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import weakref
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,10 @@ PENDING = (
     "resuming from step {step}, staged after its DDP model's first iteration: DDP had not yet rebuilt its "
     "gradient buckets, so the layout its next step reduced with is unknown here; the resumed run may differ from "
     "an uninterrupted one in the last bits (with more than two ranks)"
+)
+DISAGREE = (
+    "the ranks read different DDP gradient bucket layouts from the checkpoint: none is set (each DDP keeps the "
+    "constructor's), and the resumed run may differ from an uninterrupted one in the last bits"
 )
 _lock = threading.Lock()
 _models: list[weakref.ReferenceType[Any]] = []  # every DDP model of this process, in creation order
@@ -71,24 +80,51 @@ def header() -> dict[str, Any]:
     return {**({_KEY: entries} if entries else {}), **({_PENDING_KEY: pending} if pending else {})}
 
 
-def resumed(shard: Path) -> None:
-    """After ``load_latest`` chose a checkpoint: give each DDP model its layout recorded in ``shard``."""
-    ddp = _ddp_class()
-    if ddp is None or not shard.is_file():
-        return
+@dataclass(frozen=True)
+class Recorded:
+    """The DDP layouts one shard's header recorded: what ``resumed`` sets, and what every rank must agree on."""
+
+    entries: tuple[dict[str, Any], ...] = ()
+    pending_at: int | None = None  # the step of a shard staged while a rebuild was pending
+
+    def digest(self) -> int:
+        """A number equal on two ranks exactly when they would set the same layouts (CRC-32 of the entries)."""
+        return zlib.crc32(json.dumps(list(self.entries), sort_keys=True).encode())
+
+
+def recorded(shard: Path) -> Recorded:
+    """The layouts recorded in ``shard``'s header (the JSON header only); empty when none or unreadable."""
+    if _ddp_class() is None or not shard.is_file():
+        return Recorded()
     from launchers.elastic.format import shardfile
 
     try:
-        meta = shardfile.read_meta(shard)  # the JSON header only
+        meta = shardfile.read_meta(shard)
     except (OSError, ValueError):
+        return Recorded()
+    pending = meta.get("step", -1) if meta.get(_PENDING_KEY) else None
+    return Recorded(tuple(meta.get(_KEY) or ()), pending)
+
+
+def resumed(layouts: Recorded, agreed: bool = True) -> None:
+    """After ``load_latest`` chose a checkpoint: give each DDP model the layout ``layouts`` recorded for it.
+
+    ``agreed`` False (the ranks read different layouts: ``resume`` compares ``digest()`` across them) sets
+    none and says so: a reducer whose buckets order the parameters unlike its peers' sums one parameter's
+    gradient into another's, silently (a grown job's new ranks once read no layout while the others did).
+    """
+    ddp = _ddp_class()
+    if ddp is None:
         return
-    entries = meta.get(_KEY) or []
-    if meta.get(_PENDING_KEY):
-        _say_once("pending", PENDING.format(step=meta.get("step", "?")))
+    if layouts.pending_at is not None:
+        _say_once("pending", PENDING.format(step=layouts.pending_at))
+    if not agreed:
+        _say_once("disagree", DISAGREE)
+        return
     _track(ddp)
     with _lock:
         _pending.clear()
-        _pending.update({int(e["index"]): e for e in entries})
+        _pending.update({int(e["index"]): e for e in layouts.entries})
         models = list(enumerate(_models))
     for index, ref in models:
         model = ref()

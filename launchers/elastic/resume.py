@@ -92,7 +92,7 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
             raise CheckpointError(f"cannot load step {item.step}: {why}")
         if ok:
             ckpt.loaded = item
-            ddp_layouts.resumed(item.shard(rank))  # DDP's bucket layouts, set before the first step (issue 48)
+            _resume_ddp_layouts(coll, item, world)
             rank_segment.update_status(rank, world, committed_step=item.step)
             return got.value
         why = got.error or "another rank cannot read its part (see its message)"
@@ -103,6 +103,22 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
     if candidates:
         return _start_over(ckpt, rank, world, candidates[0].step, tried)
     return None
+
+
+def _resume_ddp_layouts(coll: collective.Collective, item: layout.Committed, world: int) -> None:
+    """DDP's bucket layouts, set before the first step (issue 48), the same on every rank.
+
+    Read from the lowest saved rank's shard (a grown job's new ranks have none of their own), and set only
+    when every rank read the same: DDP's own rebuild broadcasts rank 0's layout for the same reason.
+    """
+    saved = sorted(int(r) for r in item.manifest["shards"])
+    layouts = ddp_layouts.recorded(item.shard(saved[0])) if saved else ddp_layouts.Recorded()
+    agreed = True
+    if world > 1:
+        digest = layouts.digest()
+        low, high = coll.all_reduce([digest, -digest], "min")
+        agreed = low == -high
+    ddp_layouts.resumed(layouts, agreed)
 
 
 def _unseen(ckpt: Checkpointer, highest: int, mine: int) -> str:
