@@ -65,11 +65,11 @@ def test_a_short_storm_of_every_class_loses_nothing(tmp_path: Path) -> None:
 
 
 def test_a_short_same_membership_storm_ends_as_its_fault_free_twin(tmp_path: Path) -> None:
-    """6 faults that keep the membership (seed 35: kill -9 of a rank and of a standby, a slow node, a link flap,
-    SIGTERM to node 0's mlaunch, a hang), 3 hosts × 1 rank (3 ranks: DDP's bucket layout decides gloo's
-    summation order), then the same job without faults to the same last step: nothing lost, and the final
-    parameters equal bit for bit (the worker stages ``model.module.state_dict()``; before ``ddp_layouts`` each
-    restart's first step reduced with DDP's constructor layout and the digests differed)."""
+    """6 faults that keep the membership (seed 35: a link flap, SIGTERM to every mlaunch, kill -9 of a rank and of a
+    standby, a full disk, a hang; node 0's loss is a shrink since the hub moves), 3 hosts × 1 rank (3 ranks:
+    DDP's bucket layout decides gloo's summation order), then the same job without faults to the same last step:
+    nothing lost, and the final parameters equal bit for bit (the worker stages ``model.module.state_dict()``;
+    before ``ddp_layouts`` each restart's first step reduced with DDP's constructor layout and the digests differed)."""
     report = storm(
         tmp_path, "--faults", "6", "--seed", "35", "--spacing", "3", "--nproc", "1", "--same-membership", timeout=600
     )

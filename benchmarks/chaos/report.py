@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.chaos.observe import Event
-from benchmarks.chaos.schedule import CLASSES, NODE_LOSS
+from benchmarks.chaos.schedule import CLASSES, RESIZES
 
 
 def pace(events: Sequence[Event]) -> float | None:
@@ -101,7 +101,7 @@ def build(
         name: [e.values for e in run["events"] if e.kind == "final"]
         for name, run in (("storm", storm), ("baseline", baseline))
     }
-    same_membership = not any(f["kind"] in NODE_LOSS or f["kind"] == "comeback" for f in faults)
+    same_membership = not any(f["kind"] in RESIZES for f in faults)
     equal = None
     if same_membership and finals["storm"] and finals["baseline"]:
         equal = finals["storm"][-1] == finals["baseline"][-1]
