@@ -93,6 +93,7 @@ LONGEST_FIRST = (
     "test_hang_auto.py",
     "test_trainers_zero3.py",
     "test_hub_moves_hosts.py",
+    "test_exact_hosts.py",
     "test_replicas_hosts.py",
     "test_job_control_hosts.py",
 )
