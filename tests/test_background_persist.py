@@ -313,3 +313,41 @@ def test_two_hosts_agree_through_the_control_plane(tmp_path: Path) -> None:
             state, meta = shardfile.read_file(item.shard(rank))
             assert meta["step"] == item.step and meta["rank"] == rank and state["step"] == item.step
     assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".tmp")], text
+
+
+def test_a_full_disk_fails_steps_counted_and_the_next_multiple_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full checkpoint filesystem (a real, small tmpfs): each step that cannot be written is handed to the
+    supervisor's tick (``take_failed``: counted in status.json and events.jsonl), nothing partial stays, and once
+    space is back the next multiple of ``persist_every`` commits — the run never gives up on persisting."""
+    from elastic_testlib import fill, tmpfs
+
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(tmp_path))
+    with tmpfs(tmp_path / "ckpt", "1m") as mount:
+        if mount is None:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        seg = staging.Segment(staging.segment_path("full", 0), 0, 1, 0)
+        seg.set_target(str(mount), 3)
+
+        def stage(step: int) -> None:
+            seg.stage(step, shardfile.encode({"w": np.full(1 << 14, step, dtype=np.int64)}, {"step": step}))
+
+        persister = BackgroundPersist("full", 0, _torn_plan(tmp_path), 5)
+        filler = fill(mount)
+        stage(4)
+        persister.tick()
+        time.sleep(0.5)
+        stage(5)
+        failed: list[tuple[int, str]] = []
+        assert wait_for(lambda: failed.extend(persister.take_failed()) or failed, 10)
+        assert failed[0][0] == 5 and "No space left on device" in failed[0][1], failed
+        filler.unlink()
+        for step in range(6, 11):
+            stage(step)
+        assert wait_for(lambda: persister.committed, 10)
+        persister.stop()
+        seg.close()
+        assert persister.committed == [10] and [item.step for item in layout.committed(mount)] == [10]
+        assert not [p for p in mount.iterdir() if p.name.endswith(".tmp")]
+        assert persister.take_failed() == []  # each failure is handed over once

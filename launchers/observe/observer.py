@@ -90,6 +90,7 @@ class JobObserver:
         self.members: dict[str, Any] | None = None  # an elastic job's newest membership change
         self.started_over: dict[str, Any] | None = None  # an attempt that trained from scratch over committed work
         self.recompute_warnings: list[str] = []  # the goodput report's warnings (``goodput.recompute_warnings``)
+        self.persist_failures: dict[str, Any] = {}  # mlaunch's own writes that failed (a full disk...): counted, said
         self.node_extra: dict[
             str, Any
         ] = {}  # this node's own figures beside its ranks (replication: persist/replication.py)
@@ -273,6 +274,19 @@ class JobObserver:
             self.clock.committed(step, source)
             self.log.write("checkpoint", attempt=self.attempt, step=step, source=source)
 
+    def persist_failed(self, source: str, step: int | None, error: str) -> None:
+        """A write mlaunch does for the ranks failed (``source``: flash, background), e.g. on a full disk.
+
+        Nothing is committed by it; the job goes on (the background persist tries the next multiple of
+        ``persist_every``, a restart resumes from the newest committed step): counted by source in
+        ``status.json`` (``persist_failures``, also in this node's entry) and one ``persist_failed`` event each.
+        """
+        counts = self.persist_failures.setdefault("counts", {})
+        counts[source] = counts.get(source, 0) + 1
+        self.persist_failures["last"] = {"source": source, "step": step, "error": error, "time": round(time.time(), 3)}
+        self.node_extra["persist_failures"] = dict(counts)
+        self.log.write("persist_failed", attempt=self.attempt, source=source, step=step, error=error)
+
     def _publish(self) -> None:
         tracker = self.tracker
         if tracker is None:
@@ -319,6 +333,8 @@ class JobObserver:
             status["started_over"] = self.started_over
         if self.recompute_warnings:
             status["recompute_warnings"] = self.recompute_warnings
+        if self.persist_failures:
+            status["persist_failures"] = self.persist_failures
         if self.metrics is not None:
             status["metrics"] = self.metrics.state
         if not self.simulated and self.node == 0:

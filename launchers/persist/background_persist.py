@@ -84,6 +84,7 @@ class BackgroundPersist:
         self.exchange = exchange
         self.key = f"a{attempt}p{plan.master_port}"
         self.committed: list[int] = []  # steps this node committed (node 0) or wrote (others)
+        self.failed: list[tuple[int, str]] = []  # (step, why) of each write or commit that failed: the tick counts them
         self._cancel = threading.Event()
         self._commit_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -112,6 +113,11 @@ class BackgroundPersist:
         if self._thread is not None:
             self._thread.join(wait)
         self._drain()
+
+    def take_failed(self) -> list[tuple[int, str]]:
+        """The failures since the last call (the supervisor's thread counts them; the writer only appends)."""
+        taken, self.failed[:] = list(self.failed), []
+        return taken
 
     def _drain(self) -> None:
         while True:
@@ -252,7 +258,12 @@ class BackgroundPersist:
                 sizes[rank] = write_image(str(tmp / layout.shard_name(rank)), captured.images.pop(rank), self._cancel)
         except (OSError, InterruptedError) as exc:
             if not isinstance(exc, InterruptedError):
-                self._once("write", f"background persist of step {step} failed: {exc}")
+                self.failed.append((step, str(exc)))
+                self._once(
+                    "write",
+                    f"background persist of step {step} failed: {exc}; the next multiple of persist_every is tried "
+                    "(every failure is counted: status.json's persist_failures, events.jsonl's persist_failed)",
+                )
             self._discard(tmp)
             return None, {}
         return tmp, sizes
@@ -275,6 +286,7 @@ class BackgroundPersist:
                     **captured.lineage,
                 )
             except OSError as exc:
+                self.failed.append((captured.step, str(exc)))
                 self._once("commit", f"background persist could not commit step {captured.step}: {exc}")
                 self._discard(tmp)
                 return

@@ -35,9 +35,11 @@ class FlashHook:
         exchange: Exchange | None = None,
         quiesce: Callable[[], None] | None = None,
         on_commit: Callable[[int, str], None] | None = None,
+        on_failed: Callable[[str, int | None, str], None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.on_commit = on_commit  # the status view, events.jsonl and goodput: the ranks never report this commit
+        self.on_failed = on_failed  # a save that failed (a full disk...): counted in the status view and events.jsonl
         self.quiesce = quiesce  # stops the background persist (persist_every) before the dying save
         self.exchange = exchange  # the control plane's, when other nodes' mlaunch save their own ranks
         self.attempt = attempt
@@ -118,6 +120,8 @@ class FlashHook:
         if result.status not in ("skipped", "unstaged"):  # "nothing": ranks staged, yet no step can be saved: say why
             where = f" ({result.path})" if result.path else ""
             say(f"flash save {when}: {result.message}{where}")
+        if result.status == "failed" and self.on_failed is not None:
+            self.on_failed("flash", result.step, result.message)
         if result.status in ("committed", "written") and result.step is not None and self.on_commit is not None:
             self.on_commit(result.step, "flash")  # written: this node's shards, node 0 commits them for all
         return result

@@ -85,7 +85,17 @@ def run_attempt(
         run.replicas.begin(plan, attempt, exchange)
     background = _background_persist(job, plan, attempt, run.run_id, exchange)
     quiesce = background.stop if background else None
-    flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)
+    observer = run.observer
+    flash = FlashHook(
+        run.run_id,
+        attempt,
+        plan,
+        grace,
+        exchange,
+        quiesce,
+        on_commit=observer.mlaunch_committed,
+        on_failed=observer.persist_failed,
+    )
     run.observer.attempt_started(plan, attempt)
     try:
         supervisor = Supervisor(
@@ -176,7 +186,12 @@ def _background_ticks(background: BackgroundPersist | None, observer: JobObserve
     """The background writer's tick, and its commits into the status view (the ranks never report them)."""
     if background is None:
         return []
-    return [background.tick, lambda: observer.background_committed(background.committed)]
+
+    def failed() -> None:
+        for step, why in background.take_failed():
+            observer.persist_failed("background", step, why)
+
+    return [background.tick, lambda: observer.background_committed(background.committed), failed]
 
 
 def _replica_ticks(run: RunContext) -> list[Callable[[], None]]:
