@@ -340,7 +340,12 @@ def test_a_full_disk_fails_steps_counted_and_the_next_multiple_commits(
         time.sleep(0.5)
         stage(5)
         failed: list[tuple[int, str]] = []
-        assert wait_for(lambda: failed.extend(persister.take_failed()) or failed, 10)
+
+        def some_failed() -> bool:
+            failed.extend(persister.take_failed())
+            return bool(failed)
+
+        assert wait_for(some_failed, 10)
         assert failed[0][0] == 5 and "No space left on device" in failed[0][1], failed
         filler.unlink()
         for step in range(6, 11):
