@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from launchers.log import say
 from launchers.observe import goodput, hang_limit
 from launchers.observe.events_log import EventLog
+from launchers.observe.persist_failures import PersistFailures
 from launchers.observe.progress_log import ProgressLog
 from launchers.observe.status_file import job_status, node_entry, rank_entry, write_status
 from launchers.observe.steps import StepTracker
@@ -90,10 +91,8 @@ class JobObserver:
         self.members: dict[str, Any] | None = None  # an elastic job's newest membership change
         self.started_over: dict[str, Any] | None = None  # an attempt that trained from scratch over committed work
         self.recompute_warnings: list[str] = []  # the goodput report's warnings (``goodput.recompute_warnings``)
-        self.persist_failures: dict[str, Any] = {}  # mlaunch's own writes that failed (a full disk...): counted, said
-        self.node_extra: dict[
-            str, Any
-        ] = {}  # this node's own figures beside its ranks (replication: persist/replication.py)
+        self.persist_failures = PersistFailures()  # mlaunch's own writes that failed (a full disk...)
+        self.node_extra: dict[str, Any] = {}  # this node's own figures beside its ranks (persist/replication.py)
         self.progress = ProgressLog(self.log, self.clock.started)  # the steps over time, for the timeline
         self.metrics: MetricsHook | None = None
         if job.metrics.port is not None:  # imported only when job.yaml turns it on
@@ -261,10 +260,7 @@ class JobObserver:
 
     def mlaunch_committed(self, step: int, source: str) -> None:
         """A step mlaunch committed for every rank (``source``: flash, background): the ranks never report it.
-
-        On a node other than 0 the step was written here and node 0 commits it (the flash save and
-        the background persist count "written" there as done, as node 0's commit follows).
-        """
+        On a node other than 0 it was written here and node 0 commits it ("written" counts as done there)."""
         if self.tracker is None:
             return
         for r in self.tracker.ranks.values():  # this node's ranks have it (node 0 committed it for all)
@@ -275,16 +271,9 @@ class JobObserver:
             self.log.write("checkpoint", attempt=self.attempt, step=step, source=source)
 
     def persist_failed(self, source: str, step: int | None, error: str) -> None:
-        """A write mlaunch does for the ranks failed (``source``: flash, background), e.g. on a full disk.
-
-        Nothing is committed by it; the job goes on (the background persist tries the next multiple of
-        ``persist_every``, a restart resumes from the newest committed step): counted by source in
-        ``status.json`` (``persist_failures``, also in this node's entry) and one ``persist_failed`` event each.
-        """
-        counts = self.persist_failures.setdefault("counts", {})
-        counts[source] = counts.get(source, 0) + 1
-        self.persist_failures["last"] = {"source": source, "step": step, "error": error, "time": round(time.time(), 3)}
-        self.node_extra["persist_failures"] = dict(counts)
+        """A write mlaunch does for the ranks failed (``source``: flash, background): counted, one event each."""
+        self.persist_failures.add(source, step, error)
+        self.node_extra["persist_failures"] = dict(self.persist_failures.counts)
         self.log.write("persist_failed", attempt=self.attempt, source=source, step=step, error=error)
 
     def _publish(self) -> None:
@@ -324,19 +313,15 @@ class JobObserver:
                 stragglers=sorted(self._stragglers),
             ),
         }
-        wire = self.events.wire_stats()  # node 0: strangers dropped on the control plane (issue 47)
-        if wire is not None:
-            status["control_plane"] = wire
-        if self.members is not None:
-            status["membership"] = self.members
-        if self.started_over is not None:
-            status["started_over"] = self.started_over
-        if self.recompute_warnings:
-            status["recompute_warnings"] = self.recompute_warnings
-        if self.persist_failures:
-            status["persist_failures"] = self.persist_failures
-        if self.metrics is not None:
-            status["metrics"] = self.metrics.state
+        optional = {
+            "control_plane": self.events.wire_stats(),  # node 0: strangers dropped on the control plane (issue 47)
+            "membership": self.members,
+            "started_over": self.started_over,
+            "recompute_warnings": self.recompute_warnings or None,
+            "persist_failures": self.persist_failures.status() or None,
+            "metrics": self.metrics.state if self.metrics is not None else None,
+        }
+        status.update({key: value for key, value in optional.items() if value is not None})
         if not self.simulated and self.node == 0:
             self._summarize(status)
         else:  # node 0's word on the job, beside this node's own ranks

@@ -85,17 +85,7 @@ def run_attempt(
         run.replicas.begin(plan, attempt, exchange)
     background = _background_persist(job, plan, attempt, run.run_id, exchange)
     quiesce = background.stop if background else None
-    observer = run.observer
-    flash = FlashHook(
-        run.run_id,
-        attempt,
-        plan,
-        grace,
-        exchange,
-        quiesce,
-        on_commit=observer.mlaunch_committed,
-        on_failed=observer.persist_failed,
-    )
+    flash = _flash_hook(run, plan, attempt, grace, exchange, quiesce)
     run.observer.attempt_started(plan, attempt)
     try:
         supervisor = Supervisor(
@@ -139,6 +129,21 @@ def run_attempt(
     roots = flash.checkpoint_dirs(job)
     _release_shared_memory(run)
     return outcome, roots
+
+
+def _flash_hook(
+    run: RunContext,
+    plan: LaunchPlan,
+    attempt: int,
+    grace: float,
+    exchange: Any,
+    quiesce: Callable[[], None] | None,
+) -> FlashHook:
+    """The flash save after a failure; its commits and its failures go to the status view and events."""
+    on = run.observer
+    return FlashHook(
+        run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=on.mlaunch_committed, on_failed=on.persist_failed
+    )
 
 
 def _release_shared_memory(run: RunContext) -> None:
