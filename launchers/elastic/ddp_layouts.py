@@ -71,15 +71,16 @@ def header() -> dict[str, Any]:
     return {**({_KEY: entries} if entries else {}), **({_PENDING_KEY: pending} if pending else {})}
 
 
-def resumed(shard: Path) -> None:
-    """After ``load_latest`` chose a checkpoint: give each DDP model its layout recorded in ``shard``."""
+def resumed(shard: Path, meta: dict[str, Any] | None = None) -> None:
+    """After ``load_latest`` chose a checkpoint: give each DDP model its layout recorded in ``shard`` (or ``meta``,
+    the shard's metadata when it was read from memory: a step still being committed has no file yet)."""
     ddp = _ddp_class()
-    if ddp is None or not shard.is_file():
+    if ddp is None or (meta is None and not shard.is_file()):
         return
     from launchers.elastic.format import shardfile
 
     try:
-        meta = shardfile.read_meta(shard)  # the JSON header only
+        meta = meta if meta is not None else shardfile.read_meta(shard)  # the JSON header only
     except (OSError, ValueError):
         return
     entries = meta.get(_KEY) or []

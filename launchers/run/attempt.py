@@ -34,6 +34,7 @@ from launchers.standby.standby_pool import StandbyPool
 if TYPE_CHECKING:
     from launchers.control import JobEvents
     from launchers.persist.background_persist import BackgroundPersist
+    from launchers.persist.commit_beside import CommitBeside
     from launchers.persist.flash_save import Exchange
     from launchers.persist.replication import Replication
     from launchers.run.in_place import Survivors
@@ -52,6 +53,7 @@ class RunContext:
     standbys: StandbyPool | None = None
     replicas: Replication | None = None  # machine-loss replication (checkpoint.replicate, persist/replication.py)
     survivors: Survivors | None = None  # ranks kept through a peer's failure (``run.in_place``); None: never kept
+    beside: CommitBeside | None = None  # the flash save's commit beside an in-place recovery (with ``survivors``)
 
 
 def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
@@ -85,7 +87,9 @@ def run_attempt(
         run.replicas.begin(plan, attempt, exchange)
     background = _background_persist(job, plan, attempt, run.run_id, exchange)
     quiesce = background.stop if background else None
-    flash = FlashHook(run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed)
+    flash = FlashHook(
+        run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=run.observer.mlaunch_committed, beside=run.beside
+    )
     run.observer.attempt_started(plan, attempt)
     try:
         supervisor = Supervisor(
@@ -107,13 +111,18 @@ def run_attempt(
                 ),
                 on_failure=flash,
                 tick=ticks(
-                    monitor, run.observer.tick, *_background_ticks(background, run.observer), *_replica_ticks(run)
+                    monitor,
+                    run.observer.tick,
+                    *_background_ticks(background, run.observer),
+                    *_replica_ticks(run),
+                    *([run.beside.tick] if run.beside is not None else []),
                 ),
                 watchdog=run.watchdog,
             ),
             in_place=run.survivors is not None,
             adopt=run.survivors.take() if run.survivors is not None else None,
         )
+        flash.in_place = lambda: bool(supervisor.kept)  # survivors kept: the commit runs beside their recovery
         outcome = supervisor.run()
         _in_place_events(supervisor, run.survivors, run.observer, attempt)
     finally:
@@ -127,17 +136,20 @@ def run_attempt(
         run.replicas.end(outcome)  # before the segments go: a node that left leaves the survivors' slots to commit
     run.observer.attempt_ended(outcome)
     roots = flash.checkpoint_dirs(job)
-    _release_shared_memory(run)
+    _release_shared_memory(run, attempt)
     return outcome, roots
 
 
-def _release_shared_memory(run: RunContext) -> None:
+def _release_shared_memory(run: RunContext, attempt: int) -> None:
     """The attempt's staged state is persisted or obsolete, its progress files too; what recovers in place stays.
 
     Ranks kept through a peer's failure, and the failed rank's replacement, read the step the flash
-    save committed from the segments kept here (``ipc.kept_segments``), not from the checkpoint
-    directory; the last attempt's kept segments were read when its ranks started.
+    save decided from the segments kept here (``ipc.kept_segments``), not from the checkpoint
+    directory; the last attempt's kept segments were read when its ranks started, and go once the
+    commit beside that recovery (which reads them too) has ended.
     """
+    if run.beside is not None:
+        run.beside.release(attempt)
     staging.unlink_kept(run.run_id)
     if run.survivors:
         kept_segments.keep_for_next_attempt(run.run_id)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from launchers import stop_signals as early_signals
 from launchers.config.job import Job
-from launchers.elastic.ipc import completion, progress, recovery, staging
+from launchers.elastic.ipc import completion, kept_segments, progress, recovery, staging
 from launchers.log import say
 from launchers.observe.observer import JobObserver
 from launchers.outcome import Outcome, signal_name
@@ -81,14 +81,17 @@ def run_job(
     _sweep_dead_runs(run_id)
     watchdog = Watchdog(run_id).start()  # after the run's lock is taken: the watchdog holds it too
     standbys = _standby_pool(job, plan, run_id, watchdog)
+    beside = None
     code = 1
     try:
         with SignalRouter() as signals:
             run = RunContext(engine, run_id, signals, watchdog, events, observer, standbys)
             if job.restart.max_restarts > 0:
+                from launchers.persist.commit_beside import CommitBeside
                 from launchers.run.in_place import Survivors
 
                 run.survivors = Survivors(run_id, say)
+                run.beside = beside = CommitBeside(run_id, observer.mlaunch_committed)
             elastic = _elastic_span(job, events) is not None
             refused = None if elastic else health_check(job, cluster, events, run)  # elastic: per generation
             if refused is not None:
@@ -97,10 +100,13 @@ def run_job(
             code = _replicated_attempts(job, engine, cluster, plan, run)
             return code
     finally:
+        if beside is not None:
+            beside.wait("the run ends")  # it reads the kept segments; nothing it commits is lost
         observer.finished(code)
         events.close(code)
         if standbys is not None:
             standbys.close()
+        kept_segments.ended(run_id)
         staging.unlink_run(run_id)
         staging.unlink_kept(run_id)
         progress.unlink_run(run_id)

@@ -5,7 +5,8 @@ decorator calls it again in the same process when a peer fails. Every step is st
 fixed per step and rank, so the final checksum compares runs. Each rank appends ``pid step`` lines
 to ``$IN_PLACE_LOG/rank<R>`` (which process trained which step) and, rank 0 only, prints
 ``final-checksum X``. ``--fault kill|hang`` makes rank ``--victim`` kill -9 or SIGSTOP itself at step
-``--at`` once per job (a marker file next to the log records that it happened).
+``--at`` once per job (a marker file next to the log records that it happened); ``--keep`` leaves the
+checkpoints where they are at the end (the test reads what was committed).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--fault", choices=["none", "kill", "hang"], default="none")
     parser.add_argument("--victim", type=int, default=2)
     parser.add_argument("--at", type=int, default=20)
+    parser.add_argument("--keep", action="store_true", help="leave the checkpoints (no ckpt.clear() at the end)")
     args, _ = parser.parse_known_args()
     return args
 
@@ -75,7 +77,8 @@ def train(args: argparse.Namespace) -> None:
         time.sleep(args.step_sleep)
     if rank == 0:
         print(f"final-checksum {checksum(model.module)}", flush=True)
-    ckpt.clear()
+    if not args.keep:
+        ckpt.clear()
     elastic.finished()
 
 
