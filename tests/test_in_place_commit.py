@@ -21,7 +21,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,54 +67,87 @@ def steps_of(log: Path, rank: int) -> list[tuple[int, int, float]]:
     return found
 
 
-def test_the_reformed_group_trains_while_its_step_is_committed_beside_it(tmp_path: Path, storage: Path) -> None:
-    log, shm = tmp_path / "steps", tmp_path / "shm"
-    log.mkdir()
-    shm.mkdir()
-    job = tmp_path / "job.yaml"
-    job.write_text(
-        f"name: beside\nentry: {SCRIPT}\nargs: [--fault, kill, --steps, '{STEPS}', --at, '{AT}', --keep]\n"
-        f"engine: pytorch\nnodes: 1\nprocs_per_node: 4\nlog_dir: {tmp_path / 'logs'}\n"
-        f"env: {{IN_PLACE_LOG: {log}}}\ncheckpoint: {{dir: {storage}, grace_period: 120s}}\n"
-        "restart: {max_restarts: 3}\npreload: [torch]\n"
-    )
-    subprocess.run(["fsfreeze", "--freeze", str(storage)], check=True)
-    out, err = open(tmp_path / "out", "w+"), open(tmp_path / "err", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
-        env={**clean_env(), "MLAUNCH_SHM_DIR": str(shm)},
-        cwd=ROOT,
-        stdout=out,
-        stderr=err,
-    )
-    try:
-        end = time.monotonic() + 180
-        while time.monotonic() < end and proc.poll() is None:
-            if all(any(step == STEPS - 1 for _, step, _ in steps_of(log, r)) for r in range(4)):
-                break
+class Job:
+    """The job under mlaunch (``Popen``), its ranks' step logs, its shared memory and its output."""
+
+    def __init__(self, tmp: Path, storage: Path, at: str) -> None:
+        self.log, self.shm, self.storage = tmp / "steps", tmp / "shm", storage
+        self.log.mkdir()
+        self.shm.mkdir()
+        job = tmp / "job.yaml"
+        job.write_text(
+            f"name: beside\nentry: {SCRIPT}\nargs: [--fault, kill, --steps, '{STEPS}', --at, '{at}', --keep]\n"
+            f"engine: pytorch\nnodes: 1\nprocs_per_node: 4\nlog_dir: {tmp / 'logs'}\n"
+            f"env: {{IN_PLACE_LOG: {self.log}}}\ncheckpoint: {{dir: {storage}, grace_period: 120s}}\n"
+            "restart: {max_restarts: 3}\npreload: [torch]\n"
+        )
+        self.err = open(tmp / "err", "w+")  # noqa: SIM115 - read by ``stderr``, closed with the test's tmp dir
+        self.out = open(tmp / "out", "w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [*mlaunch_cmd(), "--engine", "pytorch", str(job)],
+            env={**clean_env(), "MLAUNCH_SHM_DIR": str(self.shm)},
+            cwd=ROOT,
+            stdout=self.out,
+            stderr=self.err,
+        )
+
+    def trained(self) -> dict[int, list[tuple[int, int, float]]]:
+        return {r: steps_of(self.log, r) for r in range(4)}
+
+    def until(self, done: Callable[[], bool], within: float = 180.0) -> None:
+        end = time.monotonic() + within
+        while time.monotonic() < end and self.proc.poll() is None and not done():
             time.sleep(0.2)
-        trained = {r: steps_of(log, r) for r in range(4)}
+
+    def finished_training(self) -> bool:
+        return all(any(step == STEPS - 1 for _, step, _ in steps) for steps in self.trained().values())
+
+    def stderr(self, size: int = 3000) -> str:
+        self.err.seek(0)
+        return self.err.read()[-size:]
+
+    def thaw_and_wait(self) -> int:
+        subprocess.run(["fsfreeze", "--unfreeze", str(self.storage)], check=True)
+        return self.proc.wait(120)
+
+    def stop(self) -> None:
+        subprocess.run(["fsfreeze", "--unfreeze", str(self.storage)], capture_output=True)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def processes(trained: dict[int, list[tuple[int, int, float]]]) -> dict[int, list[int]]:
+    """Each rank's processes in the order they trained."""
+    return {r: list(dict.fromkeys(pid for pid, _, _ in steps)) for r, steps in trained.items()}
+
+
+def test_the_reformed_group_trains_while_its_step_is_committed_beside_it(tmp_path: Path, storage: Path) -> None:
+    subprocess.run(["fsfreeze", "--freeze", str(storage)], check=True)
+    job = Job(tmp_path, storage, str(AT))
+    try:
+        job.until(job.finished_training)
+        trained = job.trained()
         # every rank trained to the end while nothing could be written to the checkpoint directory
-        assert all(trained[r] and trained[r][-1][1] == STEPS - 1 for r in range(4)), (trained, _tail(err))
+        assert job.finished_training(), (trained, job.stderr())
         assert not layout.committed(storage)
         time.sleep(0.5)
         # mlaunch waits for the commit before it releases the memory the commit reads, and before it exits
-        assert proc.poll() is None, _tail(err)
-        kept = sorted(p.name.rsplit(".", 1)[1] for p in shm.glob("mlaunch.*.kept.rank*"))
-        assert kept == [f"rank{r}" for r in range(4)], (kept, sorted(p.name for p in shm.iterdir()))
-        subprocess.run(["fsfreeze", "--unfreeze", str(storage)], check=True)
-        code = proc.wait(120)
+        assert job.proc.poll() is None, job.stderr()
+        kept = sorted(p.name.rsplit(".", 1)[1] for p in job.shm.glob("mlaunch.*.kept.rank*"))
+        assert kept == [f"rank{r}" for r in range(4)], (kept, sorted(p.name for p in job.shm.iterdir()))
+        code = job.thaw_and_wait()
     finally:
-        subprocess.run(["fsfreeze", "--unfreeze", str(storage)], capture_output=True)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-    stderr = _tail(err, 100_000)
+        job.stop()
+    stderr = job.stderr(100_000)
     assert code == 0, stderr[-3000:]
-    pids = {r: sorted({pid for pid, _, _ in trained[r]}, key=[p for p, _, _ in trained[r]].index) for r in range(4)}
+    pids = processes(trained)
     assert [len(pids[r]) for r in range(4)] == [1, 1, 2, 1], pids  # only rank 2's process is new
     assert [s for p, s, _ in trained[2] if p == pids[2][1]][0] == AT  # the group resumed right after step 14
-    assert re.findall(r"step (\d+) read from the memory the in-place recovery kept", stderr) == [str(AT - 1)] * 4
+    assert (
+        re.findall(r"^\[rank \d\] .*step (\d+) read from the memory the in-place recovery kept", stderr, re.M)
+        == [str(AT - 1)] * 4
+    )
     assert f"beside the recovery: committed step {AT - 1}" in stderr, stderr[-3000:]
     (item,) = layout.committed(storage)  # the step, committed whole, under its final name
     assert item.step == AT - 1 and item.path.name == layout.step_name(AT - 1) and item.world_size == 4
@@ -122,9 +155,37 @@ def test_the_reformed_group_trains_while_its_step_is_committed_beside_it(tmp_pat
     for rank in range(4):
         state, _ = shardfile.read_file(item.shard(rank))
         assert state["step"] == AT - 1
-    assert not list(shm.iterdir()), sorted(p.name for p in shm.iterdir())  # nothing outlives the run
+    assert not list(job.shm.iterdir()), sorted(p.name for p in job.shm.iterdir())  # nothing outlives the run
 
 
-def _tail(fh: object, size: int = 3000) -> str:
-    fh.seek(0)  # type: ignore[attr-defined]
-    return str(fh.read())[-size:]  # type: ignore[attr-defined]
+def test_a_second_fault_during_the_commit_loses_nothing(tmp_path: Path, storage: Path) -> None:
+    """Rank 2 is killed at step 15, then again at step 20 while step 14's commit is stalled: the second flash
+    save waits for the first commit (commits stay in order), then both steps are committed whole and the group
+    resumes after step 19, read from memory; no rank skips a step."""
+    subprocess.run(["fsfreeze", "--freeze", str(storage)], check=True)
+    job = Job(tmp_path, storage, f"{AT},{AT + 5}")
+    try:
+        job.until(lambda: (job.log / f"fault-done-{AT + 5}").exists())
+        assert (job.log / f"fault-done-{AT + 5}").exists(), job.stderr()
+        time.sleep(1.0)
+        assert job.proc.poll() is None and not layout.committed(storage), job.stderr()
+        assert "waiting for the flash save's commit of step 14 beside the recovery" in job.stderr()
+        code = job.thaw_and_wait()
+    finally:
+        job.stop()
+    stderr = job.stderr(100_000)
+    assert code == 0, stderr[-3000:]
+    trained = job.trained()
+    assert [len(p) for p in processes(trained).values()] == [1, 1, 3, 1], processes(trained)
+    for rank in range(4):
+        steps = [s for _, s, _ in trained[rank]]
+        assert sorted(set(steps)) == list(range(STEPS)), (rank, steps)  # every step, none skipped
+    assert re.findall(r"^\[rank \d\] .*step (\d+) read from the memory the in-place recovery kept", stderr, re.M) == (
+        [str(AT - 1)] * 4 + [str(AT + 4)] * 4
+    ), stderr[-3000:]
+    assert sorted(i.step for i in layout.committed(storage)) == [AT - 1, AT + 4], stderr[-3000:]
+    for item in layout.committed(storage):
+        for rank in range(4):
+            state, _ = shardfile.read_file(item.shard(rank))
+            assert state["step"] == item.step
+    assert not list(job.shm.iterdir()), sorted(p.name for p in job.shm.iterdir())
