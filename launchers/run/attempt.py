@@ -110,13 +110,7 @@ def run_attempt(
                     job.monitor.node_timeout,
                 ),
                 on_failure=flash,
-                tick=ticks(
-                    monitor,
-                    run.observer.tick,
-                    *_background_ticks(background, run.observer),
-                    *_replica_ticks(run),
-                    *([run.beside.tick] if run.beside is not None else []),
-                ),
+                tick=ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer), *_run_ticks(run)),
                 watchdog=run.watchdog,
             ),
             in_place=run.survivors is not None,
@@ -191,12 +185,13 @@ def _background_ticks(background: BackgroundPersist | None, observer: JobObserve
     return [background.tick, lambda: observer.background_committed(background.committed)]
 
 
-def _replica_ticks(run: RunContext) -> list[Callable[[], None]]:
-    """Replication's messages, and its figures in this node's status entry (``mlaunch status``)."""
+def _run_ticks(run: RunContext) -> list[Callable[[], None]]:
+    """Replication's messages and figures (``mlaunch status``); the end of a commit beside a recovery, said."""
+    found: list[Callable[[], None]] = [run.beside.tick] if run.beside is not None else []
     replicas = run.replicas
     if replicas is None:
-        return []
-    return [replicas.tick, lambda: run.observer.node_extra.update(replicas.status())]
+        return found
+    return [*found, replicas.tick, lambda: run.observer.node_extra.update(replicas.status())]
 
 
 def ticks(*calls: Callable[[], None]) -> Callable[[], None]:

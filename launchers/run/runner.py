@@ -38,6 +38,7 @@ from launchers.standby.standby_pool import StandbyPool
 if TYPE_CHECKING:
     from launchers.control import JobEvents
     from launchers.engines.base import Engine
+    from launchers.persist.commit_beside import CommitBeside
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
 
@@ -86,12 +87,7 @@ def run_job(
     try:
         with SignalRouter() as signals:
             run = RunContext(engine, run_id, signals, watchdog, events, observer, standbys)
-            if job.restart.max_restarts > 0:
-                from launchers.persist.commit_beside import CommitBeside
-                from launchers.run.in_place import Survivors
-
-                run.survivors = Survivors(run_id, say)
-                run.beside = beside = CommitBeside(run_id, observer.mlaunch_committed)
+            beside = _in_place(job, run)
             elastic = _elastic_span(job, events) is not None
             refused = None if elastic else health_check(job, cluster, events, run)  # elastic: per generation
             if refused is not None:
@@ -113,6 +109,18 @@ def run_job(
         completion.clear(run_id)
         recovery.unlink_run(run_id)
         watchdog.close()
+
+
+def _in_place(job: Job, run: RunContext) -> CommitBeside | None:
+    """A job that restarts may recover in place (``run.in_place``), its flash save's commit beside the recovery."""
+    if job.restart.max_restarts <= 0:
+        return None
+    from launchers.persist.commit_beside import CommitBeside
+    from launchers.run.in_place import Survivors
+
+    run.survivors = Survivors(run.run_id, say)
+    run.beside = CommitBeside(run.run_id, run.observer.mlaunch_committed)
+    return run.beside
 
 
 def _standby_pool(job: Job, plan: LaunchPlan, run_id: str, watchdog: Watchdog) -> StandbyPool | None:
