@@ -83,7 +83,8 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
         candidates = [ahead.item, *candidates]
     newest = candidates[0].step if candidates else -1
     if world > 1:  # the same list on every rank: agree on the newest step everyone sees
-        lowest, highest = coll.all_reduce([newest], "min")[0], coll.all_reduce([newest], "max")[0]
+        lowest, negated = coll.all_reduce([newest, -newest], "min")  # one agreement for both: min and max
+        highest = -negated
         if lowest < 0 <= highest:
             why = _unseen(ckpt, highest, newest)
             return _start_over(ckpt, rank, world, highest, [why])
