@@ -222,7 +222,10 @@ COMMITTING = "committing beside"  # a manifest key only an item of ``_Committing
 
 
 def committing(ckpt: Checkpointer) -> _Committing | None:
-    """The step committed beside an in-place recovery into ``ckpt``'s directory, while it is not committed."""
+    """The step mlaunch commits (or committed) beside an in-place recovery into ``ckpt``'s directory; None if it failed.
+
+    ``load_latest`` takes it ahead of the committed steps only while it is newer than all of them.
+    """
     record = kept_segments.pending(env.run_id())
     if record is None or record.get("state") == kept_segments.FAILED:
         return None
