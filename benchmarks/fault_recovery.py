@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -149,11 +150,21 @@ PHASES = (
 )
 
 
+MARK = re.compile(r"^(?:\[rank \d+\] )?mark (\w+) (\S+) ([\d.]+)$")  # the worker's own stamps (BENCH_PHASES)
+
+
 def phase_times(lines: list[tuple[float, str]], start: float, end: float) -> str:
-    """Where a recovery's time went: when mlaunch's milestones and the ranks' pid lines arrived after the kill."""
+    """Where a recovery's time went: when mlaunch's milestones and the ranks' pid lines arrived after the kill.
+
+    Then, from the workers' own stamps, when the last rank of the new group began its training function
+    (``call``), had its process group (``group``), its DDP model (``ddp``) and its state (``loaded``).
+    """
     seen: list[str] = []
     pids = 0
+    marks: dict[str, float] = {}
     for when, text in lines:
+        if (m := MARK.search(text)) and start <= float(m.group(3)) <= end:
+            marks[m.group(1)] = max(marks.get(m.group(1), 0.0), float(m.group(3)) - start)
         if when < start or when > end:
             continue
         for name, marker in PHASES:
@@ -165,6 +176,8 @@ def phase_times(lines: list[tuple[float, str]], start: float, end: float) -> str
                 seen.append(f"first rank's pid {when - start:.3f}s")
             if pids == 4:
                 seen.append(f"every rank's pid {when - start:.3f}s")
+    if marks:
+        seen.append("last rank's " + ", ".join(f"{name} {at:.3f}s" for name, at in marks.items()))
     return "; ".join(seen)
 
 
@@ -192,6 +205,8 @@ def run_mlaunch(
     env = base_env(work / "ckpt-ml")
     if in_process:
         env["BENCH_IN_PROCESS"] = "1"
+    if args.phases:
+        env["BENCH_PHASES"] = "1"
     launch = Launch([sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)], env)
     try:
         wait = not args.no_wait_standby

@@ -7,7 +7,10 @@ clock for every network-namespace host), read by ``harness.PID`` and ``harness.S
 - ``pid RANK PID`` at start;
 - ``step STEP STAMP`` after every step (rank 0);
 - ``resumed STEP STAMP`` (``BENCH_ELASTIC``: ``membership.py``) the committed step it loaded;
-- ``hanging RANK STAMP`` when asked to hang (a file ``hang-<rank>`` in ``BENCH_HANG_DIR``: ``hosts.py``).
+- ``hanging RANK STAMP`` when asked to hang (a file ``hang-<rank>`` in ``BENCH_HANG_DIR``: ``hosts.py``);
+- ``mark NAME RANK STAMP`` (``BENCH_PHASES=1``: ``fault_recovery.py --phases``) when each rank's training function
+  began (``call``), its process group formed (``group``), its DDP model was built (``ddp``), its state loaded
+  (``loaded``).
 
 ``BENCH_IN_PROCESS=1`` runs the training under ``@elastic.recoverable``; ``BENCH_FRESH_PREFIX``
 gives gloo a key prefix per restart (torchrun reuses its store across restarts).
@@ -29,6 +32,11 @@ def say(line: str) -> None:
     os.write(1, f"{line}\n".encode())
 
 
+def mark(name: str, rank: int | str = "-") -> None:
+    if os.environ.get("BENCH_PHASES") == "1":
+        say(f"mark {name} {rank} {time.monotonic():.6f}")
+
+
 def worker(step_time: float) -> None:
     if os.environ.get("BENCH_IN_PROCESS") == "1":
         from launchers import elastic
@@ -45,6 +53,7 @@ def train(step_time: float) -> None:
 
     from launchers import elastic
 
+    mark("call", os.environ.get("RANK", "-"))
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if os.environ.get("BENCH_FRESH_PREFIX") in ("1", "round"):
         # torchrun reuses its store across restarts and gloo then reads the previous group's
@@ -63,12 +72,14 @@ def train(step_time: float) -> None:
     else:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
+    mark("group", rank)
     say(f"pid {rank} {os.getpid()}")
     guard = elastic.install(quiet=True)
     ckpt = elastic.Checkpointer(os.environ.get("BENCH_CKPT_DIR"), keep=1)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mark("ddp", rank)
     start = 0
     if os.environ.get("BENCH_ELASTIC"):  # membership.py: the world size changes, so load into the state
         into = {"step": -1, "model": model.module.state_dict()}  # filled in place (the parameters themselves)
@@ -78,6 +89,7 @@ def train(step_time: float) -> None:
     elif (state := ckpt.load_latest()) is not None:
         model.module.load_state_dict(state["model"])
         start = int(state["step"]) + 1
+    mark("loaded", rank)
     step = start
     hang = Path(os.environ.get("BENCH_HANG_DIR", "/nonexistent"), f"hang-{rank}")
     while True:

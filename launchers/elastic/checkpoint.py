@@ -141,6 +141,9 @@ class Checkpointer:
         there is nothing to resume from. Not collective.
         """
         rank, world = self._coll().rank(), self._coll().world_size()
+        ahead = resume.committing(self)  # a step committed beside an in-place recovery: its file, once there
+        if ahead is not None:
+            ahead.wait()
         if rank == 0:
             layout.clean_partial(self.dir)
         for item in self.committed():

@@ -92,14 +92,15 @@ class Recorded:
         return zlib.crc32(json.dumps(list(self.entries), sort_keys=True).encode())
 
 
-def recorded(shard: Path) -> Recorded:
-    """The layouts recorded in ``shard``'s header (the JSON header only); empty when none or unreadable."""
-    if _ddp_class() is None or not shard.is_file():
+def recorded(shard: Path, meta: dict[str, Any] | None = None) -> Recorded:
+    """The layouts recorded in ``shard``'s header (the JSON header only), or in ``meta``, the shard's metadata when
+    it was read from memory (a step still being committed has no file yet); empty when none or unreadable."""
+    if _ddp_class() is None or (meta is None and not shard.is_file()):
         return Recorded()
     from launchers.elastic.format import shardfile
 
     try:
-        meta = shardfile.read_meta(shard)
+        meta = meta if meta is not None else shardfile.read_meta(shard)
     except (OSError, ValueError):
         return Recorded()
     pending = meta.get("step", -1) if meta.get(_PENDING_KEY) else None

@@ -65,18 +65,26 @@ class Read:
     value: Any = None
     error: str | None = None
     fatal: bool = False  # an older step would not help: raise on every rank
+    meta: dict[str, Any] | None = None  # the shard's metadata when it was read from memory (not from its file)
 
 
 def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
     """The state (``into`` None) or the step loaded into ``into``; None when nothing was ever committed."""
     coll = collective.current()
     rank, world = coll.rank(), coll.world_size()
+    ahead = committing(ckpt)
     if rank == 0:
-        layout.clean_partial(ckpt.dir)
+        layout.clean_partial(ckpt.dir, spare={ahead.tmp} if ahead is not None else set())
     candidates = ckpt.committed()
+    if ahead is not None and into is not None:  # read through DCP from the files: they must be there
+        ahead.wait()
+        candidates, ahead = ckpt.committed(), None
+    if ahead is not None and (not candidates or ahead.item.step > candidates[0].step):
+        candidates = [ahead.item, *candidates]
     newest = candidates[0].step if candidates else -1
     if world > 1:  # the same list on every rank: agree on the newest step everyone sees
-        lowest, highest = coll.all_reduce([newest], "min")[0], coll.all_reduce([newest], "max")[0]
+        lowest, negated = coll.all_reduce([newest, -newest], "min")  # one agreement for both: min and max
+        highest = -negated
         if lowest < 0 <= highest:
             why = _unseen(ckpt, highest, newest)
             return _start_over(ckpt, rank, world, highest, [why])
@@ -92,7 +100,7 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
             raise CheckpointError(f"cannot load step {item.step}: {why}")
         if ok:
             ckpt.loaded = item
-            _resume_ddp_layouts(coll, item, world)
+            _resume_ddp_layouts(coll, item, rank, world, got.meta)
             rank_segment.update_status(rank, world, committed_step=item.step)
             return got.value
         why = got.error or "another rank cannot read its part (see its message)"
@@ -105,14 +113,21 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
     return None
 
 
-def _resume_ddp_layouts(coll: collective.Collective, item: layout.Committed, world: int) -> None:
+def _resume_ddp_layouts(
+    coll: collective.Collective, item: layout.Committed, rank: int, world: int, meta: dict[str, Any] | None
+) -> None:
     """DDP's bucket layouts, set before the first step (issue 48), the same on every rank.
 
-    Read from the lowest saved rank's shard (a grown job's new ranks have none of their own), and set only
-    when every rank read the same: DDP's own rebuild broadcasts rank 0's layout for the same reason.
+    Read from the lowest saved rank's shard (a grown job's new ranks have none of their own), or, for a step
+    still being committed (no file yet), from this rank's image ``meta``; set only when every rank read the
+    same: DDP's own rebuild broadcasts rank 0's layout for the same reason.
     """
-    saved = sorted(int(r) for r in item.manifest["shards"])
-    layouts = ddp_layouts.recorded(item.shard(saved[0])) if saved else ddp_layouts.Recorded()
+    saved = sorted(int(r) for r in item.manifest.get("shards", {}))
+    lowest = item.shard(saved[0]) if saved else None
+    if lowest is not None and lowest.is_file():
+        layouts = ddp_layouts.recorded(lowest)
+    else:
+        layouts = ddp_layouts.recorded(item.shard(rank), meta)
     agreed = True
     if world > 1:
         digest = layouts.digest()
@@ -163,7 +178,9 @@ def own_shard(ckpt: Checkpointer, item: layout.Committed, rank: int, world: int)
             staged = _kept_state(ckpt, item, source) if source == rank and item.world_size == world else None
             if staged is not None:
                 collective.say(f"step {item.step} read from the memory the in-place recovery kept, not from {path}")
-                return Read(staged[0])
+                return Read(staged[0], meta=staged[1])
+            if COMMITTING in item.manifest:  # the kept image cannot be used: the file, once committed
+                _await_commit(item)
             if not path.exists():
                 continue
             state, _meta = shardfile.read_file(path, trusted=ckpt.trusted)
@@ -183,14 +200,18 @@ def _kept_state(ckpt: Checkpointer, item: layout.Committed, rank: int) -> tuple[
     The flash save committed ``item`` from these very bytes: the image is used when it has the
     committed shard's step and size and its header (the metadata and the table of every tensor) is
     the committed file's, byte for byte (a read of a few KiB); None otherwise: the file is read.
+    A step mlaunch is still committing beside the recovery (``_Committing``) has no file yet: it is
+    being written from this very image, which is used when its step and size are the step's.
     """
     entry = item.manifest["shards"].get(str(rank))
     run_id = env.run_id()
     if not run_id or not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
         return None
 
+    committing = COMMITTING in item.manifest
+
     def decode(image: memoryview) -> tuple[Any, dict[str, Any]] | None:
-        if not _same_header(image, item.shard(rank)):
+        if not committing and not _same_header(image, item.shard(rank)):
             return None
         try:
             return shardfile.decode(image, trusted=ckpt.trusted)
@@ -200,6 +221,54 @@ def _kept_state(ckpt: Checkpointer, item: layout.Committed, rank: int) -> tuple[
             return None  # not what was committed after all: the file is read
 
     return kept_segments.read_kept(run_id, rank, item.step, entry["bytes"], decode)
+
+
+@dataclass(frozen=True)
+class _Committing:
+    """The step mlaunch decided after a peer's failure and commits beside the in-place recovery (``kept_segments``).
+
+    Every rank of the re-formed group resumes from it although its marker may not be on disk yet: its
+    image is in the memory kept for the rank, and it is newer than every committed step. ``item`` is
+    the commit to be (the manifest of this node's shards and the id its marker will carry, so that the
+    ranks' next saves continue its lineage; ``COMMITTING`` in it says it is not on disk yet); ``tmp``
+    the directory it is written in, which rank 0's clean-up must leave alone.
+    """
+
+    item: layout.Committed
+    tmp: Path
+
+    def wait(self) -> None:
+        _await_commit(self.item)
+
+
+COMMITTING = "committing beside"  # a manifest key only an item of ``_Committing`` has: its commit's deadline
+
+
+def committing(ckpt: Checkpointer) -> _Committing | None:
+    """The step mlaunch commits (or committed) beside an in-place recovery into ``ckpt``'s directory; None if it failed.
+
+    ``load_latest`` takes it ahead of the committed steps only while it is newer than all of them.
+    """
+    record = kept_segments.pending(env.run_id())
+    if record is None or record.get("state") == kept_segments.FAILED:
+        return None
+    try:
+        if Path(record["dir"]).resolve() != ckpt.dir.resolve():
+            return None
+        step = int(record["step"])
+        manifest = {**dict(record["manifest"]), COMMITTING: float(record.get("deadline", 0.0))}
+        item = layout.Committed(step, ckpt.dir / layout.step_name(step), manifest)
+        return _Committing(item, ckpt.dir / str(record["tmp"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _await_commit(item: layout.Committed) -> None:
+    """Until mlaunch's commit of ``item`` beside the recovery ended (committed or not), or its deadline passed."""
+    import time
+
+    left = float(item.manifest[COMMITTING]) - time.monotonic()
+    kept_segments.await_commit(env.run_id(), item.step, max(left, 0.0))
 
 
 def _same_header(image: memoryview, path: Path) -> bool:

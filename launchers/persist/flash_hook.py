@@ -3,6 +3,11 @@
 The supervisor calls it when a worker fails (``__call__``) and reserves the end of the grace
 period for it (``reserve``); the runner calls ``after_stop`` when a stop signal ended the
 attempt and ``checkpoint_dirs`` to know where the attempt's ranks checkpoint.
+
+When ranks recover in place (``in_place()``: the supervisor kept survivors), the step is decided
+while they are frozen and its write and commit run beside the recovery (``persist.commit_beside``):
+the re-formed group reads it from memory and never waits for the disk. A flash save that follows
+(a second fault, a stop) waits for that commit first: commits stay in order.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from launchers.plan import LaunchPlan
 
 if TYPE_CHECKING:
     from launchers.control import Exchange
+    from launchers.persist.commit_beside import CommitBeside
     from launchers.persist.flash_save import FlashResult
 
 
@@ -36,8 +42,11 @@ class FlashHook:
         quiesce: Callable[[], None] | None = None,
         on_commit: Callable[[int, str], None] | None = None,
         on_failed: Callable[[str, int | None, str], None] | None = None,
+        beside: CommitBeside | None = None,
     ) -> None:
         self.run_id = run_id
+        self.beside = beside  # the run's commit beside an in-place recovery (None: every commit is on the path)
+        self.in_place: Callable[[], bool] = lambda: False  # survivors were kept: the commit may run beside them
         self.on_commit = on_commit  # the status view, events.jsonl and goodput: the ranks never report this commit
         self.on_failed = on_failed  # a save that failed (a full disk...): counted in the status view and events.jsonl
         self.quiesce = quiesce  # stops the background persist (persist_every) before the dying save
@@ -62,7 +71,11 @@ class FlashHook:
         training none of them can get past the failed rank's step), so the supervisor need not
         wait out their grace period: the returned reason says so.
         """
-        result = self.persist(time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed")
+        result = self.persist(
+            time.monotonic() + max(self.grace, 5.0), f"after {failure.label} failed", beside=self.in_place()
+        )
+        if result is not None and result.status == "pending":
+            return f"step {result.step} is the newest every rank staged; it is committed beside the recovery"
         if result is not None and result.status in ("committed", "written"):  # written: node 0 commits it
             return f"step {result.step} is {result.status} for every rank"
         if result is not None and result.status == "skipped":  # the newest step every rank staged
@@ -99,16 +112,19 @@ class FlashHook:
         speed = min(speeds) if speeds else ASSUMED_BANDWIDTH
         return 0.5 + 1.5 * staged / max(speed, 1e6)
 
-    def persist(self, deadline: float, when: str) -> FlashResult | None:
-        from launchers.persist.flash_save import persist
+    def persist(self, deadline: float, when: str, beside: bool = False) -> FlashResult | None:
+        """The flash save; ``beside``: decide the step now, write and commit it in ``self.beside``'s thread."""
+        from launchers.persist.flash_save import FlashResult, decide
 
+        if self.beside is not None:  # a commit beside an earlier recovery comes first (commits stay in order)
+            self.beside.wait(f"a flash save {when}")
         if not self.rank_nodes or (not staging.run_segments(self.run_id) and self.exchange is None):
             return None
         self.done = True
         if self.quiesce is not None:  # a background persist in flight must not race this one
             self.quiesce()
         with long_phase(f"saving the dying checkpoint {when}"):
-            result = persist(
+            decided = decide(
                 self.run_id,
                 attempt=self.attempt,
                 rank_nodes=self.rank_nodes,
@@ -117,6 +133,14 @@ class FlashHook:
                 deadline=deadline,
                 exchange=self.exchange,
             )
+            if not isinstance(decided, FlashResult) and beside and self.beside is not None:
+                self.beside.start(decided, when, self.attempt)
+                say(
+                    f"flash save {when}: step {decided.step}, the newest every rank staged; the ranks resume from "
+                    "it in memory, its commit runs beside the recovery"
+                )
+                return FlashResult("pending", "committing beside the recovery", decided.step)
+            result = decided if isinstance(decided, FlashResult) else decided.write()
         if result.status not in ("skipped", "unstaged"):  # "nothing": ranks staged, yet no step can be saved: say why
             where = f" ({result.path})" if result.path else ""
             say(f"flash save {when}: {result.message}{where}")

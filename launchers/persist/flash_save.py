@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from launchers.control import Exchange, Reduction, topics
 from launchers.elastic.format import layout, shardfile
@@ -54,8 +55,9 @@ class TornSlot(RuntimeError):
 
 @dataclass
 class FlashResult:
-    # unstaged: no rank staged anything in this attempt (a script that never calls stage): nothing to say
-    status: Literal["committed", "written", "nothing", "unstaged", "skipped", "failed"]
+    # unstaged: no rank staged anything in this attempt (a script that never calls stage): nothing to say;
+    # pending: decided, and committed beside an in-place recovery (``persist.commit_beside``)
+    status: Literal["committed", "written", "nothing", "unstaged", "skipped", "failed", "pending"]
     message: str
     step: int | None = None
     path: Path | None = None
@@ -119,6 +121,74 @@ def persist(
     ``rank_nodes`` maps each rank this mlaunch runs to its node index; ``deadline`` is a
     ``time.monotonic()`` value after which nothing more is written (and nothing committed).
     """
+    decided = decide(
+        run_id, attempt=attempt, rank_nodes=rank_nodes, nnodes=nnodes, key=key, deadline=deadline, exchange=exchange
+    )
+    return decided if isinstance(decided, FlashResult) else decided.write()
+
+
+@dataclass
+class Decided:
+    """The step to persist, agreed by every node, and the open segments to write it from (``write``).
+
+    Split from the write so that an in-place recovery can wake its ranks as soon as the step is known
+    and let the write and the commit run beside them (``persist.commit_beside``): the segments stay
+    open here (and are kept, not unlinked, by mlaunch) until ``write`` has read them.
+    """
+
+    readers: dict[int, staging.SegmentReader]
+    staged: _Staged
+    step: int
+    share: _Share
+    started: float
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)  # the commit's id, known before it is written
+
+    @property
+    def root(self) -> Path:
+        return self.staged.root
+
+    @property
+    def tmp(self) -> Path:
+        return _tmp_dir(self.staged.root, self.step, self.share.key)
+
+    def sizes(self) -> dict[int, int]:
+        """This node's ranks' shard sizes of the step (their slots' lengths)."""
+        return {rank: slots[self.step].length for rank, slots in self.staged.slots.items()}
+
+    def manifest(self) -> dict[str, Any]:
+        """What the commit's marker will say of this node's ranks (``layout.commit``), before it is written."""
+        shards = {str(r): {"file": layout.shard_name(r), "bytes": n} for r, n in sorted(self.sizes().items())}
+        return {
+            "step": self.step,
+            "world_size": self.staged.world,
+            "shards": shards,
+            "id": self.id,
+            **self.staged.lineage,
+        }
+
+    def write(self) -> FlashResult:
+        """Write this node's shards and (node 0) commit them; the segments are closed after."""
+        try:
+            return _guarded(lambda: _write(self.readers, self.staged, self.step, self.share, self.started, self.id))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
+
+
+def decide(
+    run_id: str,
+    *,
+    attempt: int,
+    rank_nodes: Mapping[int, int],
+    nnodes: int,
+    key: str,
+    deadline: float,
+    exchange: Exchange | None = None,
+) -> Decided | FlashResult:
+    """The newest step every rank of ``rank_nodes`` (every node) staged, with its segments open; or why none."""
     started = time.monotonic()
     share = _Share(rank_nodes, nnodes, key, attempt, deadline, exchange)
     readers: dict[int, staging.SegmentReader] = {}
@@ -126,19 +196,34 @@ def persist(
         with contextlib.suppress(OSError, ValueError):
             reader = staging.SegmentReader(path)
             readers[reader.info.rank] = reader
+    handed = False
     try:
         if share.others_write and share.exchange is None:
             return FlashResult("failed", "the other nodes' ranks need the control plane to agree on a step")
-        staged = _staged(readers, share)
+        staged = _guarded(lambda: _staged(readers, share))
         if isinstance(staged, FlashResult):
             if share.others_write and share.exchange is not None:  # the other nodes need not wait for us
                 with contextlib.suppress(RuntimeError):
                     share.exchange(topics.flash_candidates(share.key), [], 0.0, Reduction.INTERSECT)
             return staged
-        step = _decide(staged, share)
+        step = _guarded(lambda: _decide(staged, share))
         if isinstance(step, FlashResult):
             return step
-        return _write(readers, staged, step, share, started)
+        handed = True
+        return Decided(readers, staged, step, share, started)
+    finally:
+        if not handed:
+            for reader in readers.values():
+                reader.close()
+
+
+T = TypeVar("T")
+
+
+def _guarded(call: Callable[[], T]) -> T | FlashResult:
+    """``call``, or the ``FlashResult`` that says why it failed (nothing committed)."""
+    try:
+        return call()
     except shardfile.DeadlineExceeded:
         return FlashResult("failed", "the deadline passed before every shard was written; nothing committed")
     except RuntimeError as exc:  # the control plane's ExchangeFailed: a node was lost or late
@@ -147,9 +232,10 @@ def persist(
         return FlashResult("failed", f"{exc}; nothing committed")
     except OSError as exc:
         return FlashResult("failed", f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}")
-    finally:
-        for reader in readers.values():
-            reader.close()
+
+
+def _tmp_dir(root: Path, step: int, key: str) -> Path:
+    return root / f"{layout.step_name(step)}.flash-{key}.tmp"
 
 
 def _staged(readers: dict[int, staging.SegmentReader], share: _Share) -> _Staged | FlashResult:
@@ -198,11 +284,11 @@ def _decide(staged: _Staged, share: _Share) -> int | FlashResult:
 
 
 def _write(
-    readers: dict[int, staging.SegmentReader], staged: _Staged, step: int, share: _Share, started: float
+    readers: dict[int, staging.SegmentReader], staged: _Staged, step: int, share: _Share, started: float, id: str
 ) -> FlashResult:
     """Write this node's shards of ``step``; commit it where this is node 0 (the others' sizes come by the plane)."""
     root = staged.root
-    tmp = root / f"{layout.step_name(step)}.flash-{share.key}.tmp"
+    tmp = _tmp_dir(root, step, share.key)
     kept = False  # the directory is committed, or node 0's to commit
     try:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -226,6 +312,7 @@ def _write(
             keep=staged.keep,
             source="flash",
             attempt=share.attempt,
+            id=id,
             **staged.lineage,
         )
         kept = True

@@ -34,6 +34,7 @@ from launchers.standby.standby_pool import StandbyPool
 if TYPE_CHECKING:
     from launchers.control import JobEvents
     from launchers.persist.background_persist import BackgroundPersist
+    from launchers.persist.commit_beside import CommitBeside
     from launchers.persist.flash_save import Exchange
     from launchers.persist.replication import Replication
     from launchers.run.in_place import Survivors
@@ -52,6 +53,7 @@ class RunContext:
     standbys: StandbyPool | None = None
     replicas: Replication | None = None  # machine-loss replication (checkpoint.replicate, persist/replication.py)
     survivors: Survivors | None = None  # ranks kept through a peer's failure (``run.in_place``); None: never kept
+    beside: CommitBeside | None = None  # the flash save's commit beside an in-place recovery (with ``survivors``)
 
 
 def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
@@ -106,14 +108,13 @@ def run_attempt(
                     job.monitor.node_timeout,
                 ),
                 on_failure=flash,
-                tick=ticks(
-                    monitor, run.observer.tick, *_background_ticks(background, run.observer), *_replica_ticks(run)
-                ),
+                tick=ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer), *_run_ticks(run)),
                 watchdog=run.watchdog,
             ),
             in_place=run.survivors is not None,
             adopt=run.survivors.take() if run.survivors is not None else None,
         )
+        flash.in_place = lambda: bool(supervisor.kept)  # survivors kept: the commit runs beside their recovery
         outcome = supervisor.run()
         _in_place_events(supervisor, run.survivors, run.observer, attempt)
     finally:
@@ -127,7 +128,7 @@ def run_attempt(
         run.replicas.end(outcome)  # before the segments go: a node that left leaves the survivors' slots to commit
     run.observer.attempt_ended(outcome)
     roots = flash.checkpoint_dirs(job)
-    _release_shared_memory(run)
+    _release_shared_memory(run, attempt)
     return outcome, roots
 
 
@@ -142,17 +143,23 @@ def _flash_hook(
     """The flash save after a failure; its commits and its failures go to the status view and events."""
     on = run.observer
     return FlashHook(
-        run.run_id, attempt, plan, grace, exchange, quiesce, on_commit=on.mlaunch_committed, on_failed=on.persist_failed
+        *(run.run_id, attempt, plan, grace, exchange, quiesce),
+        on_commit=on.mlaunch_committed,
+        on_failed=on.persist_failed,
+        beside=run.beside,
     )
 
 
-def _release_shared_memory(run: RunContext) -> None:
+def _release_shared_memory(run: RunContext, attempt: int) -> None:
     """The attempt's staged state is persisted or obsolete, its progress files too; what recovers in place stays.
 
     Ranks kept through a peer's failure, and the failed rank's replacement, read the step the flash
-    save committed from the segments kept here (``ipc.kept_segments``), not from the checkpoint
-    directory; the last attempt's kept segments were read when its ranks started.
+    save decided from the segments kept here (``ipc.kept_segments``), not from the checkpoint
+    directory; the last attempt's kept segments were read when its ranks started, and go once the
+    commit beside that recovery (which reads them too) has ended.
     """
+    if run.beside is not None:
+        run.beside.release(attempt)
     staging.unlink_kept(run.run_id)
     if run.survivors:
         kept_segments.keep_for_next_attempt(run.run_id)
@@ -199,12 +206,13 @@ def _background_ticks(background: BackgroundPersist | None, observer: JobObserve
     return [background.tick, lambda: observer.background_committed(background.committed), failed]
 
 
-def _replica_ticks(run: RunContext) -> list[Callable[[], None]]:
-    """Replication's messages, and its figures in this node's status entry (``mlaunch status``)."""
+def _run_ticks(run: RunContext) -> list[Callable[[], None]]:
+    """Replication's messages and figures (``mlaunch status``); the end of a commit beside a recovery, said."""
+    found: list[Callable[[], None]] = [run.beside.tick] if run.beside is not None else []
     replicas = run.replicas
     if replicas is None:
-        return []
-    return [replicas.tick, lambda: run.observer.node_extra.update(replicas.status())]
+        return found
+    return [*found, replicas.tick, lambda: run.observer.node_extra.update(replicas.status())]
 
 
 def ticks(*calls: Callable[[], None]) -> Callable[[], None]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from launchers import stop_signals as early_signals
 from launchers.config.job import Job
-from launchers.elastic.ipc import completion, progress, recovery, staging
+from launchers.elastic.ipc import completion, kept_segments, progress, recovery, staging
 from launchers.log import say
 from launchers.observe.observer import JobObserver
 from launchers.outcome import Outcome, signal_name
@@ -38,6 +38,7 @@ from launchers.standby.standby_pool import StandbyPool
 if TYPE_CHECKING:
     from launchers.control import JobEvents
     from launchers.engines.base import Engine
+    from launchers.persist.commit_beside import CommitBeside
 
 STANDBY_DELAY = 1.0  # seconds after an attempt starts before standbys start importing
 
@@ -81,14 +82,12 @@ def run_job(
     _sweep_dead_runs(run_id)
     watchdog = Watchdog(run_id).start()  # after the run's lock is taken: the watchdog holds it too
     standbys = _standby_pool(job, plan, run_id, watchdog)
+    beside = None
     code = 1
     try:
         with SignalRouter() as signals:
             run = RunContext(engine, run_id, signals, watchdog, events, observer, standbys)
-            if job.restart.max_restarts > 0:
-                from launchers.run.in_place import Survivors
-
-                run.survivors = Survivors(run_id, say)
+            beside = _in_place(job, run)
             elastic = _elastic_span(job, events) is not None
             refused = None if elastic else health_check(job, cluster, events, run)  # elastic: per generation
             if refused is not None:
@@ -97,16 +96,31 @@ def run_job(
             code = _replicated_attempts(job, engine, cluster, plan, run)
             return code
     finally:
+        if beside is not None:
+            beside.wait("the run ends")  # it reads the kept segments; nothing it commits is lost
         observer.finished(code)
         events.close(code)
         if standbys is not None:
             standbys.close()
+        kept_segments.ended(run_id)
         staging.unlink_run(run_id)
         staging.unlink_kept(run_id)
         progress.unlink_run(run_id)
         completion.clear(run_id)
         recovery.unlink_run(run_id)
         watchdog.close()
+
+
+def _in_place(job: Job, run: RunContext) -> CommitBeside | None:
+    """A job that restarts may recover in place (``run.in_place``), its flash save's commit beside the recovery."""
+    if job.restart.max_restarts <= 0:
+        return None
+    from launchers.persist.commit_beside import CommitBeside
+    from launchers.run.in_place import Survivors
+
+    run.survivors = Survivors(run.run_id, say)
+    run.beside = CommitBeside(run.run_id, run.observer.mlaunch_committed)
+    return run.beside
 
 
 def _standby_pool(job: Job, plan: LaunchPlan, run_id: str, watchdog: Watchdog) -> StandbyPool | None:

@@ -8,7 +8,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from launchers.elastic.ipc import completion, progress, staging
+from launchers.elastic.ipc import completion, kept_segments, progress, staging
 from launchers.procs import proc_files
 from launchers.run import shm_sweep
 from launchers.run.signal_router import FORWARD_SIGNALS
@@ -100,6 +100,7 @@ def _watchdog_main(read_fd: int, run_id: str, parent: int) -> None:
     kill_marked_processes(run_id, exclude={os.getpid(), parent})
     staging.unlink_run(run_id)  # shared memory outlives processes: free it whatever happened
     staging.unlink_kept(run_id)
+    kept_segments.ended(run_id)
     progress.unlink_run(run_id)
     completion.clear(run_id)
     shm_sweep.unlink_alive(run_id)  # last: until here a sweeper finds this run locked, not dead

@@ -5,7 +5,9 @@ decorator calls it again in the same process when a peer fails. Every step is st
 fixed per step and rank, so the final checksum compares runs. Each rank appends ``pid step`` lines
 to ``$IN_PLACE_LOG/rank<R>`` (which process trained which step) and, rank 0 only, prints
 ``final-checksum X``. ``--fault kill|hang`` makes rank ``--victim`` kill -9 or SIGSTOP itself at step
-``--at`` once per job (a marker file next to the log records that it happened).
+``--at`` once per job (a marker file next to the log records that it happened; ``--at 15,20``: once at
+each); ``--keep`` leaves the
+checkpoints where they are at the end (the test reads what was committed).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--step-sleep", type=float, default=0.02)
     parser.add_argument("--fault", choices=["none", "kill", "hang"], default="none")
     parser.add_argument("--victim", type=int, default=2)
-    parser.add_argument("--at", type=int, default=20)
+    parser.add_argument("--at", default="20", help="the step of the fault; several: 15,20 (one fault each)")
+    parser.add_argument("--keep", action="store_true", help="leave the checkpoints (no ckpt.clear() at the end)")
     args, _ = parser.parse_known_args()
     return args
 
@@ -58,9 +61,10 @@ def train(args: argparse.Namespace) -> None:
         optimizer.load_state_dict(state["optim"])
         start = int(state["step"]) + 1
     log = Path(os.environ["IN_PLACE_LOG"])
-    marker = log / "fault-done"
+    faults = {int(at) for at in str(args.at).split(",")}
     for step in range(start, args.steps):
-        if args.fault != "none" and rank == args.victim and step == args.at and not marker.exists():
+        marker = log / ("fault-done" if len(faults) == 1 else f"fault-done-{step}")
+        if args.fault != "none" and rank == args.victim and step in faults and not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
         gen = torch.Generator().manual_seed(step * 1000 + rank)
@@ -75,7 +79,8 @@ def train(args: argparse.Namespace) -> None:
         time.sleep(args.step_sleep)
     if rank == 0:
         print(f"final-checksum {checksum(model.module)}", flush=True)
-    ckpt.clear()
+    if not args.keep:
+        ckpt.clear()
     elastic.finished()
 
 

@@ -226,10 +226,17 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def clean_partial(root: Path, newer_than: float | None = None) -> list[Path]:
-    """Remove stale partial step directories (and the agent's exchange area); returns what went."""
+def clean_partial(
+    root: Path, newer_than: float | None = None, spare: set[Path] | frozenset[Path] = frozenset()
+) -> list[Path]:
+    """Remove stale partial step directories (and the agent's exchange area); returns what went.
+
+    ``spare``: directories being written right now (mlaunch's commit beside an in-place recovery).
+    """
     removed = []
     for path in partial_dirs(root):
+        if path in spare:
+            continue
         if newer_than is not None:
             with contextlib.suppress(OSError):
                 if path.stat().st_mtime > newer_than:

@@ -162,8 +162,13 @@ def watch() -> bool:
     """Report this rank's imports as its script makes them (``launchers.standby.standby``, when asked for)."""
     if not enabled():
         return False
+    global _last
     path = report_path(env.run_id(), os.getpid())
-    write(path)
+    # No write now: at its hand-off the process holds only what ``preload:`` (and the warm parent's
+    # learning) imported, nothing to learn, and its first step is due; a snapshot of ~2,000 modules
+    # here cost 20-60 ms of every restart, the replacement's in an in-place recovery. The first write
+    # comes with the first import ``WATCH_EVERY`` seconds on, or the rank's progress reports.
+    _last = time.monotonic()
     sys.meta_path.insert(0, _ImportWatch(path))
     return True
 

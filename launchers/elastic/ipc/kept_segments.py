@@ -5,16 +5,28 @@ replacement resume from the newest step every rank staged. mlaunch's flash save 
 from the ranks' segments; this module then keeps the segments (renamed) so that the recovering
 ranks read their step back from memory instead of the checkpoint directory, which on a platform
 is often remote storage (``resume.own_shard``). Both sides import it (stdlib only).
+
+The commit runs beside the recovery (``persist.commit_beside``): mlaunch decides the step while the
+ranks are frozen, says it in the *pending* record (``announce_pending``: the step, this node's
+ranks' shard sizes, the id the commit will carry, its directory) and wakes them at once; the
+re-called ``load_latest()`` takes that step from the kept image even before its marker is on disk
+(``pending``). The record says when the commit ended (``ended``): a rank that cannot use its kept
+image waits for it (``await_commit``) and reads the file, or falls back with its peers to an older
+step. A commit in flight holds the segments it reads open, and mlaunch unlinks kept segments only
+after it ended, so they are never released under it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from launchers.elastic.ipc import staging
+from launchers.elastic.ranks import env
 
 T = TypeVar("T")
 
@@ -62,3 +74,51 @@ def read_kept(run_id: str, rank: int, step: int, length: int, read: Callable[[me
                 finally:
                     view.release()
     return None
+
+
+PENDING, COMMITTED, FAILED = "pending", "committed", "failed"
+
+
+def pending_path(run_id: str) -> str:
+    """The record of the step mlaunch commits beside an in-place recovery (one per node and run)."""
+    return os.path.join(env.shm_dir(), f"mlaunch.{run_id}.pending")
+
+
+def announce_pending(run_id: str, record: dict[str, Any]) -> None:
+    """mlaunch: write the pending record (``state``: ``pending``, then ``committed`` or ``failed``) atomically."""
+    path = pending_path(run_id)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(record, fh)
+    os.replace(tmp, path)
+
+
+def pending(run_id: str) -> dict[str, Any] | None:
+    """The pending record, or None (no commit beside a recovery in this run, or an unreadable record)."""
+    if not run_id:
+        return None
+    try:
+        with open(pending_path(run_id)) as fh:
+            record: Any = json.load(fh)
+        int(record["step"]), str(record["dir"]), dict(record["manifest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return dict(record)
+
+
+def ended(run_id: str) -> None:
+    """The run's pending record goes (with the run, or when no kept segment is left to read)."""
+    with contextlib.suppress(OSError):
+        os.unlink(pending_path(run_id))
+
+
+def await_commit(run_id: str, step: int, timeout: float, poll: float = 0.02) -> str | None:
+    """Wait until the commit of ``step`` beside the recovery ended; its state (None: no record of that step)."""
+    end = time.monotonic() + timeout
+    while True:
+        record = pending(run_id)
+        if record is None or int(record["step"]) != step:
+            return None
+        if record.get("state") != PENDING or time.monotonic() >= end:
+            return str(record.get("state"))
+        time.sleep(poll)
