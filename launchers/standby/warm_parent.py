@@ -146,7 +146,6 @@ def preload(modules: list[str]) -> dict[str, Any]:
         hazard = fork_hazard(name)
         if hazard:
             return {"unsafe": hazard, "module": name}
-    known_origins()
     gc.freeze()  # imported objects move to a generation the collector never walks: their pages stay shared
     return {"ready": True, "modules": list(sys.modules)}
 
@@ -178,19 +177,6 @@ def half_imported(before: set[str]) -> str:
     return f"{len(orphans)} module(s) whose package is gone ({shown})"
 
 
-def known_origins() -> None:
-    """Where each module imported here comes from, worked out once here rather than in every standby.
-
-    A standby that becomes a rank under ``preload_learning`` reports its installed imports at once
-    (``import_report.watch``): with torch imported that is ~2,000 modules, a ``realpath`` each —
-    30-60 ms on the path of every restart, the replacement's in an in-place recovery. Forked
-    standbys inherit these verdicts and look up only what their script imports beyond them.
-    """
-    from launchers.elastic.ipc import import_report
-
-    import_report.snapshot()
-
-
 def learn(modules: list[str]) -> dict[str, Any]:
     """Import what the ranks were seen to import, skipping what fails; never from the job's directory."""
     added: list[str] = []
@@ -219,7 +205,6 @@ def learn(modules: list[str]) -> dict[str, Any]:
                 return {"unsafe": hazard, "module": name, "imported": added, "skipped": skipped}
     finally:
         sys.path[:] = saved
-    known_origins()
     gc.freeze()
     return {"imported": added, "skipped": skipped, "modules": list(sys.modules), "count": len(sys.modules) - before}
 
