@@ -121,6 +121,7 @@ def measure(killed: float, answers: list[dict[int, list[float]]], nnodes: int) -
         move_met_s=max(met) - first,
         own_median=statistics.median(w - d for d, w, _ in done),  # each agent: its detection → its welcome
         own_max=max(w - d for d, w, _ in done),
+        successor_up=stamps[1][0] - killed,  # node 1 moved: its hub started then
     )
     return result
 
@@ -132,7 +133,7 @@ def report(nnodes: int, r: dict[str, Any]) -> None:
         return
     print(
         f"    from the kill: detected {r['detect_first']:.2f}–{r['detect_max']:.2f} s (the hub's silence after its "
-        f"connection closed), welcomed median {r['welcome_median']:.2f} s, max {r['welcome_max']:.2f} s, "
+        f"connection closed), node 1's hub started {r['successor_up']:.2f} s, welcomed median {r['welcome_median']:.2f} s, max {r['welcome_max']:.2f} s, "
         f"meeting done {r['met_max']:.2f} s"
     )
     print(
