@@ -139,11 +139,12 @@ def serve(conn: Connection, agents: list[Any], heard: dict[int, float]) -> None:
             conn.send("done")
         elif command == "arm":
             succession.arm(agents, moved)
-            conn.send("armed")
+            conn.send(time.process_time())
         elif command == "lose":
-            stamps = succession.watch(agents, moved, arg)
-            time.sleep(1.0 if any(e.hub is not None for e in agents) else 0.0)  # its monitor's events counted
-            conn.send((stamps, sum(e.hub.strangers.authenticated for e in agents if e.hub is not None)))
+            stamps, cpu = succession.watch(agents, moved, arg), time.process_time() - arg[1]
+            hubs = [e.hub for e in agents if e.hub is not None]  # node 1's process: the successor's hub
+            time.sleep(1.0 if hubs else 0.0)  # its monitor's events counted
+            conn.send((stamps, sum(h.strangers.authenticated for h in hubs), cpu, bool(hubs)))
 
 
 class _Failure:
@@ -282,16 +283,18 @@ def lose_node0(nnodes: int, links: list[Any], hub_proc: Any) -> dict[str, Any]:
     """Node 0's process SIGKILLed (a lost machine): node 1 hosts the hub next (``control_scale_succession``)."""
     for link in links:
         link.send(("arm", None))
-    for link in links:
-        link.recv()
+    marks = [link.recv() for link in links]  # each process's CPU time
     time.sleep(1.0)
     killed = time.monotonic()
     hub_proc.kill()
-    for link in links:
-        link.send(("lose", 60.0 + NODE_TIMEOUT))
+    for link, mark in zip(links, marks, strict=True):
+        link.send(("lose", (60.0 + NODE_TIMEOUT, mark)))
     answers = [link.recv() for link in links]
-    result = succession.measure(killed, [stamps for stamps, _ in answers], nnodes)
-    return {**result, "loss_handshakes": sum(count for _, count in answers)}
+    result = succession.measure(killed, [a[0] for a in answers], nnodes)
+    result["loss_handshakes"] = sum(a[1] for a in answers)
+    result["successor_cpu"] = sum(a[2] for a in answers if a[3])
+    result["agents_cpu"] = sum(a[2] for a in answers if not a[3]) / max(1, nnodes - 2)  # per agent
+    return result
 
 
 def old_protocol(nnodes: int) -> tuple[float, float]:
