@@ -47,6 +47,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ def agents_main(conn: Connection, nodes: list[int], nnodes: int, port: int, wher
             join_timeout=300.0, driver=driver, host=f"node-{node}", elastic=succession.span(nnodes),
             hosts=succession.hosts(nnodes, master),
         )  # fmt: skip
-        events.state.wake = lambda node=node: heard.setdefault(node, time.monotonic())  # a failure arrived
+        events.state.wake = stamper(heard, node)  # a failure arrived
         events.state.mover = events._move_hub  # a shared driver's agents get none: they follow the hub as a node's
         agents.append(events)
     if driver is not None:  # each real node says it once; thousands of the same line would bury the figures
@@ -147,6 +148,15 @@ def serve(conn: Connection, agents: list[Any], heard: dict[int, float]) -> None:
             conn.send((stamps, sum(h.strangers.authenticated for h in hubs), cpu, bool(hubs)))
 
 
+def stamper(heard: dict[int, float], node: int) -> Callable[[], None]:
+    """An agent's wake-up: the first one (the failure's arrival) stamped."""
+
+    def stamp() -> None:
+        heard.setdefault(node, time.monotonic())
+
+    return stamp
+
+
 class _Failure:
     label, rank, exit_code, signal, cause = "rank 7", 7, 137, 9, ""
 
@@ -184,7 +194,7 @@ def node0_main(conn: Connection, nnodes: int, port: int, where: Hosts | None) ->
         elastic=succession.span(nnodes), hosts=succession.hosts(nnodes, where.node0_ip if where else "127.0.0.1"),
     )  # fmt: skip
     heard: dict[int, float] = {}
-    events.state.wake = lambda: heard.setdefault(0, time.monotonic())
+    events.state.wake = stamper(heard, 0)
     hub = events.hub
     assert hub is not None
     conn.send(started)

@@ -79,19 +79,19 @@ def measure(killed: float, answers: list[dict[int, list[float]]], nnodes: int) -
     result: dict[str, Any] = {"loss_survivors": nnodes - 1, "loss_met": len(done)}
     if len(done) < nnodes - 1:
         missing = sorted(n for n, t in stamps.items() if t[2] != t[2])
-        moved, welcomed = (sum(1 for t in stamps.values() if t[i] == t[i]) for i in (0, 1))
+        moved, welcomed = (sum(1 for t in stamps.values() if t[i] == t[i]) for i in (0, 1))  # not NaN
         print(f"  warning: {nnodes - 1 - len(done)} of {nnodes - 1} survivors never met at the new hub "
               f"({moved} moved, {welcomed} welcomed there): {missing[:10]}", flush=True)  # fmt: skip
         return {**result, **dict.fromkeys(("detect_max", "welcome_max", "met_max", "move_s", "move_met_s"), 0.0)}
-    detected, welcomed, met = ([t[i] for t in done] for i in range(3))
+    detected, welcomed_at, met = ([t[i] for t in done] for i in range(3))
     first = min(detected)
     result.update(
         detect_first=first - killed,
         detect_max=max(detected) - killed,
-        welcome_median=statistics.median(welcomed) - killed,
-        welcome_max=max(welcomed) - killed,
+        welcome_median=statistics.median(welcomed_at) - killed,
+        welcome_max=max(welcomed_at) - killed,
         met_max=max(met) - killed,
-        move_s=max(welcomed) - first,  # from the first agent's detection to the last one welcomed
+        move_s=max(welcomed_at) - first,  # from the first agent's detection to the last one welcomed
         move_met_s=max(met) - first,
         own_median=statistics.median(w - d for d, w, _ in done),  # each agent: its detection → its welcome
         own_max=max(w - d for d, w, _ in done),
