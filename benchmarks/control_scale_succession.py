@@ -116,7 +116,7 @@ def report(nnodes: int, r: dict[str, Any]) -> None:
         f"detection → welcome: median {r['own_median'] * 1e3:.0f} ms, max {r['own_max'] * 1e3:.0f} ms"
     )
     print(
-        f"    CURVE handshakes at the new hub: {r['loss_handshakes']}; node 1's process (its agent and the new "
+        f"    handshakes at the new hub (CURVE's, when on): {r['loss_handshakes']}; node 1's process (its agent and the new "
         f"hub) used {r['successor_cpu']:.2f} s of CPU from the kill until every survivor met; each other agent "
         f"{r['agents_cpu'] * 1e3:.1f} ms (its move, handshake, hello and meeting; on a real node its own core's)"
     )
