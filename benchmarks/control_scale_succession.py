@@ -107,7 +107,8 @@ def measure(killed: float, answers: list[dict[int, list[float]]], nnodes: int) -
 def report(nnodes: int, r: dict[str, Any]) -> None:
     """The phase's lines (the verdict's)."""
     curve = "CURVE" if r.get("curve", True) else "no CURVE"
-    print(f"  node 0 lost at N={nnodes} ({curve}): {r['loss_met']} of {r['loss_survivors']} survivors met at node 1's")
+    met = f"{r['loss_met']} of {r['loss_survivors']} survivors met at node 1's hub"
+    print(f"  node 0 lost at N={nnodes} ({curve}): {met}")
     if r["loss_met"] < r["loss_survivors"]:
         return
     print(
