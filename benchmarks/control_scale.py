@@ -367,6 +367,9 @@ def main() -> int:
                 flush=True,
             )
     verdict([row for row in rows if args.curve != "both" or row[1]["curve"]])
+    for nnodes, r in rows:  # node 0's loss, every row (with CURVE and without)
+        if "loss_met" in r:
+            succession.report(nnodes, r)
     return 0
 
 
@@ -391,9 +394,6 @@ def verdict(rows: list[tuple[int, dict[str, Any]]]) -> None:
         f"  the failure at N={nnodes}: at the hub after {top['uplink'] * 1e3:.1f} ms, handed to every peer's queue "
         f"in {top['fanout'] * 1e3:.1f} ms (slowest broadcast of the run: {top['slowest_broadcast'] * 1e3:.1f} ms)"
     )
-    for nnodes, r in rows:
-        if "loss_met" in r:
-            succession.report(nnodes, r)
 
 
 if __name__ == "__main__":
