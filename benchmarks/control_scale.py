@@ -13,7 +13,10 @@ mlaunch does). Nodes 1…N-1 are real ``NetworkEvents`` too — the same ``Agent
   contribution to the last node's answer;
 - **steady state**: every node publishes an 8-rank status entry every second (as the
   observer does) for a while; the hub process's CPU share (one core = 100 %) and the bytes
-  per second through the hub's socket, in total and per agent.
+  per second through the hub's socket, in total and per agent;
+- **hub loss** (``control_scale_succession``): node 0's process SIGKILLed; the time until every
+  survivor is welcomed by node 1's new hub and the next meeting is done. Node 1 runs in a process
+  of its own with its own driver (its mlaunch starts the successor's hub), at normal priority.
 
 Beside it, the protocol before issue 24 for the same N, computed from one real ``wire.seal``
 of the whole view measured in this run: it relayed every node's entry to every node twice
@@ -44,38 +47,21 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import control_scale_succession as succession  # noqa: E402
+from benchmarks.control_scale_hosts import Hosts, enter, two_hosts  # noqa: E402
+from benchmarks.control_scale_steady import node_entry, publish_for, steady  # noqa: E402
 
 PER_PROCESS = 1024  # agents driven by one process (one poller, one driver thread)
 AGENT_NICENESS = 10  # the agents' processes yield the CPU to node 0's (the hub's machine is not theirs)
 KEY = b"control-scale-benchmark-secret!!"
 NODE_TIMEOUT = 30.0  # monitor.node_timeout's default
 GOALS = {"failure_max_ms": 100.0, "meeting_s": 0.5, "hub_cpu": 0.10}
-
-
-def node_entry(node: int, step: int) -> dict[str, Any]:
-    """What the observer publishes for a node of 8 ranks (``observe.status_file``'s shape)."""
-    now = time.time()
-    ranks = [
-        {
-            "rank": node * 8 + i,
-            "step": step,
-            "steps_per_s": 1.234,
-            "step_time_s": 0.8103,
-            "own_step_time_s": 0.7921,
-            "last_progress": round(now, 3),
-            "last_progress_age_s": 0.4,
-            "committed_step": step - step % 100,
-            "straggler": False,
-            "hung": False,
-        }
-        for i in range(8)
-    ]
-    return {"index": node, "host": f"node-{node:05d}.cluster.local", "ranks": ranks}
 
 
 def raise_fd_limit() -> None:
@@ -88,35 +74,50 @@ def raise_fd_limit() -> None:
 
 
 # -- the agents' processes ------------------------------------------------------------------------
-def agents_main(conn: Connection, nodes: list[int], nnodes: int, port: int) -> None:
+def agents_main(conn: Connection, nodes: list[int], nnodes: int, port: int, where: Hosts | None) -> None:
+    """Many agents on one driver; node 1 alone (``nodes == [1]``) is a node's mlaunch: its own driver, not niced."""
     import zmq
 
+    from launchers.control import agent_core
     from launchers.control.agent import NetworkEvents
     from launchers.control.driver import Driver
+    from launchers.log import say
 
+    enter(where.others if where else None)
     raise_fd_limit()
-    os.nice(AGENT_NICENESS)  # they stand in for other machines: the hub's machine does not share its cores with them
-    context = zmq.Context()
-    context.set(zmq.MAX_SOCKETS, len(nodes) * 4 + 64)  # a socket and its monitor pair per agent
-    driver = Driver(context, KEY, name="bench-driver")
-    driver.start()
+    master = where.node0_ip if where else "127.0.0.1"
+    driver = None
+    if nodes != [1]:  # node 1 may host the hub next: its machine is the hub's
+        os.nice(AGENT_NICENESS)  # they stand in for other machines: the hub's machine does not share its cores
+        context = zmq.Context()
+        context.set(zmq.MAX_SOCKETS, len(nodes) * 4 + 64)  # a socket and its monitor pair per agent
+        driver = Driver(context, KEY, name="bench-driver")
+        driver.start()
     heard: dict[int, float] = {}
     agents = []
     for node in nodes:
         events = NetworkEvents(
-            node=node, nnodes=nnodes, master_addr="127.0.0.1", port=port, secret=KEY,
-            node_timeout=NODE_TIMEOUT, join_timeout=300.0, driver=driver, host=f"node-{node}",
+            node=node, nnodes=nnodes, master_addr=master, port=port, secret=KEY, node_timeout=NODE_TIMEOUT,
+            join_timeout=300.0, driver=driver, host=f"node-{node}", elastic=succession.span(nnodes),
+            hosts=succession.hosts(nnodes, master),
         )  # fmt: skip
-        events.state.wake = lambda node=node: heard.setdefault(node, time.monotonic())  # a failure arrived
+        events.state.wake = stamper(heard, node)  # a failure arrived
+        events.state.mover = events._move_hub  # a shared driver's agents get none: they follow the hub as a node's
         agents.append(events)
+    if driver is not None:  # each real node says it once; thousands of the same line would bury the figures
+        agent_core.say = lambda line, **kw: None if " joins node " in line else say(line, **kw)
     conn.send("ready")
-    serve(conn, agents, heard, driver)
-    driver.stop()
-    context.term()
+    serve(conn, agents, heard)
+    for events in agents if driver is None else ():
+        events.close(0)
+    if driver is not None:
+        driver.stop()
+        driver.context.term()
 
 
-def serve(conn: Connection, agents: list[Any], heard: dict[int, float], driver: Any) -> None:
+def serve(conn: Connection, agents: list[Any], heard: dict[int, float]) -> None:
     """Answer the conductor's commands until ``stop``."""
+    moved: dict[int, list[float]] = {}
     while True:
         command, arg = conn.recv()
         if command == "stop":
@@ -137,6 +138,23 @@ def serve(conn: Connection, agents: list[Any], heard: dict[int, float], driver: 
         elif command == "steady":
             publish_for(agents, arg)
             conn.send("done")
+        elif command == "arm":
+            succession.arm(agents, moved)
+            conn.send(time.process_time())
+        elif command == "lose":
+            stamps, cpu = succession.watch(agents, moved, arg), time.process_time() - arg[1]
+            hubs = [e.hub for e in agents if e.hub is not None]  # node 1's process: the successor's hub
+            time.sleep(1.0 if hubs else 0.0)  # its monitor's events counted
+            conn.send((stamps, sum(h.strangers.authenticated for h in hubs), cpu, bool(hubs)))
+
+
+def stamper(heard: dict[int, float], node: int) -> Callable[[], None]:
+    """An agent's wake-up: the first one (the failure's arrival) stamped."""
+
+    def stamp() -> None:
+        heard.setdefault(node, time.monotonic())
+
+    return stamp
 
 
 class _Failure:
@@ -163,30 +181,20 @@ def meet(agents: list[Any], topic: str) -> tuple[float, float]:
     return began, last
 
 
-def publish_for(agents: list[Any], seconds: float) -> None:
-    """What every node's observer does: its status entry every second."""
-    end = time.monotonic() + seconds
-    step = 100
-    while time.monotonic() < end:
-        tick = time.monotonic()
-        step += 1
-        for events in agents:
-            events.publish(node_entry(events.node, step))
-        time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
-
-
 # -- node 0's process -------------------------------------------------------------------------------
-def node0_main(conn: Connection, nnodes: int, port: int) -> None:
+def node0_main(conn: Connection, nnodes: int, port: int, where: Hosts | None) -> None:
     from launchers.control.agent import NetworkEvents
     from launchers.control.messages import Fail
 
+    enter(where.node0 if where else None)
     raise_fd_limit()
     started = time.monotonic()
     events = NetworkEvents(
-        node=0, nnodes=nnodes, master_addr="127.0.0.1", port=port, secret=KEY, node_timeout=NODE_TIMEOUT
-    )
+        node=0, nnodes=nnodes, master_addr="127.0.0.1", port=port, secret=KEY, node_timeout=NODE_TIMEOUT,
+        elastic=succession.span(nnodes), hosts=succession.hosts(nnodes, where.node0_ip if where else "127.0.0.1"),
+    )  # fmt: skip
     heard: dict[int, float] = {}
-    events.state.wake = lambda: heard.setdefault(0, time.monotonic())
+    events.state.wake = stamper(heard, 0)
     hub = events.hub
     assert hub is not None
     conn.send(started)
@@ -205,64 +213,24 @@ def node0_main(conn: Connection, nnodes: int, port: int) -> None:
     hub.stop()
 
 
-def steady(events: Any, seconds: float) -> dict[str, float]:
-    """Node 0 publishes too; the hub's CPU and traffic over the second half of ``seconds``."""
-    hub = events.hub
-    warm = seconds / 2
-    end = time.monotonic() + seconds
-    mark: tuple[float, float, Any] | None = None
-    step = 100
-    while time.monotonic() < end:
-        tick = time.monotonic()
-        step += 1
-        events.publish(node_entry(0, step))
-        if step % 10 == 0:
-            events.publish_summary({"phase": "running", "last_committed_step": step - step % 10, "stragglers": []})
-        if mark is None and tick >= end - seconds + warm:
-            mark = (time.monotonic(), time.process_time(), _copy(hub.traffic))
-            hub_cpu = thread_cpu(hub.native_id)
-        time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
-    assert mark is not None
-    wall = time.monotonic() - mark[0]
-    cpu = time.process_time() - mark[1]
-    now, before = hub.traffic, mark[2]
-    return {
-        "cpu": cpu / wall,
-        "hub_thread": (thread_cpu(hub.native_id) - hub_cpu) / wall,
-        "bytes_in": (now.bytes_in - before.bytes_in) / wall,
-        "bytes_out": (now.bytes_out - before.bytes_out) / wall,
-        "messages_in": (now.messages_in - before.messages_in) / wall,
-        "slowest_broadcast": now.slowest_broadcast,
-        "status_every": hub.cadence.status,
-        "handshakes": hub.strangers.authenticated,  # CURVE handshakes completed (the join is mostly these)
-        "handshakes_failed": hub.strangers.handshake_failed,  # cut (past the deadline) and done again
-    }
-
-
-def thread_cpu(tid: int | None) -> float:
-    """CPU seconds of one thread of this process (/proc: utime + stime)."""
-    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _copy(traffic: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(traffic)
-
-
 # -- the conductor --------------------------------------------------------------------------------
 def run(nnodes: int, seconds: float) -> dict[str, Any]:
+    """Node 0 on a machine of its own (a network namespace: ``control_scale_hosts``) where it can be."""
+    with two_hosts() as where:
+        return run_on(nnodes, seconds, where)
+
+
+def run_on(nnodes: int, seconds: float, where: Hosts | None) -> dict[str, Any]:
     from launchers.platform.cluster import free_port
 
     port = free_port()
-    others = list(range(1, nnodes))
-    groups = [others[i : i + PER_PROCESS] for i in range(0, len(others), PER_PROCESS)]
+    others = list(range(2, nnodes))
+    groups = [[1], *(others[i : i + PER_PROCESS] for i in range(0, len(others), PER_PROCESS))]
     ctx = mp.get_context("fork")
     links, procs = [], []
     for group in groups:
         mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=agents_main, args=(theirs, group, nnodes, port), daemon=True)
+        proc = ctx.Process(target=agents_main, args=(theirs, group, nnodes, port, where), daemon=True)
         proc.start()
         links.append(mine)
         procs.append(proc)
@@ -271,11 +239,12 @@ def run(nnodes: int, seconds: float) -> dict[str, Any]:
             link.recv()  # every agent is saying hello to a hub that is not there yet
         time.sleep(1.0)
         hub_link, theirs = ctx.Pipe()
-        hub_proc = ctx.Process(target=node0_main, args=(theirs, nnodes, port), daemon=True)
+        hub_proc = ctx.Process(target=node0_main, args=(theirs, nnodes, port, where), daemon=True)
         hub_proc.start()
         procs.append(hub_proc)
         started = hub_link.recv()
-        return measure(nnodes, links, hub_link, started, seconds)
+        result = measure(nnodes, links, hub_link, started, seconds)
+        return {**result, **(lose_node0(nnodes, links, hub_proc) if where else {})}
     finally:
         for link in [*links, *([hub_link] if "hub_link" in locals() else [])]:
             with contextlib.suppress(OSError):
@@ -317,6 +286,24 @@ def measure(nnodes: int, links: list[Any], hub_link: Any, started: float, second
         link.recv()
     result.update(hub)
     result["per_agent"] = (hub["bytes_in"] + hub["bytes_out"]) / max(1, nnodes - 1)
+    return result
+
+
+def lose_node0(nnodes: int, links: list[Any], hub_proc: Any) -> dict[str, Any]:
+    """Node 0's process SIGKILLed (a lost machine): node 1 hosts the hub next (``control_scale_succession``)."""
+    for link in links:
+        link.send(("arm", None))
+    marks = [link.recv() for link in links]  # each process's CPU time
+    time.sleep(1.0)
+    killed = time.monotonic()
+    hub_proc.kill()
+    for link, mark in zip(links, marks, strict=True):
+        link.send(("lose", (60.0 + NODE_TIMEOUT, mark)))
+    answers = [link.recv() for link in links]
+    result = succession.measure(killed, [a[0] for a in answers], nnodes)
+    result["loss_handshakes"] = sum(a[1] for a in answers)
+    result["successor_cpu"] = sum(a[2] for a in answers if a[3])
+    result["agents_cpu"] = sum(a[2] for a in answers if not a[3]) / max(1, nnodes - 2)  # per agent
     return result
 
 
@@ -380,6 +367,9 @@ def main() -> int:
                 flush=True,
             )
     verdict([row for row in rows if args.curve != "both" or row[1]["curve"]])
+    for nnodes, r in rows:  # node 0's loss, every row (with CURVE and without)
+        if "loss_met" in r:
+            succession.report(nnodes, r)
     return 0
 
 

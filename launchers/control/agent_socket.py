@@ -17,6 +17,8 @@ from launchers.control.transport import MAX_IN, CurveKeys, secure_agent
 from launchers.control.wire import seal, unseal
 from launchers.log import say
 
+MOVED_RETRY_MS = 250  # the longest wait between tries to reach a successor's hub (``succession``)
+
 
 def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: CurveKeys | None) -> zmq.Socket[Any]:
     """The agent's socket: it queues nothing for a hub it is not connected to (a late hub gets no backlog).
@@ -28,7 +30,9 @@ def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: Cur
     sock.setsockopt(zmq.IMMEDIATE, 1)
     sock.setsockopt(zmq.IDENTITY, f"node-{state.node}-{state.incarnation}".encode())
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # a hub that is not there yet: back off to every 2 s
+    # a hub that is not there yet: back off to every 2 s; a successor's starts as its members find the old one
+    # silent (within a timer's 0.2 s of each other), so one refused there is tried again every 0.25 s at most
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, MOVED_RETRY_MS if state.moving else 2000)
     sock.connect(address)
     return sock
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -23,6 +24,8 @@ from launchers.control.agent_core import AgentState
 from launchers.control.agent_socket import dealer, flush, receive
 from launchers.control.transport import curve_keys
 
+WATCHED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED  # a closed connection; one up (say what is due)
+_EVENT = struct.Struct("=HI")  # libzmq's monitor frame: the event (u16), then its value
 TIMERS = 0.2  # seconds between looks at every agent's timers (heartbeat, status, hello retry, the hub's silence)
 
 
@@ -84,8 +87,8 @@ class Driver(threading.Thread):
                     state = agents.get(sock) if isinstance(sock, zmq.Socket) else None
                     if state is not None:
                         receive(sock, state, self.secret, now)
-                    elif isinstance(sock, zmq.Socket) and sock in monitors:
-                        closed(sock, monitors[sock], now)
+                    elif isinstance(sock, zmq.Socket) and sock in monitors and watch(sock, monitors[sock], now):
+                        self._dirty.append(monitors[sock])  # connected: its hello (what is due) leaves now
                 while self._dirty:  # a report handed in: it leaves now, not at the next timer
                     state = self._dirty.popleft()
                     if id(state) in sockets:
@@ -99,6 +102,7 @@ class Driver(threading.Thread):
                         if address is not None:  # the hub moved (``succession``): a new socket joins it
                             self._changes.append((state, threading.Event()))
                             self._changes.append((state, address))
+                            self.kick()  # now, not after the next poll's 0.2 s
         finally:
             # a remove handed in as it stopped
             self._apply_changes(poller, agents, sockets, (monitors, monitor_of), time.monotonic())
@@ -127,7 +131,7 @@ class Driver(threading.Thread):
                 sock = sockets[id(state)] = dealer(self.context, change, state, self.keys)
                 agents[sock] = state
                 poller.register(sock, zmq.POLLIN)
-                monitor = monitor_of[id(state)] = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                monitor = monitor_of[id(state)] = sock.get_monitor_socket(WATCHED)
                 monitors[monitor] = state
                 poller.register(monitor, zmq.POLLIN)
                 flush(sock, state, self.secret, now)  # hello at once
@@ -145,14 +149,19 @@ class Driver(threading.Thread):
             change.set()
 
 
-def closed(monitor: zmq.Socket[Any], state: AgentState, now: float) -> None:
-    """The monitor said the connection to the hub closed: tell the agent (once per event read)."""
+def watch(monitor: zmq.Socket[Any], state: AgentState, now: float) -> bool:
+    """The monitor's events: a closed connection to the hub told to the agent (once per event read); True when
+    a connection came up (its handshake done: the socket takes messages now, ``IMMEDIATE``)."""
+    up = False
     while True:
         try:
-            monitor.recv_multipart(zmq.NOBLOCK)
+            kind, _ = _EVENT.unpack_from(monitor.recv_multipart(zmq.NOBLOCK)[0])
         except zmq.Again:
-            return
-        state.on_hub_closed(now)
+            return up
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            up = True
+        else:
+            state.on_hub_closed(now)
 
 
 def stop_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any], monitors: dict[zmq.Socket[Any], AgentState]) -> None:

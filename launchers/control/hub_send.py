@@ -15,7 +15,7 @@ import zmq
 from launchers.control import messages as m
 from launchers.control.hub_counts import Traffic
 from launchers.control.roster import NodeStatus, Roster
-from launchers.control.wire import Outgoing, seal
+from launchers.control.wire import Outgoing, encode, seal
 
 _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)  # plain ints: the per-peer loop is the cost
 
@@ -30,9 +30,15 @@ class Sending:
     roster: Roster
     traffic: Traffic
     _last_broadcast: float
+    _encoded: tuple[m.Message, bytes] | None = None  # the last message said to one node, and its payload
 
     def _send(self, node: int, message: m.Message) -> None:
-        self._send_frames(node, seal(self.secret, message.to_wire(), self.sent))
+        """Encoded once while it is the same message: a meeting's answer said again to each member that asks
+        (after a successor's ``welcome`` every member says its part again) is O(N) to encode, each time."""
+        cached = self._encoded
+        if cached is None or cached[0] is not message:
+            cached = self._encoded = (message, encode(message.to_wire()))
+        self._send_frames(node, seal(self.secret, cached[1], self.sent))
 
     def _multicast(self, nodes: Iterable[int], message: m.Message) -> None:
         """One encoding, the same bytes to ``nodes`` (a meeting's members, an exchange's contributors)."""

@@ -44,8 +44,9 @@ def may_go_on(
     the hub needs half (a tie is its), the other side more than half, to move the hub: two disjoint
     sides can never both pass, whatever the partition.
     """
-    voters = [node for node in last if node not in graceful]  # those on no other side are not counted
-    holding = sum(1 for node in voters if node in remaining)
+    said, here = set(graceful), set(remaining)  # sets: a list here made each agent's move O(N²), 0.36 s at 4,096
+    voters = [node for node in last if node not in said]  # those on no other side are not counted
+    holding = sum(1 for node in voters if node in here)
     return len(remaining) >= minimum and (2 * holding > len(voters) or (hub and 2 * holding == len(voters)))
 
 
@@ -86,7 +87,8 @@ def successor(
     None when nobody is left, or when the rest hold no strict majority of ``members`` (the other
     side of a partition may hold it) or fewer than ``minimum`` nodes.
     """
-    rest = [node for node in members if node not in tried]
+    silent = set(tried)
+    rest = [node for node in members if node not in silent]
     if not may_go_on(members, rest, minimum, graceful):
         return None
     return next_hub(members, tried)
