@@ -19,9 +19,17 @@ from launchers.log import say
 
 
 def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: CurveKeys | None) -> zmq.Socket[Any]:
-    """The agent's socket: it queues nothing for a hub it is not connected to (a late hub gets no backlog).
+    """The agent's socket, connected to ``address``: it queues nothing for a hub it is not connected to (a late hub
+    gets no backlog).
 
     ``keys``: the job's CURVE keys (``transport``): only the job's hub can answer, encrypted."""
+    sock = unconnected_dealer(context, state, keys)
+    sock.connect(address)
+    return sock
+
+
+def unconnected_dealer(context: zmq.Context[Any], state: AgentState, keys: CurveKeys | None) -> zmq.Socket[Any]:
+    """``dealer`` before its ``connect`` (``hub_probe`` watches the connection from its first event)."""
     sock = context.socket(zmq.DEALER)
     secure_agent(sock, keys, state.nnodes)
     sock.setsockopt(zmq.LINGER, 500)
@@ -29,7 +37,6 @@ def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: Cur
     sock.setsockopt(zmq.IDENTITY, f"node-{state.node}-{state.incarnation}".encode())
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # a hub that is not there yet: back off to every 2 s
-    sock.connect(address)
     return sock
 
 

@@ -235,7 +235,7 @@ class Hub(Sending, threading.Thread):
         first = self.first[max(self.first)] if self.first else None
         welcome = m.Welcome(
             len(self.roster.members), base.heartbeat, base.status, base.hello_retry,
-            first=first, ended=self.ended, summary=self.summary,
+            first=first, ended=self.ended, summary=self.summary, hub=self.host_node,
         )  # fmt: skip
         self._apply(self.membership.on_hello(hello, welcome))
 

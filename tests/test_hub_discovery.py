@@ -1,0 +1,103 @@
+"""A starting mlaunch finds a hub that moved (issue 45, item 3): the old node 0 comes back as a candidate.
+
+The decision (``control.discovery``: whom to probe, whom to join) is pure and tested on its own;
+the probe (``control.hub_probe``) and the plane over loopback TCP are real: real hubs, real
+``NetworkEvents`` agents, real CURVE. Every node shares 127.0.0.1 here (as in test_hub_moves.py),
+so a probe of "node 2's host" reaches whichever hub holds the port; across hosts:
+tests/test_hub_moves_hosts.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from plane_helpers import together, until
+from test_hub_moves import KEY, agent, meet, next_event, plane, vanish
+
+from launchers.control.discovery import Answer, Place, decide, targets
+from launchers.platform.cluster import free_port
+
+zmq = pytest.importorskip("zmq")
+
+HOSTS = ("w-0", "w-1", "w-2")
+
+
+# -- the decisions --------------------------------------------------------------------------------
+def test_only_a_job_whose_hub_can_move_probes_and_never_its_own_port_or_the_master() -> None:
+    assert targets(0, movable=True, hosts=HOSTS) == (1, 2)
+    assert targets(2, movable=True, hosts=HOSTS) == (1,)  # node 0's is the master address: it goes there anyway
+    assert targets(0, movable=False, hosts=HOSTS) == ()  # no range or no host list: the hub never moves
+    assert targets(0, movable=True, hosts=[f"w-{n}" for n in range(4096)]) == tuple(range(1, 17))  # the lowest
+
+
+def test_a_hub_that_answered_is_joined_else_node_0_hosts_as_at_any_first_start() -> None:
+    found = decide(0, {1: Answer.HUB, 2: Answer.ABSENT}, hub=1)
+    assert (found.host, found.join) == (False, 1) and "node 1" in found.said
+    assert decide(0, {1: Answer.ABSENT, 2: Answer.ABSENT}, hub=None) == Place(host=True, join=None)  # a fresh start
+    assert decide(0, {}, hub=None) == Place(host=True, join=None)  # nothing probed: as before
+    assert decide(2, {1: Answer.ABSENT}, hub=None) == Place(host=False, join=None)  # to the master address
+    unclear = decide(0, {1: Answer.STRANGER, 2: Answer.SILENT}, hub=None)
+    assert unclear.host and "node 1: something without the job's key" in unclear.said
+    assert "node 2: no answer in time" in unclear.said
+    assert decide(0, {1: Answer.ABSENT}, hub=1).host  # a named hub without an answer is none
+
+
+# -- the probe ------------------------------------------------------------------------------------
+def _state(node: int) -> Any:
+    from launchers.control.agent_core import AgentState
+
+    return AgentState(node, 3, 3.0, 3.0, f"h{node}", elastic=(2, 3))
+
+
+def test_the_probe_hears_the_job_s_hub_and_only_it() -> None:
+    """Another job's hub (another key) completes no handshake and answers nothing; a closed port is known at once."""
+    from launchers.control.hub import Hub
+    from launchers.control.hub_probe import probe
+    from launchers.control.transport import curve_keys
+
+    context = zmq.Context.instance()
+    ours, theirs, closed = free_port(), free_port(), free_port()
+    hubs = [Hub(context, ours, KEY, 3, 3.0, (2, 3)), Hub(context, theirs, b"x" * 32, 3, 3.0, (2, 3))]
+    for hub in hubs:
+        hub.start()
+    try:
+        state = _state(0)
+        addresses = {1: f"tcp://127.0.0.1:{theirs}", 2: f"tcp://127.0.0.1:{closed}"}
+        began = time.monotonic()
+        answers, sock = probe(context, curve_keys(KEY), KEY, state, addresses)
+        assert answers == {1: Answer.STRANGER, 2: Answer.ABSENT} and sock is None and not state.welcomed
+        assert time.monotonic() - began < 3.0  # bounded; decided by the handshake's failure, not a long wait
+        answers, sock = probe(context, curve_keys(KEY), KEY, state, {1: f"tcp://127.0.0.1:{ours}"})
+        assert answers == {1: Answer.HUB} and sock is not None and state.welcomed and state.hub == 0
+        sock.close(0)
+    finally:
+        for hub in hubs:
+            hub.stop()
+
+
+# -- the real plane -------------------------------------------------------------------------------
+def test_the_old_node_0_restarted_joins_the_moved_hub_as_a_candidate_and_is_admitted() -> None:
+    from launchers.control import Left
+
+    with plane((2, 3)) as nodes:
+        assert not any(x.hub is None for x in nodes[:1]) and not any(x.hosting for x in nodes[1:])  # node 0 hosts
+        meet(nodes, "0", 0)
+        vanish(nodes[0])
+        assert all(next_event(n, Left) is not None for n in nodes[1:])
+        assert until(lambda: nodes[1].hosting)
+        assert [x.members for x in meet(nodes[1:], "1", 1)] == [(1, 2)] * 2
+        back = agent(0, nodes[1].port, (2, 3))  # the platform restarted it: rank 0, the same environment
+        try:
+            assert not back.hosting and back.joined(time.monotonic() + 5) and back.candidate, back.state.phase
+            assert back.state.hub == 1  # its welcome named where the hub runs
+            assert until(lambda: nodes[1].waiting() == [0])
+            grown = meet(nodes[1:], "2", 2)  # the next membership change (at_restart: the next meeting)
+            assert [x.members for x in grown] == [(0, 1, 2)] * 2 and [n for n, _ in grown[0].joined] == [0]
+            admitted = back.admission(5.0)
+            assert admitted is not None and admitted.members == (0, 1, 2)
+            three = [back, *nodes[1:]]
+            assert together(three, lambda n: n.reduce("start/2", None, time.monotonic() + 5, "count")) == [3, 3, 3]
+        finally:
+            back.close(0)  # before the hub's node closes: it waits for every node to leave
