@@ -81,7 +81,10 @@ def probe(
     # takes libzmq's default one (named after the socket) while this one may still be unbinding
     monitors = {n: sock.get_monitor_socket(WATCHED, f"inproc://mlaunch-probe-{tag}-{n}") for n, sock in socks.items()}
     for node, address in targets.items():
-        socks[node].connect(address)
+        try:
+            socks[node].connect(address)
+        except zmq.ZMQError:  # an address libzmq cannot even parse: no hub can be reached there
+            found.answers[node] = Answer.ABSENT
     poller = zmq.Poller()
     owner: dict[zmq.Socket[Any], tuple[int, bool]] = {}  # socket → (its target, whether it is a monitor)
     for node in targets:
@@ -97,7 +100,7 @@ def probe(
                     found.on_event(node, int(parse_monitor_message(sock.recv_multipart())["event"]))
                     continue
                 receive(sock, state, secret, time.monotonic())
-                if state.welcomed:
+                if state.welcomed or state.final is not None:  # its welcome, or that this node is out: the job's
                     found.answers[node], found.found = Answer.HUB, node
                     break
             for node in sorted(found.hello_due):
