@@ -52,10 +52,18 @@ def targets(node: int, movable: bool, hosts: Sequence[str]) -> tuple[int, ...]:
     Node 0 probes the other nodes, another node every node but itself and node 0 (it goes to the
     master address, node 0's, when nobody else answers): the lowest ``PROBED_AT_MOST`` of them, as
     the hub moves to the lowest surviving member, and a probe of thousands of ports would cost a
-    socket each (a hub past them is missed: this node waits at its own hub or node 0's, alone)."""
+    socket each (a hub past them is missed: this node waits at its own hub or node 0's, alone).
+    Each host once (its lowest node): one host's control port is one hub, and two probes of it would
+    hand the agent's identity from one connection to the other (``ROUTER_HANDOVER``) as one closes."""
     if not movable:
         return ()
-    return tuple(n for n in range(len(hosts)) if n not in (node, 0) and hosts[n])[:PROBED_AT_MOST]
+    probed: dict[str, int] = {}
+    for n, host in enumerate(hosts):
+        if n not in (node, 0) and host and host not in probed:
+            probed[host] = n
+            if len(probed) == PROBED_AT_MOST:
+                break
+    return tuple(probed.values())
 
 
 @dataclass(frozen=True)
