@@ -116,17 +116,21 @@ def test_node_0_restarted_with_its_same_environment_finds_the_moved_hub_and_is_a
         run.procs[0].kill()
         run.wait_for(r"membership \(generation 1\): 3 → 2 nodes \(6 → 4 ranks\); nodes in the job: 1, 2; left: 0 ")
         run.wait_for(RESUMED.pattern, host=1)  # the 2-node job trains
+        began = time.monotonic()
         run.start(0)  # the platform restarted node 0's pod: rank 0, the master address its own host
         run.wait_for(r"node 0: the job's hub runs on node 1 \(it moved there\); joining it", host=0)
         run.wait_for(r"node 0: the job is already running; this node starts no ranks and waits", host=0)
+        waits = time.monotonic() - began
         regroup = run.wait_for(r"wait to join and step (\d+) is committed", host=1)  # the hub's node grows it
         run.wait_for(r"node 0: admitted to the job at generation \d+", host=0)
+        admitted = time.monotonic() - began
         grown = run.wait_for(RESUMED.pattern, host=0)  # node 0 is node rank 0 again: its rank 0 says it
         assert int(grown[1]) >= int(regroup[1]) and (grown[2], grown[3]) == ("4", "6"), run.text()
         codes = run.finish()
     finally:
         run.kill()
     text = run.text()
+    print(f"node 0's mlaunch started again → a candidate at node 1's hub {waits:.2f}s later, admitted {admitted:.2f}s")
     assert codes == {0: 0, 1: 0, 2: 0}, (codes, text)
     assert "(hosting it)" not in run.text(0).split("joining it")[-1], text  # it never hosted a second hub
     assert len(set(re.findall(r"final-checksum ([0-9a-f]+)", text))) == 1 and final_checksum(run.text(0)), text
