@@ -109,3 +109,35 @@ def test_the_old_node_0_restarted_joins_the_moved_hub_as_a_candidate_and_is_admi
             assert together(three, lambda n: n.reduce("start/2", None, time.monotonic() + 5, "count")) == [3, 3, 3]
         finally:
             back.close(0)  # before the hub's node closes: it waits for every node to leave
+
+
+def test_a_first_start_s_hub_acts_on_no_socket_that_did_not_say_hello() -> None:
+    """Node 0's mlaunch started again before the others moved the hub: their sockets reconnect to its new hub by
+    themselves and heartbeat without a hello. Acted on, those heartbeats would keep them from ever moving; the
+    hub ignores them (counted, said once), and welcomes the same socket once it says hello."""
+    from launchers.control import messages as m
+    from launchers.control.hub import Hub
+    from launchers.control.transport import curve_keys, secure_agent
+    from launchers.control.wire import Outgoing, seal
+
+    context = zmq.Context.instance()
+    port = free_port()
+    hub = Hub(context, port, KEY, 3, 3.0, (2, 3))
+    hub.start()
+    sock = context.socket(zmq.DEALER)
+    try:
+        secure_agent(sock, curve_keys(KEY), 3)
+        sock.setsockopt(zmq.IDENTITY, b"node-1-member")
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        stream = Outgoing()
+        for _ in range(3):
+            sock.send_multipart(seal(KEY, m.Heartbeat(1).to_wire(), stream))
+        assert until(lambda: hub.dropped.ungreeted == 3) and 1 not in hub.peers
+        assert not sock.poll(1500)  # nothing said to it: no heartbeat, no welcome (the hub beats every 0.5 s)
+        sock.send_multipart(seal(KEY, m.Hello(1, "h1", "member", 0).to_wire(), stream))
+        assert sock.poll(3000) and until(lambda: 1 in hub.peers)
+        sock.send_multipart(seal(KEY, m.Heartbeat(1).to_wire(), stream))
+        assert until(lambda: hub.traffic.messages_in == 5) and hub.dropped.ungreeted == 3
+    finally:
+        sock.close(0)
+        hub.stop()
