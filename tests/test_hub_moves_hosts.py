@@ -9,7 +9,12 @@ DDP example, a save every 5 steps, ``checkpoint.replicate: off``: the shrink res
   the ranks' rendezvous master, and they go on as a 2-node job from the newest committed step with
   the model it saved; both end 0 with one final checksum;
 - node 0's link cut (nothing closes): the same after ``node_timeout``; node 0, cut off with 1 of 3
-  nodes, holds no majority: its mlaunch ends non-zero and its ranks are gone.
+  nodes, holds no majority: its mlaunch ends non-zero and its ranks are gone;
+- node 0 comes back (2 ranks a host, ``elastic.grow: at_checkpoint``): its mlaunch killed, the job goes
+  on with 2 nodes at node 1's hub, node 0's mlaunch started again with its same environment (rank 0,
+  master address = itself) finds that hub through the host list, waits as a candidate, and is
+  admitted at the next committed checkpoint; the job ends 0 on every node with one final checksum,
+  no process left in any host and no file in the run's shared memory.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, needs_torch
 from netns import Host, hosts_fixture
-from test_membership_hosts import NODE_TIMEOUT, RESUMED, SAVED, Launches, start_ddp
+from test_membership_hosts import NODE_TIMEOUT, RESUMED, SAVED, Launches, start_ddp, write_job
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
-from elastic_testlib import final_checksum  # noqa: E402
+from elastic_testlib import CHAOS, final_checksum  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_torch]
 
@@ -90,3 +95,46 @@ def test_node_0_s_link_cut_the_others_go_on_and_node_0_ends_alone(tmp_path: Path
     assert re.search(r"node [12] \(\S+\) is lost: .*below the elastic minimum 2", run.text(0)), text  # it knows why
     assert final_checksum(run.text(1)), text
     assert final_checksum(run.text(0)) is None, text  # node 0 never trained on alone
+
+
+def test_node_0_restarted_with_its_same_environment_finds_the_moved_hub_and_is_admitted(
+    tmp_path: Path, hosts3: list[Host]
+) -> None:
+    from netns import IP
+
+    args = "'--steps', '60', '--save-every', '5', '--workers', '0'"
+    job = write_job(tmp_path, CHAOS, args, extra="elastic: {grow: at_checkpoint}\n")
+    (tmp_path / "chaos").mkdir()
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    run = Launches(hosts3, job, CHAOS_STATE=str(tmp_path / "chaos"), CHAOS_STEP_SLEEP="0.1", MA_NUM_GPUS="2",
+                   MLAUNCH_SHM_DIR=str(shm))  # fmt: skip
+    try:
+        for index in range(3):
+            run.start(index)
+        run.wait_for(r"saved step (9|1\d): model-checksum", host=0)
+        run.procs[0].kill()
+        run.wait_for(r"membership \(generation 1\): 3 → 2 nodes \(6 → 4 ranks\); nodes in the job: 1, 2; left: 0 ")
+        run.wait_for(RESUMED.pattern, host=1)  # the 2-node job trains
+        began = time.monotonic()
+        run.start(0)  # the platform restarted node 0's pod: rank 0, the master address its own host
+        run.wait_for(r"node 0: the job's hub runs on node 1 \(it moved there\); joining it", host=0)
+        run.wait_for(r"node 0: the job is already running; this node starts no ranks and waits", host=0)
+        waits = time.monotonic() - began
+        regroup = run.wait_for(r"wait to join and step (\d+) is committed", host=1)  # the hub's node grows it
+        run.wait_for(r"node 0: admitted to the job at generation \d+", host=0)
+        admitted = time.monotonic() - began
+        grown = run.wait_for(RESUMED.pattern, host=0)  # node 0 is node rank 0 again: its rank 0 says it
+        assert int(grown[1]) >= int(regroup[1]) and (grown[2], grown[3]) == ("4", "6"), run.text()
+        codes = run.finish()
+    finally:
+        run.kill()
+    text = run.text()
+    print(f"node 0's mlaunch started again → a candidate at node 1's hub {waits:.2f}s later, admitted {admitted:.2f}s")
+    assert codes == {0: 0, 1: 0, 2: 0}, (codes, text)
+    assert "(hosting it)" not in run.text(0).split("joining it")[-1], text  # it never hosted a second hub
+    assert len(set(re.findall(r"final-checksum ([0-9a-f]+)", text))) == 1 and final_checksum(run.text(0)), text
+    assert re.search(r"membership \(generation \d+\): 2 → 3 nodes \(4 → 6 ranks\); nodes in the job: 0, 1, 2", text)
+    for host in hosts3:  # nothing left: no process in any host, nothing of the run in shared memory
+        assert not subprocess.run([IP, "netns", "pids", host.ns], capture_output=True, text=True).stdout.split()
+    assert not [p.name for p in shm.iterdir() if p.name.lstrip(".").startswith("mlaunch.")], list(shm.iterdir())

@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from launchers.config.elastic import LAST_CALL
+from launchers.control import discovery
 from launchers.control import messages as m
 from launchers.control.agent_core import AgentState
 from launchers.control.driver import Driver
@@ -36,6 +37,7 @@ from launchers.control.events import (
     RemoteFailure,
 )
 from launchers.control.hub import Hub
+from launchers.control.hub_probe import probe
 from launchers.control.reductions import BUILTIN, How, Reducers
 from launchers.control.succession import Inherited
 from launchers.log import say
@@ -83,24 +85,44 @@ class NetworkEvents(JobEvents):
         self._hub_args = (node_timeout, reducers, last_call)
         self.movable = elastic is not None and len(self.hosts) >= nnodes and all(self.hosts)
         self._handed_over = False  # this node hosted the hub and left gracefully: the others moved on
-        if node == 0:
-            self.hub = Hub(
-                driver.context, port, secret, nnodes, node_timeout, elastic, reducers, last_call, movable=self.movable
-            )
-            self.hub.start()
         self._wake_r, self._wake_w = _pipe() if self._own else (-1, -1)  # the supervisor's loop: something arrived
         self.wake_fd: int | None = self._wake_r if self._own else None
         self.state = AgentState(
             node, nnodes, node_timeout, join_timeout or 0.0, host or socket.gethostname(), wake=self._wake,
             elastic=elastic, hosts=self.hosts, mover=self._move_hub if self._own else None,
         )  # fmt: skip
-        driver.add(self.state, f"tcp://{'127.0.0.1' if node == 0 else master_addr}:{port}")
+        place = self._place(master_addr)
         if self._own:
             driver.start()
-            say(
-                f"control plane: node {node} of {nnodes} joining {master_addr}:{port}"
-                + (" (hosting it)" if node == 0 else "")
-            )
+            if place.said:
+                say(place.said)
+            if place.join is None:
+                say(
+                    f"control plane: node {node} of {nnodes} joining {master_addr}:{port}"
+                    + (" (hosting it)" if place.host else "")
+                )
+
+    def _place(self, master_addr: str) -> discovery.Place:
+        """Where this node's agent joins the hub (``discovery``), applied here: the one place that starts node 0's hub.
+
+        An elastic job whose platform names every host probes the other hosts first: a hub that moved
+        while this mlaunch was away answers, and the agent joins it (a returning node, a candidate)."""
+        node, driver = self.node, self.driver
+        targets = {n: f"tcp://{self.hosts[n]}:{self.port}" for n in discovery.targets(node, self.movable, self.hosts)}
+        answers, sock = probe(driver.context, driver.keys, self.secret, self.state, targets) if targets else ({}, None)
+        place = discovery.decide(node, answers, self.state.hub if sock is not None else None)
+        if place.host:
+            timeout, reducers, last_call = self._hub_args
+            self.hub = Hub(
+                driver.context, self.port, self.secret, self.nnodes, timeout, self.elastic, reducers, last_call,
+                movable=self.movable,
+            )  # fmt: skip
+            self.hub.start()
+        if sock is not None and place.join is not None:
+            driver.adopt(self.state, sock)
+        else:
+            driver.add(self.state, f"tcp://{'127.0.0.1' if place.host else master_addr}:{self.port}")
+        return place
 
     def _move_hub(self, node: int, inherited: Inherited) -> str | None:
         """The hub moves to ``node`` (the driver's thread): started here when it is this node; its address.

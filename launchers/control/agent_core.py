@@ -277,6 +277,7 @@ class AgentState:
     def on_welcome(self, welcome: m.Welcome) -> None:
         with self.cond:
             self.moving = False
+            self.hub = welcome.hub  # where it runs: a node that joins after the hub moved learns it here
             self.life.welcome(welcome.candidate)
             self.cond.notify_all()
             self.cadence = Cadence.of(welcome, self.cadence)

@@ -21,9 +21,17 @@ MOVED_RETRY_MS = 250  # the longest wait between tries to reach a successor's hu
 
 
 def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: CurveKeys | None) -> zmq.Socket[Any]:
-    """The agent's socket: it queues nothing for a hub it is not connected to (a late hub gets no backlog).
+    """The agent's socket, connected to ``address``: it queues nothing for a hub it is not connected to (a late hub
+    gets no backlog).
 
     ``keys``: the job's CURVE keys (``transport``): only the job's hub can answer, encrypted."""
+    sock = unconnected_dealer(context, state, keys)
+    sock.connect(address)
+    return sock
+
+
+def unconnected_dealer(context: zmq.Context[Any], state: AgentState, keys: CurveKeys | None) -> zmq.Socket[Any]:
+    """``dealer`` before its ``connect`` (``hub_probe`` watches the connection from its first event)."""
     sock = context.socket(zmq.DEALER)
     secure_agent(sock, keys, state.nnodes)
     sock.setsockopt(zmq.LINGER, 500)
@@ -33,7 +41,6 @@ def dealer(context: zmq.Context[Any], address: str, state: AgentState, keys: Cur
     # a hub that is not there yet: back off to every 2 s; a successor's starts as its members find the old one
     # silent (within a timer's 0.2 s of each other), so one refused there is tried again every 0.25 s at most
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, MOVED_RETRY_MS if state.moving else 2000)
-    sock.connect(address)
     return sock
 
 

@@ -38,12 +38,17 @@ class Driver(threading.Thread):
         self._kick_r, self._kick_w = os.pipe()
         for fd in (self._kick_r, self._kick_w):
             os.set_blocking(fd, False)
-        self._changes: deque[tuple[AgentState, str | threading.Event]] = deque()  # (state, address) adds; removes
+        self._changes: deque[tuple[AgentState, str | zmq.Socket[Any] | threading.Event]] = deque()  # adds; removes
         self._dirty: deque[AgentState] = deque()  # agents with something to send now
         self._halt = threading.Event()
 
     def add(self, state: AgentState, address: str) -> None:
         self._changes.append((state, address))
+        self.kick()
+
+    def adopt(self, state: AgentState, sock: zmq.Socket[Any]) -> None:
+        """Drive ``state`` on ``sock``, a socket already connected to its hub (``hub_probe``: the one that answered)."""
+        self._changes.append((state, sock))
         self.kick()
 
     def remove(self, state: AgentState) -> threading.Event:
@@ -127,8 +132,9 @@ class Driver(threading.Thread):
         monitors, monitor_of = watched
         while self._changes:
             state, change = self._changes.popleft()
-            if isinstance(change, str):
-                sock = sockets[id(state)] = dealer(self.context, change, state, self.keys)
+            if isinstance(change, (str, zmq.Socket)):
+                sock = dealer(self.context, change, state, self.keys) if isinstance(change, str) else change
+                sockets[id(state)] = sock
                 agents[sock] = state
                 poller.register(sock, zmq.POLLIN)
                 monitor = monitor_of[id(state)] = sock.get_monitor_socket(WATCHED)

@@ -95,6 +95,7 @@ class Hub(Sending, threading.Thread):
         self.dropped = Dropped()
         self.peers: dict[int, bytes] = {}  # node → its socket's identity
         self.gone: dict[bytes, int] = {}  # the sockets of incarnations left out → their node: told so when they speak
+        self.greeted: set[bytes] | None = set() if inherited is None else None  # first start: said hello
         self.first: dict[int, m.Fail] = {}  # generation → its first failure
         self.gathers = Gathers(reducers)
         self.ended: m.End | None = None
@@ -106,8 +107,7 @@ class Hub(Sending, threading.Thread):
         self._view_payload: tuple[float, bytes] | None = None  # encoded once, sealed (numbered) per asker
         self._publisher = Publisher()
         self._halt = threading.Event()
-        self._last_broadcast = 0.0
-        self._now = time.monotonic()
+        self._last_broadcast, self._now = 0.0, time.monotonic()
 
     # -- what node 0's mlaunch reads in process (any thread) ----------------------------------------
     def snapshot(self) -> HubView:
@@ -202,6 +202,11 @@ class Hub(Sending, threading.Thread):
 
     def _heard(self, ident: bytes, message: Any) -> None:
         node: int = message.node
+        if self.greeted is not None and not isinstance(message, m.Hello) and ident not in self.greeted:
+            self._ungreeted(node)  # a first start's hub acts only on sockets that said hello
+            return
+        if self.greeted is not None and isinstance(message, m.Hello):
+            self.greeted.add(ident)
         if ident in self.gone:
             self._to(ident, m.LeftOut(node, self.hosts.get(node, ""), Membership.out_reason(GONE_AGAIN)))
             return
@@ -220,6 +225,22 @@ class Hub(Sending, threading.Thread):
             except IllegalTransition as exc:  # a bug, said loudly; the hub goes on serving the job
                 say(f"control plane: node {node}'s {message.KIND!r} asked for an impossible change: {exc}")
 
+    def _ungreeted(self, node: int) -> None:
+        """A connection that speaks before its hello, at a first start's hub: a member of a job whose hub is elsewhere.
+
+        Every mlaunch says hello first on each connection to a hub at a first start (a member that
+        moves says its pending words first, but only to a successor's hub). One that does not was
+        welcomed by another hub and reconnected here by itself: node 0's mlaunch started again before
+        the others moved the hub away from its host. Acted on, its heartbeats would keep it from ever
+        finding its hub silent, and it would wait here for a meeting this hub cannot hold; ignored, it
+        moves the hub as after node 0's loss, and this node finds that hub when it starts again."""
+        self.dropped.ungreeted += 1
+        if self.dropped.ungreeted == 1:
+            say(
+                f"control plane: node {node} speaks to this hub without a hello: it is in a job whose hub is "
+                "elsewhere (this node's mlaunch started again before the others moved it); not acted on"
+            )
+
     def _reject(self) -> None:
         self.rejected += 1
         if self.rejected == 1:
@@ -235,7 +256,7 @@ class Hub(Sending, threading.Thread):
         first = self.first[max(self.first)] if self.first else None
         welcome = m.Welcome(
             len(self.roster.members), base.heartbeat, base.status, base.hello_retry,
-            first=first, ended=self.ended, summary=self.summary,
+            first=first, ended=self.ended, summary=self.summary, hub=self.host_node,
         )  # fmt: skip
         self._apply(self.membership.on_hello(hello, welcome))
 

@@ -12,6 +12,7 @@ class Dropped:
 
     unverified: int = 0  # no valid MAC: garbage, a forgery, another job's key
     malformed: int = 0  # sealed with the job's key, but not a message the hub knows
+    ungreeted: int = 0  # a first start's hub: from a connection that never said hello (a hub elsewhere's member)
 
 
 @dataclass
@@ -32,6 +33,7 @@ def wire_stats(encrypted: bool, dropped: Dropped, strangers: Any, replayed: int 
         "encrypted": encrypted,
         "unverified": dropped.unverified,
         "malformed": dropped.malformed,
+        "ungreeted": dropped.ungreeted,
         "replayed": replayed,
         "handshake_failed": strangers.handshake_failed,
         "closed_unauthenticated": strangers.closed_unauthenticated,

@@ -213,6 +213,7 @@ class Welcome(Message):
     first: Fail | None = None
     ended: End | None = None
     summary: dict[str, Any] | None = None
+    hub: int = 0  # the node whose mlaunch hosts the hub (``succession``): a node joining after it moved learns it
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,7 @@ class ElasticMembership:
         self.members: tuple[int, ...] = ()
         self.restarts = 0
         self.grow: GrowPoint | None = None
-        if self.events.node == 0 and job.elastic.grow == "at_checkpoint":
+        if job.elastic.grow == "at_checkpoint":  # acts where the hub runs: node 0, or the node it moved to
             self.grow = GrowPoint(self.events, self.observer)
 
     def start(self) -> Generation | int:
@@ -298,7 +298,10 @@ def _announce(elastic: ElasticMembership, meeting: Meeting, before: tuple[int, .
 
 
 class GrowPoint:
-    """Node 0 with ``elastic.grow: at_checkpoint``: a ready candidate waits → regroup once a newer step is committed."""
+    """``elastic.grow: at_checkpoint``: a ready candidate waits → regroup once a newer step is committed.
+
+    Every node holds one; only the node hosting the hub sees candidates (``ready_to_join``), so it acts
+    there: node 0, or the node the hub moved to (``control.succession``)."""
 
     def __init__(self, events: JobEvents, observer: JobObserver) -> None:
         self.events = events
