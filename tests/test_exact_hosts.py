@@ -44,14 +44,7 @@ def start(tmp: Path, hosts: list[Host], name: str) -> Launches:
         f"nodes: 3\nprocs_per_node: 2\nlog_dir: {work / 'logs'}\n"
         f"checkpoint: {{dir: {work / 'ckpt'}, grace_period: 20s}}\nrestart: {{max_restarts: 3, backoff: 0s}}\n"
     )
-    run = Launches(hosts, job, MA_NUM_GPUS="2", PYTHONPATH=str(ROOT))
-    try:
-        for index in range(len(hosts)):
-            run.start(index)
-    except BaseException:
-        run.kill()
-        raise
-    return run
+    return Launches(hosts, job, MA_NUM_GPUS="2", PYTHONPATH=str(ROOT)).start_all()
 
 
 def finished(run: Launches) -> str:

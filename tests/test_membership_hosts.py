@@ -89,6 +89,16 @@ class Launches:
         self.procs[index] = proc
         threading.Thread(target=self._pump, args=(index, proc), daemon=True).start()
 
+    def start_all(self) -> Launches:
+        """Every host's mlaunch; the ones already started are killed when one cannot start."""
+        try:
+            for index in range(len(self.hosts)):
+                self.start(index)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
     def _pump(self, index: int, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -146,14 +156,7 @@ def start_ddp(tmp_path: Path, hosts: list[Host], steps: int, **env: str) -> Laun
     state = tmp_path / "chaos"
     state.mkdir()
     job = write_job(tmp_path, CHAOS, f"'--steps', '{steps}', '--save-every', '5', '--workers', '0'")
-    run = Launches(hosts, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1", **env)
-    try:
-        for index in range(3):
-            run.start(index)
-    except BaseException:
-        run.kill()
-        raise
-    return run
+    return Launches(hosts, job, CHAOS_STATE=str(state), CHAOS_STEP_SLEEP="0.1", **env).start_all()
 
 
 def shrink(run: Launches) -> tuple[int, str]:

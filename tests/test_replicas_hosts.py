@@ -56,14 +56,7 @@ def write_job(tmp: Path, mode: str, nnodes: str, extra: str = "", save_every: in
 
 
 def start(tmp: Path, hosts: list[Host], job: Path) -> Launches:
-    run = Launches(hosts, job)
-    try:
-        for index in range(len(hosts)):
-            run.start(index)
-    except BaseException:
-        run.kill()
-        raise
-    return run
+    return Launches(hosts, job).start_all()
 
 
 def staged(run: Launches) -> dict[int, str]:

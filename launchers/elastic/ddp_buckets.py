@@ -74,7 +74,7 @@ def has_rebuilt(model: DistributedDataParallel) -> bool:
 def rebuild_pending(model: DistributedDataParallel) -> bool:
     """True between DDP's first forward and its rebuild: the layout its next step reduces with is not known yet
     (DDP computes it from the order the first backward's gradients became ready, inside the next forward)."""
-    if getattr(model, "_has_rebuilt_buckets", True) is not False or not getattr(model, "_lazy_init_ran", False):
+    if not getattr(model, "_lazy_init_ran", False) or has_rebuilt(model):
         return False
     return bool(model.static_graph or not model.find_unused_parameters)  # find_unused keeps the constructor's
 

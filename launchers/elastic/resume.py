@@ -83,8 +83,7 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
         candidates = [ahead.item, *candidates]
     newest = candidates[0].step if candidates else -1
     if world > 1:  # the same list on every rank: agree on the newest step everyone sees
-        lowest, negated = coll.all_reduce([newest, -newest], "min")  # one agreement for both: min and max
-        highest = -negated
+        lowest, highest = _min_max(coll, newest)
         if lowest < 0 <= highest:
             why = _unseen(ckpt, highest, newest)
             return _start_over(ckpt, rank, world, highest, [why])
@@ -113,6 +112,12 @@ def load_latest(ckpt: Checkpointer, into: Any = None) -> Any:
     return None
 
 
+def _min_max(coll: collective.Collective, value: int) -> tuple[int, int]:
+    """The least and the greatest ``value`` over the ranks, in one collective (the min of ``value`` and ``-value``)."""
+    low, negated = coll.all_reduce([value, -value], "min")
+    return low, -negated
+
+
 def _resume_ddp_layouts(
     coll: collective.Collective, item: layout.Committed, rank: int, world: int, meta: dict[str, Any] | None
 ) -> None:
@@ -130,9 +135,8 @@ def _resume_ddp_layouts(
         layouts = ddp_layouts.recorded(item.shard(rank), meta)
     agreed = True
     if world > 1:
-        digest = layouts.digest()
-        low, high = coll.all_reduce([digest, -digest], "min")
-        agreed = low == -high
+        low, high = _min_max(coll, layouts.digest())
+        agreed = low == high
     ddp_layouts.resumed(layouts, agreed)
 
 
