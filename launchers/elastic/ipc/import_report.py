@@ -33,6 +33,7 @@ from launchers.elastic.ranks import env
 ENV = "MLAUNCH_REPORT_IMPORTS"
 SUFFIX = ".imports"
 WATCH_EVERY = 0.25  # seconds between two writes from the import hook
+RETRY_BUSY = 0.05  # seconds before the import hook tries again when an import was under way
 
 _installed: tuple[str, ...] | None = None
 _own: set[str] = set()  # modules this reporting imported itself (sysconfig, site): not the script's
@@ -93,31 +94,58 @@ def installed_origin(name: str, module: Any, dirs: Sequence[str]) -> str | None:
     return None
 
 
-def snapshot() -> list[tuple[str, str]]:
-    """(name, origin) of every installed module imported so far, in import order."""
+def still_importing(module: Any) -> bool:
+    """Whether ``module``'s import is under way (importlib marks its spec until the module's code has run)."""
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def snapshot() -> tuple[list[tuple[str, str]], bool]:
+    """(name, origin) of every installed module imported *whole* so far, in import order; and whether an
+    installed module's import is still under way.
+
+    A module half-way through its import is left out: it sits early in ``sys.modules`` (Python moves
+    it to the end only when its code has run), so listing it would make the warm parent import the
+    modules it had finished so far first, and name one of them (``torch._inductor.cudagraph_utils``)
+    to the user instead of the module the script imported (``torch._dynamo``).
+    """
     global _installed
     if _installed is None:
         _installed = installed_dirs()
     found = []
+    busy = False
     for name, module in list(sys.modules.items()):
         if name in _own:
             continue
         if name not in _verdicts:
             _verdicts[name] = installed_origin(name, module, _installed)
         origin = _verdicts[name]
-        if origin is not None:
-            found.append((name, origin))
-    return found
+        if origin is None:
+            continue
+        if still_importing(module):
+            busy = True
+            continue
+        found.append((name, origin))
+    return found, busy
 
 
-def write(path: str) -> bool:
-    """Write this process's installed imports to ``path`` when they grew; never raises (a rank calls it)."""
+def write(path: str, whole_only: bool = False) -> bool:
+    """Write this process's installed imports to ``path`` when they grew; never raises (a rank calls it).
+
+    ``whole_only`` (the import hook): write nothing while an installed module's import is under way,
+    and try again ``RETRY_BUSY`` seconds on; the report then lists the module the script imported
+    rather than the first of the modules that import had finished.
+    """
     global _written, _last, _writing
     if len(sys.modules) == _written or _writing:
         return False
     _writing = True
     try:
-        lines = "".join(f"{name}\t{origin}\n" for name, origin in snapshot())
+        found, busy = snapshot()
+        if busy and whole_only:
+            _last = time.monotonic() - WATCH_EVERY + RETRY_BUSY
+            return False
+        lines = "".join(f"{name}\t{origin}\n" for name, origin in found)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fh:
             fh.write(lines)
@@ -151,7 +179,7 @@ class _ImportWatch:
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if time.monotonic() - _last >= WATCH_EVERY:
-            write(self.path)
+            write(self.path, whole_only=True)
         return None
 
     def invalidate_caches(self) -> None:
