@@ -142,6 +142,8 @@ def measure(
 
 
 PHASES = (
+    ("hang judged", "(monitor.hang_timeout)"),
+    ("stacks written", "stacks of "),
     ("reaped", "was killed by"),
     ("flash save", "flash save"),
     ("restart said", "restarting the group"),

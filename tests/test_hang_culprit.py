@@ -28,6 +28,7 @@ from netns import Host, hosts_fixture
 
 from launchers.observe.events_log import read_events
 from launchers.run.hang import innermost_frame
+from launchers.run.hang_stacks import main_thread_dumped
 
 SCRIPT = ROOT / "tests" / "scripts" / "hang_rounds.py"
 SLEEP_LINE = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if "# SLEEPS HERE" in text)
@@ -65,6 +66,44 @@ def test_the_innermost_frame_is_the_main_threads_from_a_real_faulthandler_dump()
     assert "Thread 0x" in dump and "helper" in dump, dump  # both threads were dumped ...
     assert innermost_frame(dump) == f"<string>:{main_line} in stuck", dump  # ... the main thread's frame is named
     assert innermost_frame("no stacks here\n") is None
+
+
+def test_a_dump_is_whole_once_the_main_threads_outermost_frame_is_in_it(tmp_path: Path) -> None:
+    """mlaunch stops waiting for a rank's stacks as soon as its main thread's block is whole (no quiet period):
+    a real dump of a module run with ``-m`` (the way a standby runs: runpy frames outermost, ``<frozen runpy>``
+    since Python 3.11) is whole; the same dump cut inside the main thread's block, or mid-line, is not."""
+    (tmp_path / "stuckmod.py").write_text(
+        textwrap.dedent(
+            """
+            import faulthandler, signal, threading, time
+            faulthandler.register(signal.SIGURG, all_threads=True)
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+            def stuck():
+                print("ready", flush=True)
+                time.sleep(60)
+            stuck()
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stuckmod"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGURG)
+        time.sleep(0.5)
+    finally:
+        proc.kill()
+    _, dump = proc.communicate(timeout=10)
+    lines = dump.splitlines(keepends=True)
+    current = next(i for i, line in enumerate(lines) if line.startswith("Current thread"))
+    assert main_thread_dumped(dump), dump
+    assert not main_thread_dumped("".join(lines[: current + 2])), dump  # the main thread's innermost frame only
+    assert not main_thread_dumped("".join(lines[:current])), dump  # the other thread's block only
+    module_line = next(i for i, line in enumerate(lines) if i > current and "in <module>" in line)
+    half = "".join(lines[:module_line]) + lines[module_line][:-4]
+    assert not main_thread_dumped(half) and main_thread_dumped(half + "le>\n"), dump  # a line still being written
 
 
 def hang_job(tmp: Path, rounds: int) -> Path:

@@ -57,6 +57,9 @@ HANG_EXIT_CODE = 137  # as if SIGKILLed (what NVRx does to a hung rank): retryab
 # sleeper at about the same moment, then asks for stacks (up to DUMP_WAIT when a rank is slow to answer) before
 # its declaration travels; a shorter wait let a loaded waiter's node declare its own waiting rank first (seen in CI).
 WAITER_DEFER = hang_limit.WAITER_DEFER + DUMP_WAIT
+# The poll after a rank's report is due when that rank reaches its limit (plus this), not at the next
+# ``every`` tick: a 3 s hang_timeout polled every 0.25 s was judged 0.125 s late on average.
+DUE_SLACK = 0.005
 
 
 # A rank that reported completion (``elastic.finished()``, the integrations' ``finish()``) and has not exited yet is
@@ -193,6 +196,8 @@ class HangMonitor:
             verdict = hang_limit.judge(self._seen(report, now), self.policy, self.learned.slowest)
             if verdict.limit is None:
                 continue
+            if not verdict.hung:  # the next poll no later than the moment this rank reaches its limit
+                self._next = min(self._next, now + verdict.limit - self._seen(report, now).silent + DUE_SLACK)
             if report.rank in finished and self._seen(report, now).silent < max(verdict.limit, TEARDOWN_S):
                 continue  # it finished training and is exiting: a large program's last collections take seconds
             worker = _owner(report, workers)
@@ -210,6 +215,10 @@ class HangMonitor:
             if now - self._only_waiters_since < self.defer:
                 return []
         return found
+
+    def due_in(self, now: float | None = None) -> float:
+        """Seconds until the next poll of ``stale`` is due (0 when it is)."""
+        return max(0.0, self._next - (time.monotonic() if now is None else now))
 
     def declared(self, stale: list[Stale]) -> None:
         """The hang was declared (its culprit first): twice at one step teaches ``auto`` (``after_hang``)."""

@@ -37,22 +37,44 @@ def answered_stack_request(text: str) -> bool:
     return _THREAD_IN.search(text) is not None
 
 
-def innermost_frame(text: str) -> str | None:
-    """``file.py:LINE in function``: the innermost frame of the main thread in a ``faulthandler`` dump.
-
-    The main thread is the one whose outermost frame is the script (``<module>``) or ``runpy``;
-    else the thread the signal interrupted (``Current thread``); else the first one listed.
-    """
+def _threads(text: str) -> list[tuple[bool, list[tuple[str, str, str]]]]:
+    """The thread blocks of a ``faulthandler`` dump: (is the current thread, its frames innermost first)."""
     threads: list[tuple[bool, list[tuple[str, str, str]]]] = []
     for line in text.splitlines():
         if m := _THREAD.match(line):
             threads.append((m.group(1) == "Current thread", []))
         elif threads and (f := _FRAME.match(line)):
             threads[-1][1].append((f.group(1), f.group(2), f.group(3)))
-    threads = [t for t in threads if t[1]]
+    return [t for t in threads if t[1]]
+
+
+def _outermost(frame: tuple[str, str, str]) -> bool:
+    """A main thread's last frame: a script's module level, or runpy (``-m``; ``<frozen runpy>`` since 3.11)."""
+    return frame[2] == "<module>" or frame[0].endswith("runpy.py") or frame[0] == "<frozen runpy>"
+
+
+def main_thread_dumped(text: str) -> bool:
+    """The dump in ``text`` holds the main thread's block down to its outermost frame (the script, or runpy).
+
+    ``faulthandler`` writes every thread from its signal handler in one go, newest thread first, so the
+    main thread's block is the last: once its outermost frame is in the log the dump is whole, and
+    waiting longer for more output only delays the recovery.
+    """
+    if not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]  # a line still being written is not read
+    return any(_outermost(frames[-1]) for _, frames in _threads(text))
+
+
+def innermost_frame(text: str) -> str | None:
+    """``file.py:LINE in function``: the innermost frame of the main thread in a ``faulthandler`` dump.
+
+    The main thread is the one whose outermost frame is the script (``<module>``) or ``runpy``;
+    else the thread the signal interrupted (``Current thread``); else the first one listed.
+    """
+    threads = _threads(text)
     if not threads:
         return None
-    main = [t for t in threads if t[1][-1][2] == "<module>" or t[1][-1][0].endswith("runpy.py")]
+    main = [t for t in threads if _outermost(t[1][-1])]
     current = [t for t in threads if t[0]]
     path, line, function = (main or current or threads)[0][1][0]
     return f"{os.path.basename(path)}:{line} in {function}"
@@ -74,10 +96,11 @@ def dump_stacks(
     (SIGURG is ignored by whoever did not register it); ranks that never imported
     ``launchers.elastic`` get ``py-spy dump`` when it is installed. ``pump`` reads the workers'
     output (so the stacks reach the logs) and says whether any arrived; this returns once they
-    stopped arriving, within ``DUMP_WAIT``: ``DUMP_QUIET`` after the last output, or only
-    ``ANSWERED_QUIET`` once every rank that can answer has begun its dump in its log (a stopped
-    or D-state rank cannot: it is the culprit, and waiting for it cost every in-place recovery
-    from a hang 0.3 s).
+    stopped arriving, within ``DUMP_WAIT``: at once when every rank that can answer has its main
+    thread's whole stack in its log (``main_thread_dumped``), ``ANSWERED_QUIET`` after the last
+    output once each has begun its dump, else ``DUMP_QUIET`` (a stopped or D-state rank cannot
+    answer: it is the culprit, and waiting for it cost every in-place recovery from a hang 0.3 s;
+    the quiet period after the answers cost it another 0.1 s).
     """
     registered = {p.pid for p in progress.read_run(run_id) if p.stack_signal}
     marks = log_marks(workers)  # where each one's dump will start in its log
@@ -92,7 +115,10 @@ def dump_stacks(
     end = time.monotonic() + DUMP_WAIT
     quiet_since = time.monotonic()
     while time.monotonic() < end:
-        quiet = ANSWERED_QUIET if answering is not None and _all_answered(answering) else DUMP_QUIET
+        texts = None if answering is None else [read_log_from(path, offset) for path, offset in answering]
+        if texts is not None and all(main_thread_dumped(text) for text in texts):
+            break
+        quiet = ANSWERED_QUIET if texts is not None and all(map(answered_stack_request, texts)) else DUMP_QUIET
         if pump(min(quiet, max(0.0, end - time.monotonic()))):
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since >= quiet:
@@ -133,10 +159,6 @@ def _answering_logs(
             return None
         logs.append(marks[worker.pid])
     return logs
-
-
-def _all_answered(logs: list[tuple[str, int]]) -> bool:
-    return all(answered_stack_request(read_log_from(path, offset)) for path, offset in logs)
 
 
 def _has_registered(worker: Worker, registered: set[int]) -> bool:

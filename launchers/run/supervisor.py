@@ -267,7 +267,8 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
 
     def _loop(self) -> None:
         while self._live():
-            self.streams.wait(self.teardown.timeout(0.5 if self.signals.active else 0.05))
+            hang_due = self.hang.due_in() if self.hang is not None else 1.0  # a silent rank wakes nothing
+            self.streams.wait(self.teardown.timeout(min(0.5 if self.signals.active else 0.05, hang_due)))
             for sig in self.signals.drain():
                 self._on_signal(sig)
             self._reap()
