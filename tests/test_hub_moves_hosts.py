@@ -19,6 +19,7 @@ DDP example, a save every 5 steps, ``checkpoint.replicate: off``: the shrink res
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -74,6 +75,10 @@ def test_node_0_s_mlaunch_killed_the_others_move_the_hub_and_go_on(tmp_path: Pat
     assert took < NODE_TIMEOUT + 10, text  # its connection closed: a few heartbeats (1.9 s idle), as any member's
     assert codes[1] == 0 and codes[2] == 0, (codes, text)
     assert final_checksum(run.text(1)), text  # the 2-node job's rank 0 (node 1) finished the training
+    # the job's whole view moved with the hub: `mlaunch status` (the shared log directory's status.json) is the
+    # job as node 1's hub saw it, both nodes of the job and not node 0's last view of three
+    status = json.loads((tmp_path / "logs" / "status.json").read_text())
+    assert status["scope"] == "job" and sorted(n["index"] for n in status["nodes"]) == [1, 2], status
 
 
 def test_node_0_s_link_cut_the_others_go_on_and_node_0_ends_alone(tmp_path: Path, hosts3: list[Host]) -> None:

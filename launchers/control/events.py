@@ -177,6 +177,11 @@ class JobEvents:
         return False
 
     @property
+    def hosting(self) -> bool:
+        """This mlaunch holds the job's whole view: one mlaunch runs every node here (on a network: the hub's node)."""
+        return True
+
+    @property
     def lost(self) -> Lost | None:
         return None
 

@@ -2,7 +2,7 @@
 
 The runner calls ``attempt_started`` / ``tick`` (twice a second, from the supervisor's loop) /
 ``attempt_ended`` / ``restarting`` / ``finished``. Each node's mlaunch samples its own ranks;
-node 0's (or the simulation's) also judges stragglers over every rank of the job.
+the hub's node (node 0, or where the hub moved; or the simulation) keeps the whole view and judges stragglers.
 """
 
 from __future__ import annotations
@@ -73,9 +73,8 @@ class JobObserver:
         self.hang_timeout = job.monitor.hang_timeout  # seconds, "auto" (hang_limit learns it) or None
         self.node_timeout = job.monitor.node_timeout
         factor = job.monitor.straggler_factor
-        judge = self.simulated or events.node == 0
         self.detector: StragglerDetector | None = None
-        if factor and judge:  # imported only when job.yaml turns it on (monitor.straggler_factor)
+        if factor:  # imported only when job.yaml turns it on; it judges where the hub runs (node 0, or its successor)
             from launchers.observe.straggler import StragglerDetector
 
             self.detector = StragglerDetector(factor, job.monitor.straggler_steps)
@@ -98,8 +97,7 @@ class JobObserver:
         if job.metrics.port is not None:  # imported only when job.yaml turns it on
             from launchers.observe.metrics_hook import MetricsHook
 
-            node = 0 if self.simulated else events.node
-            self.metrics = MetricsHook(job.metrics.port, self.job_name, node, judge, self.log)
+            self.metrics = MetricsHook(job.metrics.port, self.job_name, self.node or 0, not self.node, self.log)
         if not self.simulated and events.node != 0:  # `mlaunch status` here asks node 0 for the whole view
             from launchers.observe.status_relay import StatusRelay
 
@@ -300,7 +298,7 @@ class JobObserver:
             nodes = [node_entry(i, hosts[i], ranks) for i, ranks in by_node.items()]
         self._judge(nodes)
         whole = len(nodes) >= self.nnodes  # another node holds every entry only as node 0 last sent them
-        scope = "job" if self.simulated or self.node == 0 else "relay" if whole else "node"
+        scope = "job" if self.simulated or self.events.hosting else "relay" if whole else "node"
         status = {
             "scope": scope,  # first: `mlaunch status` and a shared log directory read it from the file's head
             **job_status(
@@ -322,7 +320,7 @@ class JobObserver:
             "metrics": self.metrics.state if self.metrics is not None else None,
         }
         status.update({key: value for key, value in optional.items() if value is not None})
-        if not self.simulated and self.node == 0:
+        if not self.simulated and self.events.hosting:
             self._summarize(status)
         else:  # node 0's word on the job, beside this node's own ranks
             summary = self.events.summary()
@@ -350,7 +348,7 @@ class JobObserver:
 
     def _judge(self, nodes: list[dict[str, Any]]) -> None:
         """Node 0 (or the simulation) judges stragglers over every rank it sees; every node learns the verdict."""
-        if self.detector is None:
+        if self.detector is None or not (self.simulated or self.events.hosting):  # the hub's node judges
             stragglers = self.events.summary().get("stragglers") if not self.simulated else None
             if isinstance(stragglers, list):
                 self._stragglers = set(stragglers)
