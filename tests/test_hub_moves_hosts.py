@@ -143,3 +143,32 @@ def test_node_0_restarted_with_its_same_environment_finds_the_moved_hub_and_is_a
     for host in hosts3:  # nothing left: no process in any host, nothing of the run in shared memory
         assert not subprocess.run([IP, "netns", "pids", host.ns], capture_output=True, text=True).stdout.split()
     assert not [p.name for p in shm.iterdir() if p.name.lstrip(".").startswith("mlaunch.")], list(shm.iterdir())
+
+
+def test_node_0_restarted_at_once_leaves_its_fresh_hub_for_the_moved_one_and_is_admitted(
+    tmp_path: Path, hosts3: list[Host]
+) -> None:
+    """Node 0's mlaunch killed and started again at once (a platform restarting a crashed container within a
+    second): nobody answers its probe yet, so it hosts a fresh hub, which the others never join (they move the
+    hub to node 1 after their fuse). Its fresh hub waiting for the first meeting probes the other hosts again,
+    finds node 1's hub and joins it as a returning node: admitted, one final checksum, every node ends 0.
+    Before, it waited at its own hub until the job ended without it (then failed, or hung for minutes)."""
+    args = "'--steps', '50', '--save-every', '5', '--workers', '0'"
+    job = write_job(tmp_path, CHAOS, args, extra="elastic: {grow: at_checkpoint}\n")
+    (tmp_path / "chaos").mkdir()
+    run = Launches(hosts3, job, CHAOS_STATE=str(tmp_path / "chaos"), CHAOS_STEP_SLEEP="0.1", MA_NUM_GPUS="2")
+    try:
+        run.start_all()
+        run.wait_for(r"saved step (9|1\d): model-checksum", host=0)
+        run.procs[0].kill()
+        run.procs[0].wait()
+        run.start(0)  # at once: before the others judged node 0 lost and moved the hub
+        run.wait_for(r"node 0: the job's hub runs on node 1 \(it moved there\); joining it", host=0)
+        run.wait_for(r"node 0: admitted to the job at generation \d+", host=0)
+        codes = run.finish()
+    finally:
+        run.kill()
+    text = run.text()
+    assert codes == {0: 0, 1: 0, 2: 0}, (codes, text)
+    assert "(hosting it)" in run.text(0).split("joining it")[0], text  # it did host a fresh hub first
+    assert len(set(re.findall(r"final-checksum ([0-9a-f]+)", text))) == 1 and final_checksum(run.text(0)), text

@@ -22,6 +22,9 @@ worker stamps its step lines with it):
 - hang: a random rank sleeps forever at the top of a step (its peers block in the next all-reduce)
   → the restarted job's first step (mlaunch only: torchrun has no hang detection); the time
   includes ``monitor.hang_timeout``, also shown less it;
+- ``--in-process``: the same faults with the worker under ``@elastic.recoverable`` first, then the
+  whole restart, in one run: kill -9 and hang → first step, and how many other ranks kept their
+  process (their pid line after the fault names the same pid);
 - a kill on host 2 → host 1's launcher reports it (mlaunch's ``job-wide failure`` line), and → every
   rank on host 1 has exited (polled in /proc every 2 ms), for both launchers.
 """
@@ -138,6 +141,7 @@ class Result:
     notified: float | None = None  # fault → another host's launcher said so (kills)
     detected: float | None = None  # hang → a launcher declared it hung
     others_stopped: float | None = None  # fault → every rank on the other hosts exited
+    kept: int = 0  # the other ranks that are the same process after it (in place: all of them)
 
 
 @dataclass
@@ -224,11 +228,13 @@ def measure(lines: Lines, kinds: list[str], hosts: int, wait_ready: bool, args: 
             print("    " + "\n    ".join(t[:300] for t in lines.log[-15:]), flush=True)
             results += [Result(k, -1, -1) for k in kinds[i:]]
             break
+        before = dict(group.pids)
         result, others = strike(group, kind, hosts, args.hang_dir, rng)
         watcher = Watcher(others, args.timeout)
         group.pids, group.ready = {}, set()
         mark = len(lines.log)
         follow(lines, group, result, args.timeout)
+        result.kept = kept_processes(lines, group, before, result.rank, world)
         if result.fault is not None and watcher.gone is not None:
             result.others_stopped = watcher.gone - result.fault
         results.append(result)
@@ -243,6 +249,14 @@ def measure(lines: Lines, kinds: list[str], hosts: int, wait_ready: bool, args: 
     return results
 
 
+def kept_processes(lines: Lines, group: Group, before: dict[int, tuple[int, int]], victim: int, world: int) -> int:
+    """How many ranks other than ``victim`` are the same process in the new group (its pid lines, up to 2 s)."""
+    end = time.monotonic() + 2.0
+    while len(group.pids) < world and (got := lines.next(end)) is not None:
+        group.feed(got[1], got[2])
+    return sum(1 for rank, where in before.items() if rank != victim and group.pids.get(rank) == where)
+
+
 def describe(r: Result) -> str:
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}s"
@@ -251,13 +265,17 @@ def describe(r: Result) -> str:
     if r.recovered is None:
         return f"{where} → FAILED (no first step of a restarted job)"
     extra = f", hung → declared {s(r.detected)}" if r.kind == "hang" else f", other host notified {s(r.notified)}"
-    return f"{where} → first step after {s(r.recovered)}{extra}, other host's ranks exited {s(r.others_stopped)}"
+    return (
+        f"{where} → first step after {s(r.recovered)}{extra}, other host's ranks exited {s(r.others_stopped)}, "
+        f"{r.kept} other ranks kept their process"
+    )
 
 
-def run_mlaunch(args: argparse.Namespace, hosts: list[Host], work: Path) -> list[Result]:
+def run_mlaunch(args: argparse.Namespace, hosts: list[Host], work: Path, in_process: bool = False) -> list[Result]:
+    """mlaunch on every host; ``in_process``: the worker trains under ``@elastic.recoverable`` (``--in-process``)."""
     kinds = ["kill"] * args.restarts + ["hang"] * args.hangs
     random.Random(args.seed + 1).shuffle(kinds)
-    job = work / "mlaunch-job.yaml"
+    job = work / ("mlaunch-in-place.yaml" if in_process else "mlaunch-job.yaml")
     job.write_text(
         f"name: fault-recovery-hosts\nentry: {harness.WORKER}\nargs: ['--step-time', '{args.step_time}']\n"
         f"nodes: {len(hosts)}\nprocs_per_node: {args.nproc}\nlog_dir: {work / 'logs'}\n"
@@ -269,6 +287,8 @@ def run_mlaunch(args: argparse.Namespace, hosts: list[Host], work: Path) -> list
     lines = Lines()
     base = harness.base_env(work / "ckpt-mlaunch")
     base["BENCH_HANG_DIR"] = str(args.hang_dir)
+    if in_process:
+        base["BENCH_IN_PROCESS"] = "1"
     for host in hosts:
         argv = [sys.executable, "-m", "launchers", "--engine", "pytorch", str(job)]
         argv += ["--init_method", f"tcp://{hosts[0].name}:6666", "--rank", str(host.index)]
@@ -293,6 +313,26 @@ def run_torchrun(args: argparse.Namespace, hosts: list[Host], work: Path) -> lis
         return measure(lines, ["kill"] * args.torchrun_restarts, len(hosts), False, args)
     finally:
         lines.stop()
+
+
+def report_in_place(args: argparse.Namespace, inp: list[Result], ml: list[Result], tr: list[Result]) -> None:
+    """``--in-process``: in place against the whole restart (and torchrun) of the same run, kills and hangs."""
+    ref = figures("torchrun: kill -9 → first step", [r.recovered for r in tr], None) if tr else None
+    world_less_one = args.hosts * args.nproc - 1
+    for name, results in (("in place", inp), ("whole restart", ml)):
+        for kind in ("kill", "hang"):
+            done = [r for r in results if r.kind == kind]
+            if not done:
+                continue
+            times = [r.recovered for r in done]
+            kept = sum(r.kept for r in done)
+            print(f"mlaunch, {name}, {kind}: {sum(t is not None for t in times)}/{len(done)} recovered; "
+                  f"{kept}/{world_less_one * len(done)} other ranks kept their process")  # fmt: skip
+            if kind == "kill":
+                figures(f"{name}: kill -9 → first step", times, ref)
+            else:
+                less: list[float | None] = [t - args.hang_timeout for t in times if t is not None]
+                figures(f"{name}: hang → first step, beyond monitor.hang_timeout {args.hang_timeout:g}s", less, None)
 
 
 def report(args: argparse.Namespace, ml: list[Result], tr: list[Result]) -> None:
@@ -334,7 +374,12 @@ def main(args: argparse.Namespace) -> int:
         args.hang_dir = work / "hang"
         args.hang_dir.mkdir()
         ml: list[Result] = []
+        inp: list[Result] = []
         tr: list[Result] = []
+        if args.in_process and (args.restarts or args.hangs):
+            print(f"mlaunch, in place (@elastic.recoverable): {args.restarts} kills, {args.hangs} hangs", flush=True)
+            with NetnsHosts(args.hosts) as net:
+                inp = run_mlaunch(args, net.hosts, work, in_process=True)
         if args.restarts or args.hangs:
             print(f"mlaunch: {args.restarts} kills, {args.hangs} hangs", flush=True)
             with NetnsHosts(args.hosts) as net:
@@ -343,5 +388,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"torchrun: {args.torchrun_restarts} kills", flush=True)
             with NetnsHosts(args.hosts) as net:
                 tr = run_torchrun(args, net.hosts, work)
-    report(args, ml, tr)
+    if args.in_process:
+        report_in_place(args, inp, ml, tr)
+    else:
+        report(args, ml, tr)
     return 0

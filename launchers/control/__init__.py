@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from launchers.control.events import (
     ExchangeFailed,
     ExchangeTimedOut,
+    HubMovedAway,
     JobEnded,
     JobEvents,
     Left,
@@ -108,6 +109,7 @@ __all__ = [
     "ExchangeFailed",
     "ExchangeTimedOut",
     "How",
+    "HubMovedAway",
     "JobEnded",
     "JobEvents",
     "Left",

@@ -28,6 +28,7 @@ from launchers.control.agent_core import AgentState
 from launchers.control.driver import Driver
 from launchers.control.events import (
     ExchangeFailed,
+    HubMovedAway,
     JobEnded,
     JobEvent,
     JobEvents,
@@ -43,6 +44,7 @@ from launchers.control.succession import Inherited
 from launchers.log import say
 
 CLOSE_WAIT = 10.0  # node 0 keeps the hub this long at most for the other nodes to leave
+REPROBE_EVERY = 1.0  # seconds between probes of the other hosts while node 0's fresh hub waits for the first meeting
 BYE_WAIT = 2.0  # seconds this node's driver may take to hand its bye to the socket
 
 
@@ -87,10 +89,9 @@ class NetworkEvents(JobEvents):
         self._handed_over = False  # this node hosted the hub and left gracefully: the others moved on
         self._wake_r, self._wake_w = _pipe() if self._own else (-1, -1)  # the supervisor's loop: something arrived
         self.wake_fd: int | None = self._wake_r if self._own else None
-        self.state = AgentState(
-            node, nnodes, node_timeout, join_timeout or 0.0, host or socket.gethostname(), wake=self._wake,
-            elastic=elastic, hosts=self.hosts, mover=self._move_hub if self._own else None,
-        )  # fmt: skip
+        self._state_args = (node, nnodes, node_timeout, join_timeout or 0.0, host or socket.gethostname())
+        self.state = self._new_state()
+        self._found: tuple[AgentState, zmq.Socket[Any], str] | None = None  # a moved hub node 0 found (``meet``)
         place = self._place(master_addr)
         if self._own:
             driver.start()
@@ -102,13 +103,22 @@ class NetworkEvents(JobEvents):
                     + (" (hosting it)" if place.host else "")
                 )
 
+    def _new_state(self) -> AgentState:
+        return AgentState(
+            *self._state_args, wake=self._wake, elastic=self.elastic, hosts=self.hosts,
+            mover=self._move_hub if self._own else None,
+        )  # fmt: skip
+
+    def _targets(self) -> dict[int, str]:
+        return {n: f"tcp://{self.hosts[n]}:{self.port}" for n in discovery.targets(self.node, self.movable, self.hosts)}
+
     def _place(self, master_addr: str) -> discovery.Place:
         """Where this node's agent joins the hub (``discovery``), applied here: the one place that starts node 0's hub.
 
         An elastic job whose platform names every host probes the other hosts first: a hub that moved
         while this mlaunch was away answers, and the agent joins it (a returning node, a candidate)."""
         node, driver = self.node, self.driver
-        targets = {n: f"tcp://{self.hosts[n]}:{self.port}" for n in discovery.targets(node, self.movable, self.hosts)}
+        targets = self._targets()
         answers, sock = probe(driver.context, driver.keys, self.secret, self.state, targets) if targets else ({}, None)
         place = discovery.decide(node, answers, self.state.hub if sock is not None else None)
         if place.host:
@@ -274,18 +284,59 @@ class NetworkEvents(JobEvents):
             return state.welcomed and state.lost is None
 
     def meet(self, key: str, generation: int, restarts: int, deadline: float, *, admit: bool = True) -> Meeting:
+        """The meeting ``key``; node 0's fresh hub also looks for a moved one meanwhile (``HubMovedAway``)."""
         state = self.state
         state.meet(key, generation, restarts, admit)
         self._kick()
-        with state.cond:
-            while key not in state.meetings:
-                final = state.final
-                if final is not None:
-                    raise ExchangeFailed(final.describe())
-                if time.monotonic() >= deadline:
-                    raise ExchangeFailed("not every node came to the meeting in time")
-                state.cond.wait(max(0.0, deadline - time.monotonic()))
-            return state.meetings[key]
+        search = generation == 0 and self.hub is not None and self.movable and bool(self._targets())
+        while True:
+            wake = min(deadline, time.monotonic() + REPROBE_EVERY) if search else deadline
+            with state.cond:
+                while key not in state.meetings:
+                    final = state.final
+                    if final is not None:
+                        raise ExchangeFailed(final.describe())
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise ExchangeFailed("not every node came to the meeting in time")
+                    if now >= wake:
+                        break
+                    state.cond.wait(wake - now)
+                else:
+                    return state.meetings[key]
+            self._look_for_moved_hub()
+
+    def _look_for_moved_hub(self) -> None:
+        """Node 0 started again (its platform restarted it at once) and hosts a fresh hub before the others moved
+        theirs away from its host: nobody answered its first probe, and the others, soon after, move the hub to
+        the lowest of them and train on without it; this hub would wait for a first meeting nobody comes to.
+        The other hosts are probed again (each second while the meeting waits): a hub that answers is the job's,
+        and ``HubMovedAway`` sends this node there as a returning one. Found in a netns run: node 0 restarted
+        0.0 s after a kill -9 waited at its own hub for 100 s, then failed or was killed."""
+        fresh = self._new_state()
+        answers, sock = probe(self.driver.context, self.driver.keys, self.secret, fresh, self._targets())
+        if sock is None:
+            return
+        place = discovery.decide(self.node, answers, fresh.hub)
+        if place.join is None:
+            sock.close(linger=0)
+            return
+        self._found = (fresh, sock, place.said)
+        raise HubMovedAway(place.said)
+
+    def join_moved_hub(self) -> bool:
+        if self._found is None:
+            return False
+        fresh, sock, said = self._found
+        self._found = None
+        self.driver.remove(self.state)
+        if self.hub is not None:
+            self.hub.stop()
+            self.hub = None
+        self.state = fresh
+        self.driver.adopt(fresh, sock)
+        say(said)
+        return True
 
     def admission(self, wait: float) -> Meeting | None:
         state = self.state

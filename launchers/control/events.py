@@ -39,6 +39,12 @@ class ExchangeTimedOut(ExchangeFailed):
     again (a contribution said twice is taken once)."""
 
 
+class HubMovedAway(Exception):
+    """Node 0's mlaunch hosts a fresh hub and waits for the first meeting, but the job's hub answers on another
+    node: this mlaunch started again before the others moved the hub away (``NetworkEvents.meet``). Not an
+    ``ExchangeFailed``: the node goes on as a returning one (``join_moved_hub``), it does not fail."""
+
+
 @dataclass(frozen=True)
 class RemoteFailure:
     """The first failure of a generation, as every node learns it."""
@@ -174,6 +180,10 @@ class JobEvents:
 
     @property
     def networked(self) -> bool:
+        return False
+
+    def join_moved_hub(self) -> bool:
+        """After ``HubMovedAway``: stop this node's hub and join the one found, as a returning node (a candidate)."""
         return False
 
     @property

@@ -116,11 +116,17 @@ def blame_order(s: Stale) -> tuple[int, float, int]:
 
 
 _COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+# DDP all-reduces gradients from inside autograd's C++ backward: a rank blocked there for the whole hang limit
+# waits for its peers' gradients. Seen on 2 netns hosts: the waiting node named its own rank in backward the
+# culprit at the same moment as the sleeping rank's node, and a healthy rank was replaced.
+_COLLECTIVE_FRAMES = (("graph.py", "_engine_run_backward"),)
 
 
 def collective_frame(frame: str) -> bool:
-    """An innermost frame inside ``torch.distributed``'s collectives (``distributed_c10d.py:2871 in all_reduce``)."""
-    return frame.split(":", 1)[0] in _COLLECTIVE_FILES
+    """An innermost frame where a rank waits for others: ``torch.distributed``'s collectives
+    (``distributed_c10d.py:2871 in all_reduce``), or DDP's backward (``graph.py:979 in _engine_run_backward``)."""
+    file, _, rest = frame.partition(":")
+    return file in _COLLECTIVE_FILES or (file, rest.partition(" in ")[2]) in _COLLECTIVE_FRAMES
 
 
 class HangMonitor:
@@ -153,6 +159,7 @@ class HangMonitor:
         self.every = min(0.25, max(shortest / 10, 0.05))
         self._next = 0.0
         self._only_waiters_since: float | None = None
+        self._frames: dict[tuple[int, int], str | None] = {}  # (pid, report count) → the frame its stacks showed
 
     @classmethod
     def for_plan(
@@ -205,7 +212,8 @@ class HangMonitor:
                 continue
             host = self.hosts.get(worker.spec.rank) or socket.gethostname()
             age = self._seen(report, now).silent
-            judged.append(Stale(report, worker, host, age, verdict=verdict, state=process_state(report.pid)))
+            frame = self._frames.get((report.pid, report.count))  # this silence's stacks, when dumped already
+            judged.append(Stale(report, worker, host, age, frame, verdict, process_state(report.pid)))
         stopped = any(s.verdict is not None and s.verdict.hung and s.state in STOPPED_STATES for s in judged)
         if not hang_limit.hung_on_node((s.verdict for s in judged if s.verdict is not None), stopped):
             return []
@@ -215,6 +223,17 @@ class HangMonitor:
             if now - self._only_waiters_since < self.defer:
                 return []
         return found
+
+    def waits_for_another_node(self, stale: list[Stale], now: float | None = None) -> bool:
+        """After the stacks (``failure`` read their frames): on a node of a multi-node job whose hung ranks all
+        wait in a collective and none is stuck, the culprit is on another node; True until ``defer`` seconds
+        passed since this was first seen (the culprit's node declares meanwhile), then False: declared here."""
+        if self.defer <= 0 or not stale or any(s.stuck or not s.in_collective for s in stale):
+            return False
+        now = time.monotonic() if now is None else now
+        self._frames.update({(s.report.pid, s.report.count): s.frame for s in stale})  # ``stale`` defers from now on
+        self._only_waiters_since = self._only_waiters_since or now
+        return now - self._only_waiters_since < self.defer
 
     def due_in(self, now: float | None = None) -> float:
         """Seconds until the next poll of ``stale`` is due (0 when it is)."""

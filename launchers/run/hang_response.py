@@ -54,6 +54,12 @@ class HangResponse:
         marks = self.hang.log_marks(stale)  # where the stacks of the ranks outside a collective will start
         self.dump_stacks()
         self._failure = self.hang.failure(stale, marks)  # now with their innermost frames
+        if self.hang.waits_for_another_node(stale):
+            self._failure = None
+            where = ", ".join(f"{s.worker.label} in {s.frame}" for s in stale)
+            self.announce(f"every hung rank here waits for others ({where}): the culprit's node declares it; "
+                          f"declared here if it has not within {self.hang.defer:g}s")  # fmt: skip
+            return
         self.hang.declared(stale)
         for rank, why in (self._failure.details.get("stuck") or {}).items():
             self.announce(f"rank {rank}: {why}; the culprit, not a rank waiting for another")

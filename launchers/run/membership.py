@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING
 
 from launchers import stop_signals as early_signals
-from launchers.control import ExchangeFailed, Meeting, topics
+from launchers.control import ExchangeFailed, HubMovedAway, Meeting, topics
 from launchers.log import say
 from launchers.outcome import signal_name
 from launchers.phases import long_phase
@@ -139,7 +139,11 @@ def _join(elastic: ElasticMembership) -> Meeting | int:
         if admitted is not None:  # welcomed as a candidate and admitted by a meeting before this line ran
             say(f"node {events.node}: admitted to the job at generation {admitted.generation}")
             return admitted
-        return _meet(elastic, topics.meeting(0), 0, deadline - time.monotonic())
+        try:
+            return _meet(elastic, topics.meeting(0), 0, deadline - time.monotonic())
+        except HubMovedAway:  # this node's mlaunch started again before the others moved the hub: join theirs
+            events.join_moved_hub()
+            return _join(elastic)
     when = "the job's next restart" if job.elastic.grow == "at_restart" else "the next committed checkpoint"
     say(
         f"node {events.node}: the job is already running; this node starts no ranks and waits to be admitted "
