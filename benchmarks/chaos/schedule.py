@@ -22,7 +22,8 @@ here, in the schedule's gaps: the storm fires each fault no sooner than its gap 
 one was fired, so the time between two faults is never shorter than the sum of the gaps between
 them. A comeback lifted to the floor is not counted as nested.
 
-The first ``len(classes)`` faults are every class once (shuffled), so a short storm has them all.
+Every class is drawn once (shuffled) before any twice, so a short storm has them all; the comebacks
+that node losses need first come in between (on 3 hosts with MIN 2, about 15 faults hold every class).
 A share ``nested`` of the faults comes 0.2–1.5 s after the previous one: inside its recovery.
 """
 

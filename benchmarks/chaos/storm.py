@@ -62,6 +62,7 @@ class Storm:
     whole_job_at: float = 0.0  # when it was injected
     leaving: set[int] = field(default_factory=set)  # hosts a fault took out (their exit is expected)
     restart_due: dict[int, float] = field(default_factory=dict)  # host → when the harness starts it again
+    ended: list[Any] = field(default_factory=list)  # the mlaunches whose end is noted (alive: no id is reused)
     free: float = 0.0  # when the loop was last free again after blocking (a whole-job restart)
     deadline: float | None = None  # monotonic: past it the run is cut and counted unrecoverable
 
@@ -118,16 +119,17 @@ class Storm:
         self.free = time.monotonic()
 
     def note_exit(self, host: int, code: int | None, expected: bool) -> None:
-        if self.noted(host):
+        proc = self.cluster.procs.get(host)
+        if proc is None or self.noted(host):
             return
-        proc = id(self.cluster.procs.get(host))
+        self.ended.append(proc)
         self.rec.exits.append(
-            {"host": host, "code": code, "stamp": time.monotonic(), "expected": expected, "proc": proc}
+            {"host": host, "code": code, "stamp": time.monotonic(), "expected": expected, "proc": id(proc)}
         )
 
     def noted(self, host: int) -> bool:
-        """Whether the exit of host ``host``'s current mlaunch is recorded already."""
-        return any(e["host"] == host and e["proc"] == id(self.cluster.procs.get(host)) for e in self.rec.exits)
+        """Whether the end of host ``host``'s current mlaunch is recorded already."""
+        return any(proc is self.cluster.procs.get(host) for proc in self.ended)
 
     def expected(self, host: int, code: int) -> bool:
         """Whether an mlaunch that ended with ``code`` ended for a reason: a fault took its host out (node 0
