@@ -202,6 +202,32 @@ def test_a_node_loss_waits_until_every_started_mlaunch_is_in_the_job() -> None:
     assert injector.target_ready(preempt)
 
 
+def test_a_link_cut_waits_until_every_running_mlaunch_is_a_member() -> None:
+    """A 30-fault storm (seed 38): node 1 hosted the hub since node 0's loss, nodes 1 and 2 were the members and node
+    0, back, waited as a candidate; node 1's link cut left node 2 with 1 of the 2 members, no strict majority to move
+    the hub (no split brain), node 1 alone below MIN, and every mlaunch ended 1 — by design, not a fault the job
+    survives. A link cut (nothing closes, the cut host may hold the hub) now waits until every running mlaunch
+    is a member; a kill does not (a node whose connection closed is not counted)."""
+    import random
+    from types import SimpleNamespace
+
+    from benchmarks.chaos.inject import Injector
+    from benchmarks.chaos.observe import says_member
+    from benchmarks.chaos.schedule import Fault
+
+    running = {0, 1, 2}
+    cluster = SimpleNamespace(hosts=[None] * 3, in_job={0, 1, 2}, members={1, 2}, running=lambda h: h in running)
+    injector = Injector(cluster, Path("/nonexistent"), Path("/nonexistent"), random.Random(1))  # type: ignore[arg-type]
+    cut = Fault(16, 1.0, "link_down", 1, 5.1, False)
+    assert not injector.target_ready(cut)
+    assert injector.target_ready(Fault(12, 1.0, "kill_mlaunch", 1, 0.0, False))
+    waits = "mlaunch: node 0: the job is already running; this node starts no ranks and waits to be admitted"
+    assert not says_member(waits) and says_member("mlaunch: node 0: admitted to the job at generation 6")
+    assert says_member("mlaunch: engine pytorch  world size 6  nodes 3  master x:6666")
+    cluster.members.add(0)
+    assert injector.target_ready(cut)
+
+
 def test_a_storms_picture_joins_its_runs_across_the_harnesss_whole_job_restarts() -> None:
     """A storm restarts the whole job after node 0 is lost: each run starts at attempt 0 and ends with its
     own end event, and the timeline draws a log directory's newest run. The storm's picture once showed

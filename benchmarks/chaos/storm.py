@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos.inject import Injector
-from benchmarks.chaos.observe import Cluster, Event, parse, says_in_job
+from benchmarks.chaos.observe import Cluster, Event, parse, says_in_job, says_member
 from benchmarks.chaos.schedule import NODE0_COMEBACK_FLOOR, NODE_LOSS, WHOLE_JOB, Fault
 from launchers.elastic.format import layout
 
@@ -70,6 +70,8 @@ class Storm:
         arrival, host, line = got
         if says_in_job(line):
             self.cluster.in_job.add(host)
+        if says_member(line):
+            self.cluster.members.add(host)
         event = parse(host, arrival, line)
         if event is None:
             if line.startswith("mlaunch:") and any(w in line for w in ("Error", "error", "cannot", "unrecoverable")):
