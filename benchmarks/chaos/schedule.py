@@ -29,6 +29,7 @@ A share ``nested`` of the faults comes 0.2–1.5 s after the previous one: insid
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -188,8 +189,8 @@ def draw(
         gap = rng.uniform(0.2, 1.5) if is_nested else far * rng.uniform(0.5, 1.5)
         host = model.target(kind, rng)
         soonest = model.soonest(kind, host, clock)
-        if gap < soonest:
-            gap, is_nested = soonest, False
+        if gap < soonest:  # up to the next millisecond: the rounding below must not undercut the floor
+            gap, is_nested = math.ceil(soonest * 1000) / 1000, False
         gap = round(gap, 3)
         clock += gap
         faults.append(Fault(len(faults), gap, kind, host, round(duration(kind, rng, node_timeout), 3), is_nested))
