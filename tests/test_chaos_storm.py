@@ -1,10 +1,12 @@
 """A short seeded chaos storm (issue 35): every fault class once on 3 network-namespace hosts.
 
-``python -m benchmarks.chaos`` with a schedule of 13 faults — one of each class, seed 35 — on 3 hosts ×
+``python -m benchmarks.chaos`` with a schedule of 15 faults — every class, seed 35 — on 3 hosts ×
 1 rank (DDP over gloo on the hosts' ``eth0``, ``nnodes: "2:3"``, warm standbys, every step staged,
 background commits); the benchmark's fault-free run is skipped (``--no-baseline``). Nothing may be
 lost: no unrecoverable error, no committed step lost by any resume, no process, shared memory or
-partial checkpoint left on any host, every fault injected. ``CHAOS_LONG=1`` also runs a longer
+partial checkpoint left on any host, every fault injected. 13 faults, one per class, no longer fit: with node
+0's losses node losses too (issue 45: the hub moves), five classes take a node out on 3 hosts with MIN 2, and each
+needs the node out before it back first (a ``comeback``). ``CHAOS_LONG=1`` also runs a longer
 storm. Timings are the benchmark's business (ratios against the fault-free run), never asserted here.
 A short same-membership storm runs with its fault-free twin and must end with the twin's parameters (issue 48).
 """
@@ -53,13 +55,15 @@ def check(report: dict, every_class: bool) -> None:
         0,
         0,
     ), said
+    # node 0's loss is a shrink (issue 45: the hub moves): the job restarts whole only after SIGTERM to every node
+    assert [r["why"] for r in report["whole_job_restarts"]] == ["term_all"] * report["faults"]["term_all"], said
     if every_class:
         assert all(count >= 1 for count in report["faults"].values()), said
 
 
 def test_a_short_storm_of_every_class_loses_nothing(tmp_path: Path) -> None:
     report = storm(
-        tmp_path, "--faults", "13", "--seed", "35", "--spacing", "3", "--nproc", "1", "--no-baseline", timeout=600
+        tmp_path, "--faults", "15", "--seed", "35", "--spacing", "3", "--nproc", "1", "--no-baseline", timeout=600
     )
     check(report, every_class=True)
 

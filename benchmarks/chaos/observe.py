@@ -43,9 +43,17 @@ class Event:
 IN_JOB = re.compile(r"^mlaunch: (engine |node \d+: the job is already running|node \d+: admitted)")
 
 
+MEMBER = re.compile(r"^mlaunch: (engine |node \d+: admitted)")
+
+
 def says_in_job(line: str) -> bool:
     """The line says this host's mlaunch is in the job: it starts ranks, or waits as a candidate (towards MIN)."""
     return IN_JOB.search(line) is not None
+
+
+def says_member(line: str) -> bool:
+    """The line says this host's mlaunch is a member: it starts ranks (a candidate says so once admitted)."""
+    return MEMBER.search(line) is not None
 
 
 def parse(host: int, arrival: float, line: str) -> Event | None:
@@ -79,6 +87,7 @@ class Cluster:
     lines: queue.Queue[tuple[float, int, str]] = field(default_factory=queue.Queue)
     started: dict[int, list[float]] = field(default_factory=dict)
     in_job: set[int] = field(default_factory=set)  # hosts whose mlaunch said it is a member or waits to be admitted
+    members: set[int] = field(default_factory=set)  # of those, the ones that start ranks (admitted: no candidate)
 
     def env(self, index: int) -> dict[str, str]:
         hosts = self.hosts
@@ -102,6 +111,7 @@ class Cluster:
         )
         self.procs[index] = proc
         self.in_job.discard(index)
+        self.members.discard(index)
         self.started.setdefault(index, []).append(time.monotonic())
         threading.Thread(target=self._pump, args=(index, proc, log), daemon=True).start()
 

@@ -6,12 +6,13 @@ saw them, restarts, resumes, commits, membership changes and the goodput breakdo
 on its host's lane (its class in the hover), so a fault mlaunch never had to act on (a link flap
 under ``node_timeout``, a slow node) shows too.
 
-A storm is several runs of the job: after a fault that ends it by design (node 0 lost, SIGTERM to
-all) the harness starts every mlaunch again, and each run begins at attempt 0 and ends with its own
-``end`` events. The timeline draws a log directory's newest run, which would be the storm's last
-stretch alone; ``joined`` makes the runs one: attempts numbered on across runs, each earlier run's
-ends replaced by a ``restart`` at the harness's whole-job restart, and the goodput computed from the
-events of the whole storm (an ``end`` event's figures cover its own run only).
+A storm is several runs of the job: after a fault that ends it by design (SIGTERM to all; node 0's
+loss is a shrink since the hub moves) the harness starts every mlaunch again, and each run begins
+at attempt 0 and ends with its own ``end`` events. The timeline draws a log directory's newest
+run, which would be the storm's last stretch alone; ``joined`` makes the runs one: attempts
+numbered on across runs, each earlier run's ends replaced by a ``restart`` at the harness's
+whole-job restart, and the goodput computed from the events of the whole storm (an ``end``
+event's figures cover its own run only).
 """
 
 from __future__ import annotations

@@ -11,9 +11,12 @@ Definitions (docs/benchmarks.md says the same):
   the last step); **theoretical**: 1 − R / S, S the mean spacing and R the mean of each fault's
   class median loss among the faults that did not land inside another's recovery — what the storm
   would cost if faults never met;
-- **unrecoverable errors**: the job ended (node 0's mlaunch, or a member's unasked) or stalled
-  where no fault ends it by design; an end by design (node 0 lost or preempted, SIGTERM to all)
-  followed by a whole-job restart that resumes from the newest commit counts as recovered.
+- **unrecoverable errors**: a host's mlaunch (node 0's as any other's) ended where no fault took
+  its host out or ended the job, or ended non-zero after the end step was written, or the job
+  stalled; a node lost (node 0 included: the hub moves, issue 45) is recovered when the survivors
+  train on, and SIGTERM to all, followed by a whole-job restart that resumes from the newest commit,
+  counts as recovered. A fault's cost is measured on whichever hosts step after it: after node
+  0's loss, the survivors' next steps.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from benchmarks.chaos.schedule import CLASSES, RESIZES
 
 
 def pace(events: Sequence[Event]) -> float | None:
-    """Seconds per step of a run: the median interval between consecutive steps of host 0."""
-    times = sorted((e.values[0], e.stamp) for e in events if e.kind == "step" and e.host == 0)
-    gaps = [b[1] - a[1] for a, b in zip(times, times[1:], strict=False) if b[0] == a[0] + 1 and b[1] > a[1]]
+    """Seconds per step of a run: the median interval between consecutive steps of each host (pooled: host 0
+    is out for a while after its loss, like any host)."""
+    gaps = []
+    for host in sorted({e.host for e in events if e.kind == "step"}):
+        times = sorted((e.values[0], e.stamp) for e in events if e.kind == "step" and e.host == host)
+        gaps += [b[1] - a[1] for a, b in zip(times, times[1:], strict=False) if b[0] == a[0] + 1 and b[1] > a[1]]
     return statistics.median(gaps) if gaps else None
 
 
@@ -135,6 +141,13 @@ def build(
     }
 
 
+def restarts(done: Sequence[dict[str, Any]]) -> str:
+    """How many whole-job restarts, and why (``term_all``, ``stalled``, ``unrecoverable``)."""
+    whys = sorted({r["why"] for r in done})
+    said = ", ".join(f"{why} {sum(r['why'] == why for r in done)}" for why in whys)
+    return f"{len(done)} ({said})" if said else "0"
+
+
 def table(report: dict[str, Any]) -> str:
     head = f"chaos storm: seed {report['seed']}, {report['faults_total']} faults"
     head += f" ({report['nested']} inside another's recovery), mean gap {report['mean_gap_s']:.2f}s"
@@ -148,7 +161,7 @@ def table(report: dict[str, Any]) -> str:
     eff, theo = report["step_efficiency"] * 100, report["theoretical_efficiency"] * 100
     lines += [
         f"unrecoverable errors: {len(report['unrecoverable'])}",
-        f"whole-job restarts (node 0 lost/preempted, SIGTERM to all; recovered): {len(report['whole_job_restarts'])}",
+        f"whole-job restarts (SIGTERM to all, stalls, nothing left running): {restarts(report['whole_job_restarts'])}",
         f"committed steps lost: {report['committed_steps_lost']} over {len(report['resumes'])} resumes",
         f"step efficiency {eff:.1f} % vs theoretical {theo:.1f} %",
         f"left on the hosts: processes {left.get('processes')}, shared memory {left.get('shm')}, "
