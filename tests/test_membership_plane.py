@@ -226,6 +226,11 @@ def test_a_preemption_below_the_minimum_ends_the_job_on_every_node_at_once() -> 
         assert until(lambda: nodes[0].ended) is not None
         with pytest.raises(ExchangeFailed, match="exit code 143"):
             nodes[0].meet("1", 1, 0, time.monotonic() + 5)
+        # the leaving node learns it too: its dying save's exchange ends at once instead of at its grace period's
+        # end (a chaos storm's SIGTERM to every node: node 1's save waited 9.9 s for node 0, which had exited)
+        assert until(lambda: nodes[2].ended) is not None, "the leaving node never heard that the job ended"
+        with pytest.raises(ExchangeFailed, match="exit code 143"):  # not "not every node answered … in time"
+            nodes[2].reduce("cand", 1, time.monotonic() + 5, "count")
 
 
 def test_a_node_that_never_reaches_the_plane_is_left_out_after_the_last_call_at_the_first_start() -> None:

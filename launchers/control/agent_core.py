@@ -356,7 +356,9 @@ class AgentState:
         self._push(Regroup(regroup.why))
 
     def on_end(self, end: m.End) -> None:
-        if end.node != self.node:
+        """The job ended: not this node's own exit code coming back, but any other end; the hub's end *for* this
+        node too (``why``: it is leaving, below the elastic minimum), or its dying save waits out the grace period."""
+        if end.node != self.node or end.why:
             self.end(AgentPhase.ENDED, end.event())
 
     def on_closing(self, closing: m.Closing) -> None:
