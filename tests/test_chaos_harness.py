@@ -179,7 +179,7 @@ def test_a_rank_fault_whose_host_has_no_rank_hits_a_host_that_has_one() -> None:
 def test_a_node_loss_waits_until_every_started_mlaunch_is_in_the_job() -> None:
     """The 100-fault rerun: a comeback's mlaunch took 12 s to reach the hub; the next preemption left one
     node, below MIN, and the job ended by design, which the schedule promises never to cause. A node-loss
-    fault now waits until every running mlaunch said it starts ranks or waits to be admitted."""
+    fault now waits until every running mlaunch is a member (``test_a_node_loss_waits_until_every_running_…``)."""
     import random
     from pathlib import Path
     from types import SimpleNamespace
@@ -189,25 +189,28 @@ def test_a_node_loss_waits_until_every_started_mlaunch_is_in_the_job() -> None:
     from benchmarks.chaos.schedule import Fault
 
     running = {0, 1, 2}
-    cluster = SimpleNamespace(hosts=[None] * 3, in_job={0, 2}, running=lambda h: h in running)
+    cluster = SimpleNamespace(hosts=[None] * 3, in_job={0, 2}, members={0, 2}, running=lambda h: h in running)
     injector = Injector(cluster, Path("/nonexistent"), Path("/nonexistent"), random.Random(1))
     preempt = Fault(29, 1.0, "preempt", 2, 0.0, False)
     assert not injector.target_ready(preempt)  # host 1 came back but is not in the job yet
     line = "mlaunch: node 1: the job is already running; this node starts no ranks and waits to be admitted"
     assert says_in_job(line) and not says_in_job("mlaunch: control plane: node 1 of 3 joining x:7666")
     cluster.in_job.add(1)
+    cluster.members.add(1)
     assert injector.target_ready(preempt)
     running.discard(1)  # a host that is down does not hold the fault back
     cluster.in_job.discard(1)
+    cluster.members.discard(1)
     assert injector.target_ready(preempt)
 
 
-def test_a_link_cut_waits_until_every_running_mlaunch_is_a_member() -> None:
+def test_a_node_loss_waits_until_every_running_mlaunch_is_a_member() -> None:
     """A 30-fault storm (seed 38): node 1 hosted the hub since node 0's loss, nodes 1 and 2 were the members and node
     0, back, waited as a candidate; node 1's link cut left node 2 with 1 of the 2 members, no strict majority to move
     the hub (no split brain), node 1 alone below MIN, and every mlaunch ended 1 — by design, not a fault the job
-    survives. A link cut (nothing closes, the cut host may hold the hub) now waits until every running mlaunch
-    is a member; a kill does not (a node whose connection closed is not counted)."""
+    survives. The 300-fault storm (seed 37) did the same with a kill: node 0 killed 0.7 s after node 1 came back
+    (members 0, 2): node 2 alone, below MIN (a candidate does not count), ended 1, four times. Any node's loss (it
+    may hold the hub) now waits until every running mlaunch is a member."""
     import random
     from types import SimpleNamespace
 
@@ -220,12 +223,12 @@ def test_a_link_cut_waits_until_every_running_mlaunch_is_a_member() -> None:
     injector = Injector(cluster, Path("/nonexistent"), Path("/nonexistent"), random.Random(1))  # type: ignore[arg-type]
     cut = Fault(16, 1.0, "link_down", 1, 5.1, False)
     assert not injector.target_ready(cut)
-    assert injector.target_ready(Fault(12, 1.0, "kill_mlaunch", 1, 0.0, False))
+    assert not injector.target_ready(Fault(12, 1.0, "kill_mlaunch_node0", 0, 0.0, False))
     waits = "mlaunch: node 0: the job is already running; this node starts no ranks and waits to be admitted"
     assert not says_member(waits) and says_member("mlaunch: node 0: admitted to the job at generation 6")
     assert says_member("mlaunch: engine pytorch  world size 6  nodes 3  master x:6666")
     cluster.members.add(0)
-    assert injector.target_ready(cut)
+    assert injector.target_ready(cut) and injector.target_ready(Fault(12, 1.0, "kill_mlaunch_node0", 0, 0.0, False))
 
 
 def test_a_storms_picture_joins_its_runs_across_the_harnesss_whole_job_restarts() -> None:

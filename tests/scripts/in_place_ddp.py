@@ -39,7 +39,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--step-sleep", type=float, default=0.02)
     parser.add_argument("--fault", choices=["none", "kill", "hang"], default="none")
-    parser.add_argument("--victim", type=int, default=2)
+    parser.add_argument("--victim", default="2", help="the rank that fails; several: 1,3 (each at every --at)")
     parser.add_argument("--at", default="20", help="the step of the fault; several: 15,20 (one fault each)")
     parser.add_argument("--keep", action="store_true", help="leave the checkpoints (no ckpt.clear() at the end)")
     args, _ = parser.parse_known_args()
@@ -62,9 +62,12 @@ def train(args: argparse.Namespace) -> None:
         start = int(state["step"]) + 1
     log = Path(os.environ["IN_PLACE_LOG"])
     faults = {int(at) for at in str(args.at).split(",")}
+    victims = {int(v) for v in str(args.victim).split(",")}
     for step in range(start, args.steps):
         marker = log / ("fault-done" if len(faults) == 1 else f"fault-done-{step}")
-        if args.fault != "none" and rank == args.victim and step in faults and not marker.exists():
+        if len(victims) > 1:
+            marker = marker.with_name(f"{marker.name}-rank{rank}")
+        if args.fault != "none" and rank in victims and step in faults and not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
         gen = torch.Generator().manual_seed(step * 1000 + rank)
