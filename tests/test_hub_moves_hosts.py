@@ -81,6 +81,28 @@ def test_node_0_s_mlaunch_killed_the_others_move_the_hub_and_go_on(tmp_path: Pat
     assert status["scope"] == "job" and sorted(n["index"] for n in status["nodes"]) == [1, 2], status
 
 
+def test_node_0_s_mlaunch_stopped_by_sigterm_hands_the_hub_over_and_the_others_go_on(
+    tmp_path: Path, hosts3: list[Host]
+) -> None:
+    """A preemption of node 0 (SIGTERM to its mlaunch): it says it is leaving, the others move the hub at once (no
+    silence to wait out), stop gracefully and resume at 2 nodes from the newest committed step; node 0 ends 143."""
+    import signal
+
+    run = start_ddp(tmp_path, hosts3, 40)
+    try:
+        run.wait_for(r"saved step (9|1\d): model-checksum", host=0)
+        run.procs[0].send_signal(signal.SIGTERM)
+        took = moved(run, time.monotonic())
+        codes = run.finish()
+    finally:
+        run.kill()
+    text = run.text()
+    print(f"node 0's mlaunch stopped by SIGTERM → the 2-node job re-formed in {took:.2f}s")
+    assert codes == {0: 143, 1: 0, 2: 0}, (codes, text)
+    assert "its mlaunch was stopped by SIGTERM (a preemption)" in run.text(1), text  # said, not judged silent
+    assert final_checksum(run.text(1)), text
+
+
 def test_node_0_s_link_cut_the_others_go_on_and_node_0_ends_alone(tmp_path: Path, hosts3: list[Host]) -> None:
     from netns import IP
 
