@@ -38,6 +38,20 @@ RANKS = 4
 hosts2 = pytest.fixture(hosts_fixture(2), name="hosts2")
 
 
+def stacks_of(argv: list[str], cwd: Path | None = None) -> str:
+    """What a real process that registered ``faulthandler`` on SIGURG dumps when it gets the signal after its
+    ``ready`` line (its stderr; the process is killed after)."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGURG)
+        time.sleep(0.5)
+    finally:
+        proc.kill()
+    return proc.communicate(timeout=10)[1]
+
+
 def test_the_innermost_frame_is_the_main_threads_from_a_real_faulthandler_dump() -> None:
     """A real dump (faulthandler on SIGURG, as ``launchers.elastic`` registers it) with a second thread."""
     code = textwrap.dedent(
@@ -53,15 +67,7 @@ def test_the_innermost_frame_is_the_main_threads_from_a_real_faulthandler_dump()
         stuck()
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(0.1)
-        proc.send_signal(signal.SIGURG)
-        time.sleep(0.5)
-    finally:
-        proc.kill()
-    _, dump = proc.communicate(timeout=10)
+    dump = stacks_of([sys.executable, "-c", code])
     main_line = next(i for i, t in enumerate(code.splitlines(), 1) if "# MAIN" in t)
     assert "Thread 0x" in dump and "helper" in dump, dump  # both threads were dumped ...
     assert innermost_frame(dump) == f"<string>:{main_line} in stuck", dump  # ... the main thread's frame is named
@@ -85,17 +91,7 @@ def test_a_dump_is_whole_once_the_main_threads_outermost_frame_is_in_it(tmp_path
             """
         )
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stuckmod"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(0.1)
-        proc.send_signal(signal.SIGURG)
-        time.sleep(0.5)
-    finally:
-        proc.kill()
-    _, dump = proc.communicate(timeout=10)
+    dump = stacks_of([sys.executable, "-m", "stuckmod"], cwd=tmp_path)
     lines = dump.splitlines(keepends=True)
     current = next(i for i, line in enumerate(lines) if line.startswith("Current thread"))
     assert main_thread_dumped(dump), dump
