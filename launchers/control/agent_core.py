@@ -355,9 +355,7 @@ class AgentState:
     def on_regroup(self, regroup: m.Regroup) -> None:
         self._push(Regroup(regroup.why))
 
-    def on_end(self, end: m.End) -> None:
-        """The job ended: not this node's own exit code coming back, but any other end; the hub's end *for* this
-        node too (``why``: it is leaving, below the elastic minimum), or its dying save waits out the grace period."""
+    def on_end(self, end: m.End) -> None:  # the hub's end naming this node too (``why``: it left below MIN)
         if end.node != self.node or end.why:
             self.end(AgentPhase.ENDED, end.event())
 
