@@ -117,12 +117,13 @@ class Left:
 
 @dataclass(frozen=True)
 class Regroup:
-    """Node 0 asks every node of an elastic job to stop its ranks gracefully and re-form (a node waits to join)."""
+    """The hub's node asks every node of an elastic job to stop its ranks gracefully and re-form (a node waits to
+    join); node 0, or the node the hub moved to."""
 
     why: str
 
     def describe(self) -> str:
-        return f"node 0 re-forms the job: {self.why}"
+        return f"the hub's node re-forms the job: {self.why}"
 
 
 @dataclass(frozen=True)
