@@ -252,8 +252,8 @@ class NetworkEvents(JobEvents):
 
     def close(self, exit_code: int) -> None:
         self.state.flush_status()
-        if self.hub is not None:  # the job's last word: peers that follow the hub's node exit with it
-            self.state.send(m.End(self.node, exit_code))
+        if self.hub is not None and not self._handed_over:  # the job's last word: peers that follow the hub's node
+            self.state.send(m.End(self.node, exit_code))  # exit with it (handed over: the job goes on without it)
         self.state.send(m.Bye(self.node, exit_code))
         self._kick()
         if self.hub is not None:
