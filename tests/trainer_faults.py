@@ -26,6 +26,17 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
+def _faults_from_env() -> tuple[int, int] | None:
+    """``TRAINER_FAULTS=5,4``: a failure's faults again (its message names them), over a test's own."""
+    import os
+
+    given = os.environ.get("TRAINER_FAULTS")
+    if not given:
+        return None
+    kill_at, term_after = (int(part) for part in given.split(","))
+    return kill_at, term_after
+
+
 def faults_lose_nothing(
     framework: str,
     python: Path,
@@ -38,7 +49,7 @@ def faults_lose_nothing(
 ) -> None:
     world = 2 * procs_per_node
     rng = random.Random()
-    kill_at, term_after = faults or (rng.randint(3, SAVE_EVERY - 2), rng.randint(3, 7))
+    kill_at, term_after = _faults_from_env() or faults or (rng.randint(3, SAVE_EVERY - 2), rng.randint(3, 7))
     # step_time: a job whose steps take milliseconds would finish before the SIGTERM reaches it
     args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--step-time", str(step_time), *extra]
     env = trainer_env()

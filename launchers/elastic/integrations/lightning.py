@@ -78,7 +78,10 @@ class MlaunchCallback(Callback):
         if not self.session.under_mlaunch or not hint.is_file():
             return None
         last = Path(json.loads(hint.read_text())["last"])
-        got = self.session.newer_commit(_native_step(last))
+        # every last*.ckpt: a ModelCheckpoint that did not write the last one itself writes last-v1.ckpt beside it,
+        # and Lightning's ckpt_path="last" resumes from the newest of them
+        native = [_native_step(path) for path in last.parent.glob(f"{last.stem}*{last.suffix}")]
+        got = self.session.newer_commit(max((step for step in native if step is not None), default=None))
         if got is None:
             return None
         step, own = got
@@ -91,6 +94,7 @@ class MlaunchCallback(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.install()  # fit() wrapped our handler in one that runs a collective
+        count_the_epoch_resumed_into(trainer.fit_loop)
         resume_data(trainer)  # a plain DataLoader resumes at the first batch the loop never received
         if self._rng is not None and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             self._new_epoch_after_rng(trainer)
@@ -188,6 +192,27 @@ def save(checkpoint: dict[str, Any], path: Path) -> None:
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
     TorchCheckpointIO().save_checkpoint(checkpoint, path)
+
+
+def count_the_epoch_resumed_into(loop: Any) -> None:
+    """Count the epoch a resume from an epoch's last batch goes on into, as the uninterrupted run counts it.
+
+    A checkpoint written in ``on_train_batch_end`` of an epoch's last batch restores as "mid-epoch"; Lightning
+    (2.5–2.6) then counts that epoch processed and completed, and its next ``on_advance_start`` skips counting
+    the new epoch ready and started (the restart stage is still "mid-epoch"). The run goes on with its epoch
+    counters one short: when it is stopped at the last batch of that epoch too, its checkpoint looks like a
+    finished epoch, and the resume after it runs the next epoch with the sampler's epoch of the one before
+    (``DistributedSampler.set_epoch(processed)``): the same order twice, a run that ends elsewhere (kill -9
+    at an epoch's end, then SIGTERM at the next epoch's end: ``tests/test_trainers.py``).
+    """
+    progress = loop.epoch_progress.total
+    if (
+        getattr(loop, "restarted_mid_epoch", False)
+        and loop.epoch_loop.batch_progress.is_last_batch
+        and progress.ready == progress.started == progress.processed
+    ):
+        loop.epoch_progress.increment_ready()
+        loop.epoch_progress.increment_started()
 
 
 def resume_data(trainer: pl.Trainer) -> None:
