@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -289,40 +290,52 @@ class NetworkEvents(JobEvents):
         state.meet(key, generation, restarts, admit)
         self._kick()
         search = generation == 0 and self.hub is not None and self.movable and bool(self._targets())
-        while True:
-            wake = min(deadline, time.monotonic() + REPROBE_EVERY) if search else deadline
+        done = threading.Event()
+        if search:  # in a thread of its own: a probe of a silent host must not hold back the meeting's answer
+            threading.Thread(
+                target=self._search_moved_hub, args=(state, done), name="mlaunch-reprobe", daemon=True
+            ).start()
+        try:
             with state.cond:
                 while key not in state.meetings:
-                    final = state.final
-                    if final is not None:
-                        raise ExchangeFailed(final.describe())
+                    if state.final is not None:
+                        raise ExchangeFailed(state.final.describe())
+                    if self._found is not None:
+                        raise HubMovedAway(self._found[2])
                     now = time.monotonic()
                     if now >= deadline:
                         raise ExchangeFailed("not every node came to the meeting in time")
-                    if now >= wake:
-                        break
-                    state.cond.wait(wake - now)
-                else:
-                    return state.meetings[key]
-            self._look_for_moved_hub()
+                    state.cond.wait(deadline - now)
+                if self._found is not None:  # found as the meeting was answered: the meeting stands
+                    self._found[1].close(linger=0)
+                    self._found = None
+                return state.meetings[key]
+        finally:
+            with state.cond:
+                done.set()
 
-    def _look_for_moved_hub(self) -> None:
-        """Node 0 started again (its platform restarted it at once) and hosts a fresh hub before the others moved
-        theirs away from its host: nobody answered its first probe, and the others, soon after, move the hub to
-        the lowest of them and train on without it; this hub would wait for a first meeting nobody comes to.
-        The other hosts are probed again (each second while the meeting waits): a hub that answers is the job's,
-        and ``HubMovedAway`` sends this node there as a returning one. Found in a netns run: node 0 restarted
-        0.0 s after a kill -9 waited at its own hub for 100 s, then failed or was killed."""
-        fresh = self._new_state()
-        answers, sock = probe(self.driver.context, self.driver.keys, self.secret, fresh, self._targets())
-        if sock is None:
-            return
-        place = discovery.decide(self.node, answers, fresh.hub)
-        if place.join is None:
-            sock.close(linger=0)
-            return
-        self._found = (fresh, sock, place.said)
-        raise HubMovedAway(place.said)
+    def _search_moved_hub(self, state: AgentState, done: threading.Event) -> None:
+        """Node 0 started again at once hosts a fresh hub before the others moved theirs away from its host:
+        nobody answered its first probe, the others move the hub to the lowest of them and train on, and this
+        hub would wait for a first meeting nobody comes to (a netns run: 100 s, then failed). The other hosts
+        are probed each ``REPROBE_EVERY`` while the meeting waits; a hub that answers is the job's, and
+        ``HubMovedAway`` sends this node there as a returning one. In a thread beside ``meet``'s wait: a probe
+        of a host that drops connections takes 0.5 s, of one that accepts and says nothing 2 s."""
+        while not done.wait(REPROBE_EVERY):
+            fresh = self._new_state()
+            answers, sock = probe(self.driver.context, self.driver.keys, self.secret, fresh, self._targets())
+            if sock is None:
+                continue
+            place = discovery.decide(self.node, answers, fresh.hub)
+            with state.cond:
+                if place.join is None or done.is_set():  # no hub of this job, or the meeting was answered
+                    sock.close(linger=0)
+                    if done.is_set():
+                        return
+                    continue
+                self._found = (fresh, sock, place.said)
+                state.cond.notify_all()
+                return
 
     def join_moved_hub(self) -> bool:
         if self._found is None:
