@@ -62,6 +62,14 @@ class Agents:
             time.sleep(0.02)
         return {node: proc.returncode for node, proc in enumerate(self.procs) if proc.returncode is not None}
 
+    def why_not_started(self, attempt: int) -> dict[int, str]:
+        """node → the end of its mlaunch's stderr, for each node whose rank of ``attempt`` did not start (the
+        assertion's message: under load a node that gave up says why there)."""
+        started = self.started(attempt)
+        missing = [node for node in range(len(self.procs)) if node not in started]
+        exited = [node for node in missing if self.procs[node].poll() is not None]
+        return {node: self.stderr(node)[-800:] for node in (exited or missing)[:3]}
+
     def stderr(self, node: int) -> str:
         return (self.home / f"node-{node}.err").read_text(errors="replace")
 

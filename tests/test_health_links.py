@@ -66,7 +66,8 @@ PAIR = textwrap.dedent(
 
     dist.ProcessGroupGloo.allreduce = counted
     best = network.time_pair(store, "pair/", rank, time.monotonic() + 15, ["lo"])
-    print(json.dumps({"best": best, "calls": calls}))
+    print(json.dumps({"best": best, "calls": calls}), flush=True)
+    os._exit(0)  # pinned beside two spinners at nice -5, torch's interpreter teardown once took past 60 s in CI
     """
 )
 
@@ -87,8 +88,9 @@ def run_pair(spans: tuple[float, float], cpu: int = -1) -> list[dict[str, float]
     ]
     try:
         results = finish(procs, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("a pair end hung: the two ends disagreed on the number of all-reduces")
+    except subprocess.TimeoutExpired as hung:
+        said = (hung.output or b"").decode(errors="replace") if isinstance(hung.output, bytes) else hung.output or ""
+        pytest.fail(f"a pair end hung (the two ends disagreed on the number of all-reduces?); it printed: {said!r}")
     outs = []
     for code, out, err in results:
         assert code == 0, err

@@ -24,7 +24,7 @@ STARTUP = 600.0  # seconds for 128 mlaunch to start their ranks on two cores
 def test_a_rank_killed_on_node_64_restarts_every_node_together_and_all_exit_0(tmp_path: Path) -> None:
     agents = start(tmp_path, COUNT, job_port(), KILL_RANK="64", RUN="600", RUN_AGAIN="2")
     try:
-        assert len(agents.wait_started(0, STARTUP)) == COUNT
+        assert len(agents.wait_started(0, STARTUP)) == COUNT, agents.why_not_started(0)
         (agents.marks / "go").write_text("go\n")
         restarted = agents.wait_started(1, 120)
         codes = agents.wait_exits(120)
@@ -39,7 +39,7 @@ def test_a_rank_killed_on_node_64_restarts_every_node_together_and_all_exit_0(tm
 def test_node_64s_mlaunch_killed_ends_every_other_node_naming_it(tmp_path: Path) -> None:
     agents = start(tmp_path, COUNT, job_port(), RUN="600")
     try:
-        assert len(agents.wait_started(0, STARTUP)) == COUNT
+        assert len(agents.wait_started(0, STARTUP)) == COUNT, agents.why_not_started(0)
         killed = time.time()
         os.kill(agents.procs[64].pid, signal.SIGKILL)
         codes = agents.wait_exits(NODE_TIMEOUT + 120)

@@ -160,6 +160,40 @@ def test_accelerate_tied_gpt2_plain_loader_resumes_bit_identical(tmp_path: Path,
     faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3, procs_per_node=2, script=script)
 
 
+def test_accelerate_under_recoverable_keeps_the_surviving_rank(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
+    """Issue 44: the Accelerate example's ``main`` under ``@elastic.recoverable`` (``tests/scripts/
+    accelerate_recoverable.py``), 2 × 1: rank 1 killed at step 8; rank 0 keeps its process and calls ``main``
+    again (a new ``Accelerator``, after mlaunch forgot Accelerate's process-wide state), rank 1 is a new
+    process, nothing is lost and the run ends bit-identical to its uninterrupted twin. Without the forgetting,
+    the second ``Accelerator()`` kept the failed attempt's state and the job fell back to a whole restart."""
+    from trainer_jobs import Run, job_yaml
+
+    script = SCRIPTS / "accelerate_recoverable.py"
+    args = ["--steps", "24", "--save-every", "10", "--step-time", "0.1"]
+    env = trainer_env()
+
+    def job(name: str) -> Path:
+        workdir = tmp_path / name
+        workdir.mkdir()
+        return job_yaml(workdir, "accelerate", trainers_python, args, restarts=2, procs_per_node=1, script=script)
+
+    reference = Run(job("uninterrupted"), env, world=2)
+    assert reference.wait() == 0, reference.tail()
+    run = Run(job("faulted"), env, world=2)
+    try:
+        run.wait_step(8, attempt=0)
+        run.kill_rank(1, attempt=0)
+        assert run.wait() == 0, run.tail()
+    finally:
+        run.close()
+    everything = "\n".join(run.lines)
+    assert "keep their processes and rejoin in place" in everything, run.tail()
+    first, second = run.attempts[0], run.attempts[1]
+    assert second.pids[0] == first.pids[0] and second.pids[1] != first.pids[1], (first.pids, second.pids)
+    assert second.start[0] >= first.all_finished(), run.tail()  # from memory: no step every rank finished is lost
+    assert run.checksum() == reference.checksum() is not None, run.tail()
+
+
 def test_deepspeed_loses_no_step_on_kill_9_or_sigterm(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
     # ZeRO stage 2 (each rank's optimizer partition in its own file); stages 0 and 1 write a subset of those files
     faults_lose_nothing("deepspeed", trainers_python, tmp_path, step_time=0.3, extra=("--zero", "2"))

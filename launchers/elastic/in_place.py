@@ -239,6 +239,7 @@ def _rejoin(word: recovery.Word) -> None:
     layouts = sys.modules.get("launchers.elastic.ddp_layouts")
     if layouts is not None:
         layouts.forget_models()  # the next call's DDP models are numbered as in a fresh process
+    _forget_framework_state()
     progress.reopen()  # the next report writes a new progress file, of the new attempt
     rank_segment.reopen()  # the next stage writes a new segment, of the new attempt
     if "torch" in sys.modules and _cuda_initialized():
@@ -252,6 +253,18 @@ def _rejoin(word: recovery.Word) -> None:
         f"this process kept ({(time.monotonic() - started) * 1000:.0f} ms to rejoin)"
     )
     recovery.declare()
+
+
+def _forget_framework_state() -> None:
+    """Accelerate keeps the process group's facts process-wide (``PartialState``: rank, world size, device;
+    ``AcceleratorState``, ``GradientState``), shared by every ``Accelerator`` made in the process: the next
+    call's ``Accelerator()`` would take the failed attempt's rank and world and never initialise the new
+    group. Forgotten here, as in a fresh process (Accelerate's own test helpers reset them the same way);
+    the HF ``Trainer`` builds on it."""
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
+        state.GradientState._reset_state()
 
 
 STORE_WAIT_SECONDS = 5.0  # the most a rejoining rank waits for rank 0's new store before calling the function
