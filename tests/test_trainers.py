@@ -165,7 +165,8 @@ def test_accelerate_under_recoverable_keeps_the_surviving_rank(tmp_path: Path, t
     accelerate_recoverable.py``), 2 × 1: rank 1 killed at step 8; rank 0 keeps its process and calls ``main``
     again (a new ``Accelerator``, after mlaunch forgot Accelerate's process-wide state), rank 1 is a new
     process, nothing is lost and the run ends bit-identical to its uninterrupted twin. Without the forgetting,
-    the second ``Accelerator()`` kept the failed attempt's state and the job fell back to a whole restart."""
+    the second ``Accelerator()`` took the old state as initialised and never made the new group: the survivor's
+    call failed in DDP ("Default process group has not been initialized") and the job never finished."""
     from trainer_jobs import Run, job_yaml
 
     script = SCRIPTS / "accelerate_recoverable.py"
