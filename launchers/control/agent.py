@@ -115,9 +115,8 @@ class NetworkEvents(JobEvents):
 
     def _place(self, master_addr: str) -> discovery.Place:
         """Where this node's agent joins the hub (``discovery``), applied here: the one place that starts node 0's hub.
-
-        An elastic job whose platform names every host probes the other hosts first: a hub that moved
-        while this mlaunch was away answers, and the agent joins it (a returning node, a candidate)."""
+        An elastic job whose platform names every host probes the other hosts first: a hub that moved while this
+        mlaunch was away answers, and the agent joins it (a returning node, a candidate)."""
         node, driver = self.node, self.driver
         targets = self._targets()
         answers, sock = probe(driver.context, driver.keys, self.secret, self.state, targets) if targets else ({}, None)
@@ -129,6 +128,7 @@ class NetworkEvents(JobEvents):
                 movable=self.movable,
             )  # fmt: skip
             self.hub.start()
+            self.state.hub_here = self.hub.is_alive  # a loaded machine starves it, but it is not lost
         if sock is not None and place.join is not None:
             driver.adopt(self.state, sock)
         else:
@@ -150,6 +150,7 @@ class NetworkEvents(JobEvents):
                     last_call, host_node=node, inherited=inherited, movable=True,
                 )  # fmt: skip
                 self.hub.start()
+                self.state.hub_here = self.hub.is_alive
                 say(f"control plane: node {node} hosts the hub now, for nodes {', '.join(map(str, inherited.members))}"
                     f" without {', '.join(map(str, inherited.gone))}")  # fmt: skip
             return f"tcp://127.0.0.1:{self.port}"
@@ -319,8 +320,7 @@ class NetworkEvents(JobEvents):
         nobody answered its first probe, the others move the hub to the lowest of them and train on, and this
         hub would wait for a first meeting nobody comes to (a netns run: 100 s, then failed). The other hosts
         are probed each ``REPROBE_EVERY`` while the meeting waits; a hub that answers is the job's, and
-        ``HubMovedAway`` sends this node there as a returning one. In a thread beside ``meet``'s wait: a probe
-        of a host that drops connections takes 0.5 s, of one that accepts and says nothing 2 s."""
+        ``HubMovedAway`` sends this node there as a returning one. Beside ``meet``'s wait (a probe: 0.5-2 s)."""
         while not done.wait(REPROBE_EVERY):
             fresh = self._new_state()
             answers, sock = probe(self.driver.context, self.driver.keys, self.secret, fresh, self._targets())

@@ -1,18 +1,15 @@
 """One agent's side of the protocol apart from its thread and socket: what it says when, what the hub's words mean.
 
-A ``driver.Driver`` thread gives it a DEALER socket and runs ``receive`` / ``flush``: one
-agent for a node's mlaunch (``NetworkEvents``), thousands from one poller per process for
-the control-plane benchmark. Both run this code, so the benchmark measures what a node does.
-The messages themselves are ``messages`` (the protocol's one definition); this agent answers
-the hub's through ``messages.handlers`` (``on_<kind>`` below); its life is ``life``, its part of
-the job's status view ``status_mirror``.
+A ``driver.Driver`` thread gives it a DEALER socket and runs ``receive`` / ``flush``: one agent for a node's
+mlaunch (``NetworkEvents``), thousands from one poller per process for the control-plane benchmark (so it
+measures what a node does). The messages are ``messages`` (the protocol's one definition), answered through
+``messages.handlers`` (``on_<kind>`` below); its life is ``life``, its part of the status view ``status_mirror``.
 
-Reliability: the DEALER socket queues nothing for a hub it is not connected to (ZMQ
-``IMMEDIATE``), so a hub that starts late receives no backlog of stale heartbeats; ``hello``
-is said again every ``hello_retry`` until ``welcome`` comes. What must arrive (the kinds
-``messages`` marks ``RELIABLE``) is kept in the outbox until the socket takes it, and failure
-reports, contributions and meetings not yet answered are said again after every ``welcome``
-(a rejoin, or a new hub: ``succession``); the hub takes a repeated one once. Every field is behind
+Reliability: the DEALER socket queues nothing for a hub it is not connected to (ZMQ ``IMMEDIATE``), so a hub
+that starts late receives no backlog of stale heartbeats; ``hello`` is said again every ``hello_retry`` until
+``welcome`` comes. What must arrive (the kinds ``messages`` marks ``RELIABLE``) is kept in the outbox until the
+socket takes it, and failure reports, contributions and meetings not yet answered are said again after every
+``welcome`` (a rejoin, or a new hub: ``succession``); the hub takes a repeated one once. Every field is behind
 ``cond``: the node's threads hand work in, the driver's thread takes it out and delivers the hub's words.
 """
 
@@ -48,6 +45,7 @@ from launchers.control.topics import feature
 from launchers.control.wire import Incoming, Outgoing
 from launchers.log import say
 
+STALLED = 1.0  # a gap between the driver's checks (every 0.2 s) that means this process did not run
 KEEP_RESULTS = 256  # exchange results kept (a topic is asked once; a repeat answer must not grow memory)
 
 
@@ -91,7 +89,8 @@ class AgentState:
         self._pending: dict[str, m.Message] = {}  # topic or meeting → a contribution not answered yet
         self._unconfirmed: dict[int, m.Fail] = {}  # generation → failure report not yet echoed
         now = time.monotonic()
-        self.started = self.heard = now
+        self.started = self.heard = self._checked = now
+        self.hub_here: Callable[[], bool] = lambda: False  # the hub runs in this process and its thread lives
         self.hub_closed = -1e9  # when the connection to the hub last closed (its mlaunch likely ended)
         self.span, self.hosts, self.mover = elastic, tuple(hosts), mover
         self.hub = 0  # the node hosting the hub (``succession.hub_of`` the membership)
@@ -213,10 +212,11 @@ class AgentState:
         self.hub_closed = now
 
     def check(self, now: float) -> None:
-        """Declare the hub lost after ``node_timeout`` of silence (``join_timeout`` before it first answered);
-        after its connection closed, after the short fuse the hub gives a member whose connection closed."""
-        silent = now - self.heard
-        welcomed = self.life.welcomed
+        """The hub lost after ``node_timeout`` of silence (``join_timeout`` before it answered; the short fuse once its
+        connection closed). Seconds this process did not run (gaps over ``STALLED``) are not its silence."""
+        gap, self._checked = now - self._checked, now  # a live hub in this process is starved, never lost (CI)
+        self.heard = now if self.hub_here() else self.heard + max(0.0, gap - STALLED)
+        silent, welcomed = now - self.heard, self.life.welcomed
         limit = self.node_timeout if welcomed else self.join_timeout
         closed = welcomed and self.heard < self.hub_closed
         if closed:
