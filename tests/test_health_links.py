@@ -89,7 +89,7 @@ def run_pair(spans: tuple[float, float], cpu: int = -1) -> list[dict[str, float]
     try:
         results = finish(procs, timeout=60)
     except subprocess.TimeoutExpired as hung:
-        said = (hung.output or b"").decode(errors="replace") if isinstance(hung.output, bytes) else hung.output or ""
+        said = hung.output.decode(errors="replace") if isinstance(hung.output, bytes) else hung.output
         pytest.fail(f"a pair end hung (the two ends disagreed on the number of all-reduces?); it printed: {said!r}")
     outs = []
     for code, out, err in results:

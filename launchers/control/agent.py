@@ -122,13 +122,7 @@ class NetworkEvents(JobEvents):
         answers, sock = probe(driver.context, driver.keys, self.secret, self.state, targets) if targets else ({}, None)
         place = discovery.decide(node, answers, self.state.hub if sock is not None else None)
         if place.host:
-            timeout, reducers, last_call = self._hub_args
-            self.hub = Hub(
-                driver.context, self.port, self.secret, self.nnodes, timeout, self.elastic, reducers, last_call,
-                movable=self.movable,
-            )  # fmt: skip
-            self.hub.start()
-            self.state.hub_here = self.hub.is_alive  # a loaded machine starves it, but it is not lost
+            self._start_hub(movable=self.movable)
         if sock is not None and place.join is not None:
             driver.adopt(self.state, sock)
         else:
@@ -144,17 +138,22 @@ class NetworkEvents(JobEvents):
             return None
         if node == self.node:
             if self.hub is None:
-                timeout, reducers, last_call = self._hub_args
-                self.hub = Hub(
-                    self.driver.context, self.port, self.secret, self.nnodes, timeout, self.elastic, reducers,
-                    last_call, host_node=node, inherited=inherited, movable=True,
-                )  # fmt: skip
-                self.hub.start()
-                self.state.hub_here = self.hub.is_alive
+                self._start_hub(host_node=node, inherited=inherited, movable=True)
                 say(f"control plane: node {node} hosts the hub now, for nodes {', '.join(map(str, inherited.members))}"
                     f" without {', '.join(map(str, inherited.gone))}")  # fmt: skip
             return f"tcp://127.0.0.1:{self.port}"
         return f"tcp://{self.hosts[node]}:{self.port}"
+
+    def _start_hub(self, **where: Any) -> None:
+        """This node's hub, started; its own agent never judges a hub in this process lost while its thread lives
+        (a loaded machine starves it: CI's 128 mlaunch on 2 cores once ended a job that way)."""
+        timeout, reducers, last_call = self._hub_args
+        self.hub = Hub(
+            self.driver.context, self.port, self.secret, self.nnodes, timeout, self.elastic, reducers, last_call,
+            **where,
+        )  # fmt: skip
+        self.hub.start()
+        self.state.hub_here = self.hub.is_alive
 
     @property
     def hosting(self) -> bool:
@@ -330,9 +329,7 @@ class NetworkEvents(JobEvents):
             with state.cond:
                 if place.join is None or done.is_set():  # no hub of this job, or the meeting was answered
                     sock.close(linger=0)
-                    if done.is_set():
-                        return
-                    continue
+                    continue  # done: the loop's wait ends at once
                 self._found = (fresh, sock, place.said)
                 state.cond.notify_all()
                 return
