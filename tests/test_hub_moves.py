@@ -212,6 +212,8 @@ def test_node_0_stopped_by_sigterm_hands_the_hub_over_gracefully() -> None:
         assert time.monotonic() - began < 1.5  # said, not a silence to wait out
         assert all(x is not None and x.node == 0 and x.graceful and "SIGTERM" in x.why for x in left), left
         assert nodes[1].hosting
+        nodes[2].publish({"phase": "stopping"})  # its supervisor's word on the change, while node 0's hub is up
+        time.sleep(0.3)  # the driver's next look at its timers (0.2 s) switches sockets
         # its mlaunch ends at once, with SIGTERM's code (its ranks had nothing to save): not the job's end, which
         # goes on without it (a storm's preemption 30 ms into a new generation ended it on every node, 143)
         nodes[0].close(143)
@@ -219,3 +221,30 @@ def test_node_0_stopped_by_sigterm_hands_the_hub_over_gracefully() -> None:
         assert [x.members for x in after] == [(1, 2)] * 2 and after[0].left[0].graceful
         assert nodes[1].lost is None and nodes[2].lost is None
         assert nodes[1].ended is None and nodes[2].ended is None
+        assert nodes[2].state.hub == 1, "node 2 names another hub than the one it met at (see the next test)"
+
+
+def test_a_member_that_moves_says_nothing_to_the_old_hub_and_keeps_the_new_one_s_name() -> None:
+    """The storm's wrong hub (seed 37, two unrecoverable ends): node 0's hub left gracefully and node 2 moved to
+    node 1's, but its hello went out on the old socket before the driver switched sockets; node 0's leaving hub
+    welcomed it (``hub`` 0), and node 1's successor hub, which takes a moving member's words without a hello, never
+    welcomed it again. Node 2 went on believing node 0 hosted the hub, so when node 1's link was cut it moved to
+    node 1 while node 0 moved to itself, and neither side held a majority. Now nothing is said on the old socket
+    once a move is decided, and a welcome naming another hub than the one moved to is the old hub's: dropped."""
+    from launchers.control.agent_core import AgentState
+
+    state = AgentState(2, 3, 3.0, 3.0, "h2", elastic=(2, 3), hosts=("h0", "h1", "h2"), mover=lambda n, _: f"tcp://h{n}")
+    now = time.monotonic()
+    state.on_message(m.Welcome(3, 1.0, 1.0, 1.0, hub=0), now)
+    state.on_message(m.Met("0", 0, (0, 1, 2)), now)
+    state.on_message(m.Left(m.Departure(0, "h0", "its mlaunch was stopped by SIGTERM", graceful=True), 2), now)
+    assert (state.hub, state.moving) == (1, True)
+    state.send(m.Heartbeat(2))
+    assert state.due(now + 5) == []  # the driver has not switched sockets: this one still reaches node 0's hub
+    state.on_message(m.Welcome(3, 1.0, 1.0, 1.0, hub=0), now)  # node 0's answer to a hello it had before
+    assert (state.hub, state.moving) == (1, True)
+    assert state.take_move() == "tcp://h1"
+    said = state.due(now + 5)  # the new socket: the hello, and what waited
+    assert [type(x) for x in said] == [m.Heartbeat, m.Hello], said
+    state.on_message(m.Welcome(3, 1.0, 1.0, 1.0, hub=1), now)
+    assert (state.hub, state.moving) == (1, False)

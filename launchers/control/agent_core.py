@@ -184,6 +184,8 @@ class AgentState:
         """The messages to send now."""
         out: list[m.Message] = []
         with self.cond:
+            if self.move_to is not None:  # the socket is still the old hub's: everything waits for the new one
+                return out
             while self._outbox:
                 out.append(self._outbox.popleft())
             welcomed = self.life.welcomed
@@ -269,13 +271,14 @@ class AgentState:
 
     def on_message(self, message: m.Message, now: float) -> None:
         self.heard = now
-        handler = _HANDLERS.get(message.KIND)
-        if handler is not None:
+        if (handler := _HANDLERS.get(message.KIND)) is not None:
             handler(self, message)
 
     # -- the hub's words (``messages.handlers``) ---------------------------------------------------
     def on_welcome(self, welcome: m.Welcome) -> None:
         with self.cond:
+            if self.moving and welcome.hub != self.hub:  # the old hub's answer to a hello it got before the move
+                return
             self.moving = False
             self.hub = welcome.hub  # where it runs: a node that joins after the hub moved learns it here
             self.life.welcome(welcome.candidate)
@@ -288,7 +291,7 @@ class AgentState:
         if welcome.ended is not None:
             self.on_end(welcome.ended)
         if welcome.summary is not None:
-            self._summary(welcome.summary)
+            self.on_summary(m.Summary(summary=welcome.summary))
 
     def on_heartbeat(self, beat: m.Heartbeat) -> None:
         """Nothing but the sign of life every message is."""
@@ -365,15 +368,12 @@ class AgentState:
 
     def on_summary(self, summary: m.Summary) -> None:
         if summary.summary is not None:
-            self._summary(summary.summary)
+            with self.cond:
+                self.status.summary = summary.summary
 
     def on_view(self, view: m.View) -> None:
         with self.cond:
             self.status.answered(view.nodes, time.monotonic())
-
-    def _summary(self, summary: dict[str, Any]) -> None:
-        with self.cond:
-            self.status.summary = summary
 
     def _push(self, event: JobEvent) -> None:
         """An event the supervisor acts on (``poll``); whoever waits is woken."""

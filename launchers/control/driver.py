@@ -144,7 +144,8 @@ class Driver(threading.Thread):
                 continue
             if id(state) in sockets:
                 gone = sockets.pop(id(state))
-                flush(gone, state, self.secret, now)
+                if not state.moving:  # a stop's last words; a move's wait for the new hub (a hello here: its welcome)
+                    flush(gone, state, self.secret, now)
                 poller.unregister(gone)
                 if id(state) in monitor_of:
                     watcher = monitor_of.pop(id(state))
