@@ -160,23 +160,34 @@ def test_accelerate_tied_gpt2_plain_loader_resumes_bit_identical(tmp_path: Path,
     faults_lose_nothing("accelerate", trainers_python, tmp_path, step_time=0.3, procs_per_node=2, script=script)
 
 
-def test_accelerate_under_recoverable_keeps_the_surviving_rank(tmp_path: Path, trainers_python: Path) -> None:  # noqa: F811
-    """Issue 44: the Accelerate example's ``main`` under ``@elastic.recoverable`` (``tests/scripts/
-    accelerate_recoverable.py``), 2 × 1: rank 1 killed at step 8; rank 0 keeps its process and calls ``main``
-    again (a new ``Accelerator``, after mlaunch forgot Accelerate's process-wide state), rank 1 is a new
-    process, nothing is lost and the run ends bit-identical to its uninterrupted twin. Without the forgetting,
-    the second ``Accelerator()`` took the old state as initialised and never made the new group: the survivor's
-    call failed in DDP ("Default process group has not been initialized") and the job never finished."""
+# Issue 44: each framework's extra arguments and step time (DeepSpeed's and Accelerate's steps take milliseconds)
+RECOVERABLE = {"accelerate": ("0.1",), "transformers": ("0.1",), "deepspeed": ("0.1", "--zero", "2")}
+
+
+@pytest.mark.parametrize("framework", list(RECOVERABLE))
+def test_trainers_under_recoverable_keep_the_surviving_rank(
+    framework: str,
+    tmp_path: Path,
+    trainers_python: Path,  # noqa: F811
+) -> None:
+    """Issue 44: the framework example's ``main`` under ``@elastic.recoverable`` (``tests/scripts/
+    recoverable_example.py``), 2 × 1: rank 1 killed at step 8; rank 0 keeps its process and calls ``main``
+    again (a new ``Accelerator``, ``Trainer`` or DeepSpeed engine, after mlaunch forgot the framework's
+    process-wide state), rank 1 is a new process, nothing is lost and the run ends bit-identical to its
+    uninterrupted twin. Without the forgetting, Accelerate's second ``Accelerator()`` took the old state as
+    initialised and never made the new group: the survivor's call failed in DDP ("Default process group has
+    not been initialized") and the job never finished."""
     from trainer_jobs import Run, job_yaml
 
-    script = SCRIPTS / "accelerate_recoverable.py"
-    args = ["--steps", "24", "--save-every", "10", "--step-time", "0.1"]
+    script = SCRIPTS / "recoverable_example.py"
+    step_time, *extra = RECOVERABLE[framework]
+    args = [framework, "--steps", "24", "--save-every", "10", "--step-time", step_time, *extra]
     env = trainer_env()
 
     def job(name: str) -> Path:
         workdir = tmp_path / name
         workdir.mkdir()
-        return job_yaml(workdir, "accelerate", trainers_python, args, restarts=2, procs_per_node=1, script=script)
+        return job_yaml(workdir, framework, trainers_python, args, restarts=2, procs_per_node=1, script=script)
 
     reference = Run(job("uninterrupted"), env, world=2)
     assert reference.wait() == 0, reference.tail()

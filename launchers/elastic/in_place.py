@@ -260,11 +260,27 @@ def _forget_framework_state() -> None:
     ``AcceleratorState``, ``GradientState``), shared by every ``Accelerator`` made in the process: the next
     call's ``Accelerator()`` would take the failed attempt's rank and world and never initialise the new
     group. Forgotten here, as in a fresh process (Accelerate's own test helpers reset them the same way);
-    the HF ``Trainer`` builds on it."""
+    the HF ``Trainer`` builds on it. DeepSpeed keeps its communication backend (``deepspeed.comm``'s ``cdb``)
+    and every group it made (``deepspeed.utils.groups``) in module globals: the next ``deepspeed.initialize``
+    broadcast over the destroyed world group ("Group ... is not registered"). Emptied the same way."""
     state = sys.modules.get("accelerate.state")
     if state is not None:
         state.AcceleratorState._reset_state(reset_partial_state=True)
         state.GradientState._reset_state()
+    comm, groups = sys.modules.get("deepspeed.comm.comm"), sys.modules.get("deepspeed.utils.groups")
+    if comm is not None:
+        vars(comm)["cdb"] = None  # as in a fresh process: the next init_distributed makes a new one
+    for name, value in vars(groups).items() if groups is not None else ():
+        if name in DEEPSPEED_GROUPS:  # DeepSpeed 0.19's: a dict per group kind, or one group
+            setattr(groups, name, {} if isinstance(value, dict) else None)
+
+
+DEEPSPEED_GROUPS = frozenset(
+    ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP")
+    + ("_EXPERT_DATA_PARALLEL_GROUP_RANKS", "_WORLD_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "mpu")
+    + ("_ALL_TO_ALL_GROUP", "mesh_device", "_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP")
+    + ("_DATA_PARALLEL_GROUP", "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK")
+)
 
 
 STORE_WAIT_SECONDS = 5.0  # the most a rejoining rank waits for rank 0's new store before calling the function
