@@ -38,6 +38,9 @@ def pytest_configure(config: pytest.Config) -> None:
     imported again. ``compileall`` writes the caches whatever that variable says, only for
     sources newer than their cache, and every process reads them.
     """
+    from cpu_log import register
+
+    register(config)  # MLAUNCH_TEST_CPU_LOG: each test's CPU (``tests/cpu_log.py``)
     if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
         return
     for tree in ("launchers", "examples", "tests/scripts", "benchmarks"):
