@@ -338,6 +338,9 @@ def main() -> int:
         "--defaults", action="store_true", help="job.yaml's restart defaults (no backoff: 0s); --in-process implies it"
     )
     args, _ = parser.parse_known_args()
+    from benchmarks.bench_env import compile_sources
+
+    compile_sources()  # off the measured path: no rank compiles what it imports
     if args.hosts and args.membership:
         args.nproc = 2 if args.nproc is None else args.nproc
         args.timeout = 120.0 if args.timeout is None else args.timeout

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))  # benchmarks.*, and launchers from this checkout
 
 from netns import NetnsHosts, netns_unavailable_reason  # noqa: E402
 
-from benchmarks.bench_env import platform_free_env  # noqa: E402
+from benchmarks.bench_env import compile_sources, platform_free_env  # noqa: E402
 from benchmarks.chaos.inject import Injector  # noqa: E402
 from benchmarks.chaos.observe import Cluster  # noqa: E402
 from benchmarks.chaos.png import draw as draw_png  # noqa: E402
@@ -144,6 +144,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="the JSON report (the PNG goes next to it)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run's logs in this directory")
     args = parser.parse_args()
+    compile_sources()  # off the measured path: no mlaunch or rank compiles what it imports
     reason = netns_unavailable_reason()
     if reason:
         print(f"chaos: cannot make network-namespace hosts: {reason}", file=sys.stderr)
