@@ -230,8 +230,12 @@ def test_a_member_that_moves_says_nothing_to_the_old_hub_and_keeps_the_new_one_s
     welcomed it (``hub`` 0), and node 1's successor hub, which takes a moving member's words without a hello, never
     welcomed it again. Node 2 went on believing node 0 hosted the hub, so when node 1's link was cut it moved to
     node 1 while node 0 moved to itself, and neither side held a majority. Now nothing is said on the old socket
-    once a move is decided, and a welcome naming another hub than the one moved to is the old hub's: dropped."""
+    once a move is decided, and a welcome naming another hub than the one moved to is the old hub's: dropped.
+    So is the old hub's ``closing`` (its thread stopping): taken, it left the member in the closing phase, which
+    judges no silence, and when the new hub's link was cut that member waited at the meeting until it failed
+    (the storm rerun at 6f98ced, two unrecoverable ends)."""
     from launchers.control.agent_core import AgentState
+    from launchers.control.life import AgentPhase
 
     state = AgentState(2, 3, 3.0, 3.0, "h2", elastic=(2, 3), hosts=("h0", "h1", "h2"), mover=lambda n, _: f"tcp://h{n}")
     now = time.monotonic()
@@ -242,9 +246,29 @@ def test_a_member_that_moves_says_nothing_to_the_old_hub_and_keeps_the_new_one_s
     state.send(m.Heartbeat(2))
     assert state.due(now + 5) == []  # the driver has not switched sockets: this one still reaches node 0's hub
     state.on_message(m.Welcome(3, 1.0, 1.0, 1.0, hub=0), now)  # node 0's answer to a hello it had before
-    assert (state.hub, state.moving) == (1, True)
+    state.on_message(m.Closing(), now)  # node 0's hub stopping: not this member's hub any more
+    assert (state.hub, state.moving, state.life.phase) == (1, True, AgentPhase.MEMBER)
     assert state.take_move() == "tcp://h1"
     said = state.due(now + 5)  # the new socket: the hello, and what waited
     assert [type(x) for x in said] == [m.Heartbeat, m.Hello], said
     state.on_message(m.Welcome(3, 1.0, 1.0, 1.0, hub=1), now)
     assert (state.hub, state.moving) == (1, False)
+
+
+def test_the_old_hub_closing_at_once_leaves_the_members_that_moved_judging_their_new_hub() -> None:
+    """Node 0 preempted with nothing to save: its mlaunch closes right after handing the hub over, and its hub's
+    ``closing`` reaches node 2 on the old socket before the driver switches sockets. Taken, it left node 2 in the
+    closing phase, which judges no silence: in the storm rerun at 6f98ced node 1's link was cut 50 s later and
+    node 2 waited at the meeting until it failed. Without the fix node 2 ended here in the closing phase in 3 of 3
+    runs."""
+    from launchers.control import Left
+    from launchers.control.life import AgentPhase
+
+    with plane((2, 3)) as nodes:
+        meet(nodes, "0", 0)
+        nodes[0].leave("its mlaunch was stopped by SIGTERM (a preemption)")
+        assert next_event(nodes[2], Left) is not None
+        nodes[0].close(143)  # at once: its hub says closing while node 2 may still hold the old socket
+        after = meet(nodes[1:], "1", 1)
+        assert [x.members for x in after] == [(1, 2)] * 2
+        assert nodes[2].state.life.phase is AgentPhase.MEMBER, nodes[2].state.life.phase

@@ -322,10 +322,9 @@ class AgentState:
     def on_left_out(self, out: m.LeftOut) -> None:
         self.end(AgentPhase.LEFT_OUT, Lost(out.node, out.host, 0.0, out.why, True))
 
-    def on_left(self, left: m.Left) -> None:
+    def on_left(self, left: m.Left) -> None:  # the hub's own node leaving gracefully (SIGTERM): the hub moves now
         departure = left.departure
         handed_over = departure.node == self.hub and departure.graceful and departure.node != self.node
-        # the hub's own node leaves gracefully (SIGTERM): the hub moves now, its ranks save with ours
         if handed_over and self._move(time.monotonic(), 0.0, departure.why or "its mlaunch was stopped"):
             return
         self.departed = (*self.departed, departure.node)
@@ -362,9 +361,10 @@ class AgentState:
         if end.node != self.node or end.why:
             self.end(AgentPhase.ENDED, end.event())
 
-    def on_closing(self, closing: m.Closing) -> None:
+    def on_closing(self, closing: m.Closing) -> None:  # not the old hub's, after a move: no silence judged after
         with self.cond:
-            self.life.closing()
+            if not self.moving:
+                self.life.closing()
 
     def on_summary(self, summary: m.Summary) -> None:
         if summary.summary is not None:
