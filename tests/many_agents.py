@@ -37,6 +37,7 @@ class Agents:
     home: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     exited: dict[int, float] = field(default_factory=dict)  # node → time.time() its mlaunch exited
+    waited: float = 0.0  # seconds the last ``wait_started`` waited
 
     @property
     def marks(self) -> Path:
@@ -50,11 +51,14 @@ class Agents:
         return found
 
     def wait_started(self, attempt: int, timeout: float) -> dict[int, float]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and len(self.started(attempt)) < len(self.procs):
+        """node → start time of its rank of ``attempt``, once every node's has started, an mlaunch has exited,
+        or ``timeout`` has passed (``why_not_started`` says which)."""
+        begin = time.monotonic()
+        while time.monotonic() < begin + timeout and len(self.started(attempt)) < len(self.procs):
             if any(p.poll() is not None for p in self.procs):
                 break
             time.sleep(0.2)
+        self.waited = time.monotonic() - begin
         return self.started(attempt)
 
     def wait_exits(self, timeout: float) -> dict[int, int]:
@@ -67,13 +71,18 @@ class Agents:
             time.sleep(0.02)
         return {node: proc.returncode for node, proc in enumerate(self.procs) if proc.returncode is not None}
 
-    def why_not_started(self, attempt: int) -> dict[int, str]:
-        """node → the end of its mlaunch's stderr, for each node whose rank of ``attempt`` did not start (the
-        assertion's message: under load a node that gave up says why there)."""
+    def why_not_started(self, attempt: int) -> str:
+        """Why ``wait_started`` stopped short (the assertion's message): how long it waited and the end of the
+        stderr of up to 3 mlaunch that exited (whether or not their rank had started: under load a node that
+        gave up says why there), else of up to 3 whose rank of ``attempt`` had not started."""
         started = self.started(attempt)
+        exited = [node for node, proc in enumerate(self.procs) if proc.poll() is not None]
         missing = [node for node in range(len(self.procs)) if node not in started]
-        exited = [node for node in missing if self.procs[node].poll() is not None]
-        return {node: self.stderr(node)[-800:] for node in (exited or missing)[:3]}
+        lines = [f"waited {self.waited:.1f} s; {len(started)} of {len(self.procs)} started; exited: {exited[:10]}"]
+        for node in (exited or missing)[:3]:
+            code = self.procs[node].returncode
+            lines.append(f"--- node {node} (exit {code}, started {node in started}) ---\n{self.stderr(node)[-800:]}")
+        return "\n".join(lines)
 
     def stderr(self, node: int) -> str:
         return (self.home / f"node-{node}.err").read_text(errors="replace")

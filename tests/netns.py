@@ -147,6 +147,7 @@ class NetnsHosts:
         self.close()
 
     def create(self) -> list[Host]:
+        clear_killed_pyenv_lock()  # one a killed session left before (``.ci/run`` clears those of other runs)
         net = f"10.{secrets.randbelow(200) + 20}.{secrets.randbelow(250) + 1}"
         self._workdir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
         bridge = f"{self.prefix}br"
@@ -206,6 +207,7 @@ class NetnsHosts:
             _ip("netns", "delete", ns, check=False)
         self._created.clear()
         self._remove_mpi_segments()
+        clear_killed_pyenv_lock()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
@@ -215,6 +217,37 @@ class NetnsHosts:
         for host in self.hosts:
             for path in Path("/dev/shm").glob(f"vader_segment.{host.hostname}.*"):
                 path.unlink(missing_ok=True)
+
+
+PYENV_REHASH_LOCK = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "shims" / ".pyenv-shim"
+
+
+def clear_killed_pyenv_lock() -> bool:
+    """Remove a ``pyenv rehash`` lock whose rehash was killed; True when one was removed.
+
+    Where root's ~/.bashrc runs ``pyenv init`` (this machine's and CI's image), every ssh session into a
+    host (Open MPI starting ``orted``) rehashes first, under a lock file its EXIT trap removes. ``close()``
+    SIGKILLs whatever runs in the hosts, a rehash too, and the lock stays: every later ssh session then
+    waits 60 s for it (CI: four MPI tests ran out of time in a row). Hosts clear it when made and closed,
+    only when no ``pyenv-rehash`` runs now and the lock is a few seconds old (a live one takes milliseconds).
+    """
+    try:
+        age = time.time() - PYENV_REHASH_LOCK.stat().st_mtime
+    except OSError:
+        return False
+    if age < 5 or _pyenv_rehash_running():
+        return False
+    PYENV_REHASH_LOCK.unlink(missing_ok=True)
+    return True
+
+
+def _pyenv_rehash_running() -> bool:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if b"pyenv-rehash" in Path("/proc", entry, "cmdline").read_bytes():
+                    return True
+    return False
 
 
 def hosts_fixture(count: int) -> Callable[[], Iterator[list[Host]]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from many_agents import HUB_NICE, NODE_TIMEOUT, job_port, leftovers, start
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.machine_alone]  # 128 mlaunch fill both cores
 
 COUNT = 128
 STARTUP = 600.0  # seconds for 128 mlaunch to start their ranks on two cores
