@@ -56,9 +56,11 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     """Say when this machine has a stale pyenv rehash lock: the netns/MPI suites would wait 60 s per ssh session.
 
     Open MPI starts ``orted`` over ssh; the remote bash sources ~/.bashrc, whose ``pyenv init`` rehashes
-    and waits up to 60 s for a lock a killed rehash left behind. ``.ci/run`` clears one older than 10 min.
+    and waits up to 60 s for a lock a killed rehash left behind. ``.ci/run`` clears one older than 10 min,
+    and the netns hosts one no running rehash holds (``netns.clear_killed_pyenv_lock``).
     """
-    lock = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "shims" / ".pyenv-shim"
+    from netns import PYENV_REHASH_LOCK as lock
+
     if lock.exists():
         return f"WARNING: {lock} exists (a pyenv rehash lock): ssh sessions sourcing ~/.bashrc wait 60 s on it"
     return None
@@ -121,10 +123,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _share_the_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A test marked ``machine_alone`` runs with no other test beside it; every other test shares the machine.
 
-    ``tests/test_many_agents.py`` starts 128 mlaunch and keeps both cores busy for about a minute. Beside it,
-    CI found the netns MPI suite's hosts 10 x slower (their 60 s waits for 6 ranks ran out, four tests
-    failed) and one of the 128 agents gone. Each test holds a shared ``flock`` on one file of this pytest run
-    (the parent of every xdist worker's base temp); a ``machine_alone`` test takes it exclusive, so it waits
+    ``tests/test_many_agents.py`` starts 128 mlaunch and keeps both cores busy for about a minute: a test beside
+    it is starved (its waits run out) and disturbs the 128 agents' start-up, whose hub CI once found silent
+    for 10 s (``tests/many_agents.py``'s ``HUB_NICE``). Each test holds a shared ``flock`` on one file of this
+    pytest run (the parent of every xdist worker's base temp); a ``machine_alone`` test takes it exclusive, so it waits
     for the other worker's test to end and the other worker waits for it. The machine was saturated in
     those minutes anyway, so the run's wall time hardly changes.
     """

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launchers.procs import proc_files
+
 IP = shutil.which("ip") or "/usr/sbin/ip"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 
@@ -222,8 +224,8 @@ class NetnsHosts:
 PYENV_REHASH_LOCK = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "shims" / ".pyenv-shim"
 
 
-def clear_killed_pyenv_lock() -> bool:
-    """Remove a ``pyenv rehash`` lock whose rehash was killed; True when one was removed.
+def clear_killed_pyenv_lock() -> None:
+    """Remove a ``pyenv rehash`` lock whose rehash was killed.
 
     Where root's ~/.bashrc runs ``pyenv init`` (this machine's and CI's image), every ssh session into a
     host (Open MPI starting ``orted``) rehashes first, under a lock file its EXIT trap removes. ``close()``
@@ -234,20 +236,10 @@ def clear_killed_pyenv_lock() -> bool:
     try:
         age = time.time() - PYENV_REHASH_LOCK.stat().st_mtime
     except OSError:
-        return False
-    if age < 5 or _pyenv_rehash_running():
-        return False
-    PYENV_REHASH_LOCK.unlink(missing_ok=True)
-    return True
-
-
-def _pyenv_rehash_running() -> bool:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if b"pyenv-rehash" in Path("/proc", entry, "cmdline").read_bytes():
-                    return True
-    return False
+        return
+    cmdlines = proc_files("cmdline") or iter(())
+    if age >= 5 and not any(b"pyenv-rehash" in cmdline for _, cmdline in cmdlines):
+        PYENV_REHASH_LOCK.unlink(missing_ok=True)
 
 
 def hosts_fixture(count: int) -> Callable[[], Iterator[list[Host]]]:
