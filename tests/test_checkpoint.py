@@ -246,6 +246,41 @@ def test_every_rank_writes_and_rank_0_commits(tmp_path: Path) -> None:
 
 
 @needs_torch
+def test_a_shard_one_rank_cannot_read_sends_every_rank_back_to_the_older_step(tmp_path: Path) -> None:
+    """Step 2's shard of rank 1 is damaged (its size intact, its header not): both ranks load step 1, and say why.
+
+    Each rank reads its newest step before the ranks agree (one collective when all is well): here rank 0
+    read step 2 and must not keep it.
+    """
+    assert [r.returncode for r in run_ranks("save", tmp_path, 2, STEP="1,2")] == [0, 0]
+    expected = [r.stdout.strip() for r in run_ranks("load", tmp_path, 2)]
+    assert all(line.startswith("loaded 2 ") for line in expected), expected
+    shard = tmp_path / "step_00000002" / "rank_1.mlck"
+    with open(shard, "r+b") as fh:
+        fh.write(b"\0" * 16)
+    results = run_ranks("load", tmp_path, 2)
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+    lines = [r.stdout.strip().splitlines()[-1] for r in results]
+    assert all(line.startswith("loaded 1 ") for line in lines), lines
+    assert lines[0] != lines[1]  # each rank its own shard of step 1
+    assert "cannot use step 2" in results[1].stdout + results[1].stderr
+
+
+@needs_torch
+def test_ranks_that_see_different_newest_steps_load_the_newest_every_rank_sees(tmp_path: Path) -> None:
+    """Rank 1's node sees steps 1 and 2, rank 0's only step 1 (a copy): every rank loads step 1."""
+    import shutil
+
+    assert [r.returncode for r in run_ranks("save", tmp_path / "full", 2, STEP="1,2")] == [0, 0]
+    (tmp_path / "behind").mkdir()
+    shutil.copytree(tmp_path / "full" / "step_00000001", tmp_path / "behind" / "step_00000001")
+    results = run_ranks("load", tmp_path / "full", 2, CKPT_DIR_0=str(tmp_path / "behind"))
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+    lines = [r.stdout.strip() for r in results]
+    assert all(line.startswith("loaded 1 ") for line in lines) and lines[0] != lines[1], lines
+
+
+@needs_torch
 def test_one_rank_out_of_space_fails_the_save_on_every_rank(tmp_path: Path) -> None:
     """Rank 1's shard does not fit (a real tmpfs): nobody commits, nobody hangs, the old step stays."""
     with tmpfs(tmp_path / "small", "2m") as mount:

@@ -108,7 +108,9 @@ def run_attempt(
                     job.monitor.node_timeout,
                 ),
                 on_failure=flash,
-                tick=ticks(monitor, run.observer.tick, *_background_ticks(background, run.observer), *_run_ticks(run)),
+                tick=ticks(
+                    monitor, run.observer.tick, *_background_ticks(background, run.observer), *_run_ticks(run, attempt)
+                ),
                 watchdog=run.watchdog,
             ),
             in_place=run.survivors is not None,
@@ -206,9 +208,10 @@ def _background_ticks(background: BackgroundPersist | None, observer: JobObserve
     return [background.tick, lambda: observer.background_committed(background.committed), failed]
 
 
-def _run_ticks(run: RunContext) -> list[Callable[[], None]]:
-    """Replication's messages and figures (``mlaunch status``); the end of a commit beside a recovery, said."""
-    found: list[Callable[[], None]] = [run.beside.tick] if run.beside is not None else []
+def _run_ticks(run: RunContext, attempt: int) -> list[Callable[[], None]]:
+    """Replication's messages and figures (``mlaunch status``); a commit beside a recovery begun, its end said."""
+    beside = run.beside
+    found: list[Callable[[], None]] = [lambda: beside.tick(attempt)] if beside is not None else []
     replicas = run.replicas
     if replicas is None:
         return found

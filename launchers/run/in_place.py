@@ -151,6 +151,18 @@ class InPlaceResponse:
 
     _adopt: dict[int, Worker]
 
+    def _replacements_first(
+        self, labelled: list[tuple[ProcessSpec, str]]
+    ) -> tuple[list[tuple[ProcessSpec, str]], list[tuple[ProcessSpec, str]]]:
+        """The places no survivor takes (to start first), and those a survivor of the last attempt takes.
+
+        After a fault recovered in place the failed rank's replacement has the longest way to the new
+        group (a standby's hand-off, then the script from its top) while a survivor only calls its
+        function again, and the group forms when its last member arrives: so the replacement starts first.
+        """
+        fresh = [(spec, label) for spec, label in labelled if spec.local_rank not in self._adopt]
+        return fresh, [(spec, label) for spec, label in labelled if spec.local_rank in self._adopt]
+
     def _adopt_survivors(self, labelled: list[tuple[ProcessSpec, str]]) -> list[tuple[ProcessSpec, str]]:
         """The last attempt's survivors take their places (by local rank); what is left to start, in order."""
         to_start: list[tuple[ProcessSpec, str]] = []

@@ -48,13 +48,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from launchers.elastic.ipc import completion, progress
 from launchers.log import say, signal_name
-from launchers.outcome import (
-    Failure,
-    Outcome,
-    exit_status,
-    launch_failure,
-    outcome_of,
-)
+from launchers.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of
 from launchers.plan import ProcessSpec, process_label
 from launchers.procs import children_of, process_env, start_process
 from launchers.run.hang import HangMonitor, dump_stacks
@@ -198,7 +192,12 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
         if self.job_events is not None and self.job_events.wake_fd is not None:
             self.streams.wake_on(self.job_events.wake_fd)
         labelled = [(spec, self.labels.get(i) or process_label(spec)) for i, spec in enumerate(self.processes)]
-        to_start = self._adopt_survivors(labelled)
+        fresh, rejoining = self._replacements_first(labelled)
+        self._start_processes(fresh)
+        self._start_processes(self._adopt_survivors(rejoining))
+
+    def _start_processes(self, to_start: list[tuple[ProcessSpec, str]]) -> None:
+        """Start ``to_start`` (warm standbys forked first) until a stop signal or a failure comes."""
         self._fork_standbys_first([spec for spec, _ in to_start])
         for spec, label in to_start:
             for sig in self.signals.drain():

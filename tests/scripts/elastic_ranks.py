@@ -4,11 +4,12 @@ Usage: elastic_ranks.py MODE CKPT_DIR   with RANK, WORLD_SIZE, MASTER_ADDR, MAST
 (``NO_DIST=1``: no process group, only RANK/WORLD_SIZE).
 
 Modes:
-  save    save step $STEP of a state whose size is $BYTES_<rank> (or $BYTES, default 4096)
-          bytes; prints ``saved <path>`` or ``save failed: <error>`` (exit 3)
+  save    save step $STEP (or each of "1,2,...", in one job) of a state whose size is $BYTES_<rank>
+          (or $BYTES, default 4096) bytes; prints ``saved <path>`` or ``save failed: <error>`` (exit 3)
   load    load_latest; prints ``loaded <step> <sha256 of the tensor bytes>`` or ``loaded none``,
           or ``load failed: <error>`` (exit 4)
-($REPLICATED=1: every rank saves the same state, as data-parallel training does.)
+($REPLICATED=1: every rank saves the same state, as data-parallel training does; $CKPT_DIR_<rank>:
+that rank's directory instead of CKPT_DIR.)
   guard   install the guard and run steps (each $STEP_TIME s); rank $SIGNAL_RANK sends itself
           SIGTERM at step $SIGNAL_STEP; prints ``stop <step>`` where it stops, saves, exits 143
 """
@@ -47,13 +48,14 @@ def main() -> int:
     if os.environ.get("NO_DIST") != "1":
         dist.init_process_group("gloo")
     rank = int(os.environ["RANK"])
+    ckpt_dir = os.environ.get(f"CKPT_DIR_{rank}", ckpt_dir)  # a rank whose node sees another directory
     ckpt = elastic.Checkpointer(ckpt_dir, keep=int(os.environ.get("KEEP", "3")))
     code = 0
     if mode == "save":
-        step = int(os.environ.get("STEP", "1"))
         try:
-            path = ckpt.save(step, state_for(rank, step))
-            print(f"saved {path}", flush=True)
+            for step in [int(s) for s in os.environ.get("STEP", "1").split(",")]:  # one job's saves, in order
+                path = ckpt.save(step, state_for(rank, step))
+                print(f"saved {path}", flush=True)
         except elastic.CheckpointError as exc:
             # every rank gets here together (the save fails on all of them), so the group still
             # ends cleanly: a gloo group left to the interpreter's exit while a peer is already
