@@ -44,6 +44,8 @@ class FlashHook:
         on_failed: Callable[[str, int | None, str], None] | None = None,
         beside: CommitBeside | None = None,
     ) -> None:
+        from launchers.persist import flash_save  # noqa: F401 - imported now, not on the first fault's way
+
         self.run_id = run_id
         self.beside = beside  # the run's commit beside an in-place recovery (None: every commit is on the path)
         self.in_place: Callable[[], bool] = lambda: False  # survivors were kept: the commit may run beside them
