@@ -114,17 +114,24 @@ def become(spec: dict[str, object]) -> None:
         from launchers.elastic.ipc import import_report
 
         import_report.watch()
+    script = argv[2]
+    code = compile_script(script)  # while rank 0's store may not listen yet: the wait below overlaps it
     wait = spec.get("wait_for_store")
     if isinstance(wait, list) and len(wait) == 3:
         wait_for_listener(str(wait[0]), int(wait[1]), float(wait[2]))
-    script = argv[2]
     sys.argv = argv[2:]
     sys.orig_argv = argv  # what ``python -u script.py ...`` would show, not the standby's own command line
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    run_as_main(script)
+    run_as_main(script, code)
 
 
-def run_as_main(script: str) -> None:
+def compile_script(script: str) -> types.CodeType:
+    """``script``'s code, as ``python script.py`` compiles it (a ``__main__`` script has no cached bytecode)."""
+    with open(script, "rb") as source:
+        return compile(source.read(), script, "exec", dont_inherit=True)
+
+
+def run_as_main(script: str, code: types.CodeType | None = None) -> None:
     """Run ``script`` in a new ``__main__`` module that stays in ``sys.modules``, as ``python script.py`` does.
 
     Not ``runpy.run_path``: its temporary ``__main__`` goes away when the script ends, and the
@@ -142,9 +149,7 @@ def run_as_main(script: str) -> None:
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
     sys.modules["__main__"] = main
-    with open(script, "rb") as source:
-        code = compile(source.read(), script, "exec", dont_inherit=True)
-    exec(code, main.__dict__)  # noqa: S102 - this is what ``python script.py`` does
+    exec(code if code is not None else compile_script(script), main.__dict__)  # noqa: S102 - this is what ``python script.py`` does
 
 
 def wait_and_become(ready_fd: int) -> int:
