@@ -119,8 +119,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _share_the_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A test marked ``machine_alone`` runs with no other test beside it; every other test shares the machine.
 
     ``tests/test_many_agents.py`` starts 128 mlaunch and keeps both cores busy for about a minute: a test beside
@@ -129,9 +129,14 @@ def _share_the_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.
     pytest run (the parent of every xdist worker's base temp); a ``machine_alone`` test takes it exclusive, so it waits
     for the other worker's test to end and the other worker waits for it. The machine was saturated in
     those minutes anyway, so the run's wall time hardly changes.
+
+    Held around the test's whole protocol, not in a fixture: a module's fixtures (``test_packaging.py``'s wheel
+    build) are set up before any function fixture, and one such build ran beside the 128 agents: 552 s
+    instead of 108, and the two many-agents tests 296 s and 256 s instead of about 55 (CI r56).
     """
-    alone = request.node.get_closest_marker("machine_alone") is not None
-    with open(tmp_path_factory.getbasetemp().parent / "mlaunch-tests-machine.lock", "a") as lock:
+    alone = item.get_closest_marker("machine_alone") is not None
+    base = item.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    with open(base.parent / "mlaunch-tests-machine.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         yield
 
