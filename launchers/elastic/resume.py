@@ -132,15 +132,14 @@ def _read_newest_and_agree(
     way of every restart. Only at the world size that saved the step (reading another one's is collective)
     and without ``into`` (a read into the caller's state cannot be taken back when the ranks disagree).
     """
-    item = candidates[0] if candidates else None
-    got = own_shard(ckpt, item, rank, world) if item is not None and item.world_size == world else None
-    ok = got is not None and got.error is None
-    layouts = _layouts_of(item, rank, got.meta) if item is not None and got is not None and ok else None
-    step, digest = (item.step if item is not None else -1), (layouts.digest() if layouts is not None else 0)
-    low, high, all_ok, same_low, same_high = _negated_max(
-        coll.all_reduce([step, -step, int(ok), digest, -digest], "min")
+    item = candidates[0] if candidates and candidates[0].world_size == world else None
+    got = own_shard(ckpt, item, rank, world) if item is not None else Read(error="not read")
+    layouts = _layouts_of(item, rank, got.meta) if item is not None and got.error is None else None
+    step = candidates[0].step if candidates else -1
+    (low, high), (least_ok, _), (same_low, same_high) = _ranges(
+        coll, [step, int(layouts is not None), layouts.digest() if layouts is not None else 0]
     )
-    if item is None or got is None or layouts is None or not (low == high == item.step and all_ok == 1):
+    if item is None or layouts is None or not (low == high and least_ok == 1):
         return low, high
     ckpt.loaded = item
     ddp_layouts.resumed(layouts, same_low == same_high)
@@ -148,16 +147,15 @@ def _read_newest_and_agree(
     return got
 
 
-def _negated_max(values: list[int]) -> tuple[int, int, int, int, int]:
-    """``[min a, min -a, min b, min c, min -c]`` as ``(min a, max a, min b, min c, max c)``."""
-    low, negated_high, least, same_low, negated_same_high = values
-    return low, -negated_high, least, same_low, -negated_same_high
+def _ranges(coll: collective.Collective, values: list[int]) -> list[tuple[int, int]]:
+    """The least and the greatest of each of ``values`` over the ranks, in one collective (the min of v and -v)."""
+    reduced = coll.all_reduce([x for value in values for x in (value, -value)], "min")
+    return [(reduced[i], -reduced[i + 1]) for i in range(0, len(reduced), 2)]
 
 
 def _min_max(coll: collective.Collective, value: int) -> tuple[int, int]:
-    """The least and the greatest ``value`` over the ranks, in one collective (the min of ``value`` and ``-value``)."""
-    low, negated = coll.all_reduce([value, -value], "min")
-    return low, -negated
+    """The least and the greatest ``value`` over the ranks, in one collective."""
+    return _ranges(coll, [value])[0]
 
 
 def _resume_ddp_layouts(
