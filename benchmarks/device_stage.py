@@ -26,7 +26,9 @@ cpu`` runs the same code paths on a small state, to check the harness anywhere.
    kill → the flash save's commit, kill → first step of the restarted group, and whether the
    resumed state's checksum equals the one printed at the committed step. While the first
    group trains, the warm parent and the standbys are checked for an open GPU device file or a
-   mapped ``libcuda``: they must not touch the GPU before they fork.
+   mapped ``libcuda``: the warm parent must never touch the GPU (it forks); each standby opens
+   it after its fork when ``preload_device`` is on (``--no-preload-device``: the old path, none
+   does), so the waiting processes with a device open are all of them but the warm parent.
 
 0. **Rate** (``--phase rate``): ``--gib`` in 16 tensors off an idle device — one copy into pinned
    memory, one into pageable memory, and ``stage()`` of the same tensors (until its copies left
@@ -446,6 +448,7 @@ def e2e_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         f"checkpoint: {{dir: {ckpt}, grace_period: 30s}}\n"
         "restart: {max_restarts: 1, backoff: 0s}\n"
         "preload: [torch, torch.distributed, launchers.elastic]\n"
+        f"preload_device: {'false' if args.no_preload_device else 'true'}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLAUNCH_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -466,6 +469,7 @@ def e2e_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
     reader.start()
     result: dict[str, Any] = {"state_mib_per_rank": args.e2e_mib, "in_process": bool(args.in_process)}
+    result["preload_device"] = not args.no_preload_device
     try:
         result.update(drive(args, lines))
     finally:
@@ -610,6 +614,9 @@ def main() -> None:
     parser.add_argument("--e2e-steps", type=int, default=60)
     parser.add_argument(
         "--in-process", action="store_true", help="e2e: the worker under @elastic.recoverable (survivors stay)"
+    )
+    parser.add_argument(
+        "--no-preload-device", action="store_true", help="e2e: standbys do not initialise CUDA ahead (the old path)"
     )
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--phase", choices=["all", "stall", "e2e", "rate"], default="all")

@@ -60,6 +60,12 @@ class Job(Section):
         description="fork warm standbys from one warm parent per node that imported preload: once "
         "(falls back by itself where forking is unsafe); false: each standby imports the list itself",
     )
+    preload_device: bool = Field(
+        True,
+        description="each warm standby initialises CUDA on the device its slot's rank will use (LOCAL_RANK) before "
+        "it is needed, so a replacement skips CUDA's start; an idle standby holds one CUDA context on its GPU; "
+        "false: standbys never touch a device",
+    )
     prestart: PrestartOptions = Field(default_factory=lambda: PrestartOptions())
     checkpoint: CheckpointOptions = Field(default_factory=lambda: CheckpointOptions())
     restart: RestartOptions = Field(default_factory=lambda: RestartOptions())

@@ -204,7 +204,7 @@ def _warm_standbys(elastic: ElasticMembership) -> None:
         return
     try:
         pool.maintain()
-        if pool.alive_count() < sum(1 for spec in plan.processes if pool.compatible(spec)):
+        if pool.missing(plan.processes):
             pool.fill(plan.processes, os.getpid())
     except OSError as exc:  # standbys must never keep a node from joining
         say(f"cannot start standby workers: {exc}")

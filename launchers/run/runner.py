@@ -135,6 +135,7 @@ def _standby_pool(job: Job, plan: LaunchPlan, run_id: str, watchdog: Watchdog) -
         delay=STANDBY_DELAY,
         fork=job.preload_fork,
         learn=job.preload_learning,
+        device=job.preload_device,
     )
     standbys.prestart(plan.processes, os.getpid())
     return standbys

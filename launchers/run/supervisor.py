@@ -286,7 +286,7 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
         pool.maintain()  # the warm parent's news, and learning from the ranks' imports
         wanted = sum(1 for spec in self.processes if pool.compatible(spec))
         spoke = all(w.tail for w in self.workers) and len(self.workers) == len(self.processes)
-        if pool.alive_count() < wanted and pool.may_fill(now - self._started, spoke):
+        if pool.missing(self.processes) and pool.may_fill(now - self._started, spoke):
             try:
                 pool.fill(self.processes, self._parent_pid)
             except OSError as exc:  # standbys must never break supervision
@@ -295,7 +295,7 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
                 return
         if not self._standbys_announced and wanted and pool.ready_count() >= wanted:
             self._standbys_announced = True
-            self.announce(f"{wanted} warm standby workers ready for a restart")
+            self.announce(pool.ready_message(wanted))
 
     def _tick(self, now: float) -> None:
         """The periodic hook, about twice a second; it may never break supervision."""

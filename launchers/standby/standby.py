@@ -13,7 +13,8 @@ becomes that worker: same pid, same output pipes, the script run as ``__main__``
 
 Protocol (supervisor side in ``launchers.standby.standby_pool.StandbyPool``):
 - ``MLAUNCH_STANDBY_READY_FD``: a pipe the standby writes ``R`` to once every module is
-  imported (EOF without ``R``: an import failed, the standby is not used);
+  imported (EOF without ``R``: an import failed, the standby is not used), ``RD`` when it also
+  initialised CUDA on its slot's device (``launchers.standby.device``, ``MLAUNCH_STANDBY_DEVICE``);
 - stdin: one JSON object ``{"argv": [...], "env": {...}, "cwd": "...", "rlimits": {...},
   "sigmask": [...], "umask": N, "wait_for_store": [host, port, seconds]}`` then EOF (rlimits,
   signal mask and umask: mlaunch's at the hand-off, what a cold worker would inherit); EOF
@@ -34,6 +35,7 @@ import sys
 import traceback
 import types
 
+from launchers.standby.device import DEVICE_ENV, WARMED, DeviceSlot, warm_device
 from launchers.store_wait import wait_for_listener
 
 READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
@@ -62,12 +64,12 @@ def _preload(modules: list[str]) -> bool:
     return True
 
 
-def _ready(ready_fd: int) -> None:
+def _ready(ready_fd: int, warmed: bool = False) -> None:
     if ready_fd >= 0:
         # The supervisor may have handed this standby a worker before it got here (and
         # closed its end): then nobody waits for "ready" any more.
         with contextlib.suppress(OSError):
-            os.write(ready_fd, b"R")
+            os.write(ready_fd, b"R" + (WARMED if warmed else b""))
         os.close(ready_fd)
 
 
@@ -152,13 +154,14 @@ def run_as_main(script: str, code: types.CodeType | None = None) -> None:
     exec(code if code is not None else compile_script(script), main.__dict__)  # noqa: S102 - this is what ``python script.py`` does
 
 
-def wait_and_become(ready_fd: int) -> int:
-    """Say "ready", wait for the worker this standby is to become and become it (0: it was not needed).
+def wait_and_become(ready_fd: int, device: DeviceSlot | None = None) -> int:
+    """Warm ``device`` (``preload_device``), say "ready", wait for the worker this standby is to become and become it
+    (0: it was not needed).
 
     Both kinds of standby end here: one started as its own interpreter (``main``) and one
     forked by the warm parent (``launchers.standby.warm_parent``).
     """
-    _ready(ready_fd)
+    _ready(ready_fd, device is not None and warm_device(device))
     spec = _read_spec()
     if spec is None:
         return 0
@@ -169,9 +172,10 @@ def wait_and_become(ready_fd: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     modules = list(sys.argv[1:] if argv is None else argv)
     ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
+    device = DeviceSlot.decode(os.environ.pop(DEVICE_ENV, ""))
     if not _preload(modules):
         return 3
-    return wait_and_become(ready_fd)
+    return wait_and_become(ready_fd, device)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from launchers.elastic.ipc import staging
 from launchers.log import say
 from launchers.plan import ProcessSpec
 from launchers.procs import become_subreaper, process_env, reap_unknown, start_process
+from launchers.standby.device import DEVICE_ENV, DeviceSlot, device_slot
 from launchers.standby.handoff import STORE_WAIT_SECONDS, launcher_state, store_to_wait_for
+from launchers.standby.kept_standby import KeptStandby
 
 if TYPE_CHECKING:
     from launchers.standby.preload_learning import PreloadLearner
@@ -57,38 +58,6 @@ class Watched(Protocol):
     def unwatch(self, pgid: int) -> None: ...
 
 
-@dataclass
-class _Standby:
-    popen: subprocess.Popen[bytes]
-    ready_fd: int
-    python: str
-    state: Literal["starting", "ready", "dead"] = "starting"
-    parent: WarmParent | None = None  # the warm parent that forked it (None: its own interpreter)
-    generation: int = 0  # the warm parent's generation when it was forked
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def poll(self) -> str:
-        """Read the ready pipe without blocking: 'R' → ready, EOF → dead (a preload failed)."""
-        if self.state == "starting" and self.ready_fd >= 0:
-            try:
-                data = os.read(self.ready_fd, 16)
-            except BlockingIOError:
-                return self.state
-            except OSError:
-                data = b""
-            self.state = "ready" if data.startswith(b"R") else "dead"
-            self.close_ready()
-        return self.state
-
-    def close_ready(self) -> None:
-        if self.ready_fd >= 0:
-            os.close(self.ready_fd)
-            self.ready_fd = -1
-
-
 class StandbyPool:
     """Warm standby workers for fast restarts (see ``launchers.standby.standby`` for the other side).
 
@@ -112,6 +81,7 @@ class StandbyPool:
         delay: float = 1.0,
         fork: bool = True,
         learn: bool = False,
+        device: bool = False,
         announce: Callable[[str], None] = say,
     ) -> None:
         self.preload = list(preload)
@@ -119,12 +89,13 @@ class StandbyPool:
         self.watchdog = watchdog
         self.delay = delay
         self.announce = announce
-        self.standbys: list[_Standby] = []
+        self.standbys: list[KeptStandby] = []
         self.handed_off = 0
         self.cold_starts = 0
         self.fallback = 30.0
         self._attempt_wall = time.time()
         self.fork = fork and become_subreaper()  # a forked standby must be adopted by mlaunch
+        self.device = device  # ``preload_device``: each standby initialises CUDA for its slot's rank
         self.parents: dict[str, WarmParent] = {}  # interpreter → its warm parent
         self.learner: PreloadLearner | None = None
         if learn and run_id:
@@ -172,22 +143,54 @@ class StandbyPool:
         """Standbys and warm parents: mlaunch's children that are not this attempt's workers."""
         return {s.pid for s in self.standbys} | {p.pid for p in self.parents.values()}
 
-    def _alive(self) -> list[_Standby]:
+    def _alive(self) -> list[KeptStandby]:
         self.standbys = [s for s in self.standbys if s.poll() != "dead"]
         return self.standbys
 
-    def alive_count(self) -> int:
-        return len(self._alive())
+    def ready_message(self, wanted: int) -> str:
+        """What the run says once its standbys are ready: how many, and how many hold their rank's GPU."""
+        warmed = sum(1 for s in self._alive() if s.warmed)
+        on_device = f" ({warmed} with CUDA initialised on their rank's device: preload_device)" if warmed else ""
+        return f"{wanted} warm standby workers ready for a restart{on_device}"
+
+    def slot(self, spec: ProcessSpec) -> DeviceSlot | None:
+        """The device ``spec``'s rank will use, when standbys warm one (``preload_device``)."""
+        if not self.device:
+            return None
+        names = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK")  # the rank's own, or inherited from mlaunch's
+        return device_slot({n: v for n in names if (v := spec.env.get(n, os.environ.get(n))) is not None})
+
+    def missing(self, specs: list[ProcessSpec]) -> list[ProcessSpec]:
+        """The compatible ``specs`` no live standby is kept for (each standby counts once, for its own slot)."""
+        return self._match(specs)[0]
+
+    def _match(self, specs: list[ProcessSpec]) -> tuple[list[ProcessSpec], list[KeptStandby]]:
+        """``specs`` without a standby of their own, and the standbys no spec has (a standby fits one slot)."""
+        free = list(self._alive())
+        missing = []
+        for spec in filter(self.compatible, specs):
+            slot = self.slot(spec)
+            kept = next((s for s in free if s.python == spec.argv[0] and s.device == slot), None)
+            if kept is None:
+                missing.append(spec)
+            else:
+                free.remove(kept)
+        return missing, free
 
     def ready_count(self) -> int:
         return sum(1 for s in self._alive() if s.state == "ready")
 
     def fill(self, specs: list[ProcessSpec], parent: int) -> int:
-        """Start standbys until there is one per compatible spec; returns how many were started."""
+        """Start standbys until there is one per compatible spec (for its device's slot); how many were started."""
         wanted = [s for s in specs if self.compatible(s)]
         self._dirs = job_dirs(wanted)
         started = 0
-        for spec in wanted[len(self._alive()) :]:
+        missing, unwanted = self._match(wanted)
+        for stale in unwanted:  # kept for a device no rank of this attempt uses (its membership changed)
+            if stale.device is not None:
+                self.standbys.remove(stale)
+                self._kill(stale)
+        for spec in missing:
             standby = self._fork(spec, wanted, parent) if self.fork else None
             if standby is None and not self.fork:
                 standby = self._start(spec, parent)
@@ -221,7 +224,7 @@ class StandbyPool:
         is not ready by then leaves the ranks to start cold, as before. Nothing to preload, or
         forking off or unsafe: nothing happens. Returns how many standbys were forked.
         """
-        if len(self._alive()) >= sum(1 for s in specs if self.compatible(s)):
+        if not self.missing(specs):
             return 0
         warm = self._parent_for(specs, parent)
         deadline = time.monotonic() + wait
@@ -258,16 +261,17 @@ class StandbyPool:
         self._poll(warm)
         return warm if self.fork else None
 
-    def _fork(self, spec: ProcessSpec, wanted: list[ProcessSpec], parent: int) -> _Standby | None:
+    def _fork(self, spec: ProcessSpec, wanted: list[ProcessSpec], parent: int) -> KeptStandby | None:
         warm = self._warm_parent(spec, wanted, parent)
         if warm is None:
             return None
-        forked = warm.fork()
+        slot = self.slot(spec)
+        forked = warm.fork(slot)
         if forked is None:
             self._poll(warm)  # a failed fork: say so and fall back
             return None
         popen, ready_fd = forked
-        return _Standby(popen, ready_fd, spec.argv[0], parent=warm, generation=warm.generation)
+        return KeptStandby(popen, ready_fd, spec.argv[0], parent=warm, generation=warm.generation, device=slot)
 
     def _poll(self, warm: WarmParent) -> None:
         """The warm parent's news: imports done, learned modules, or why it cannot be forked from."""
@@ -305,11 +309,14 @@ class StandbyPool:
             self._kill(standby)
 
     # -- standbys that import the list themselves ------------------------------------------
-    def _start(self, spec: ProcessSpec, parent: int) -> _Standby | None:
+    def _start(self, spec: ProcessSpec, parent: int) -> KeptStandby | None:
         """One standby with ``spec``'s interpreter, environment and working directory (None: it cannot start)."""
         env = process_env(spec.env, self.run_id)
         read_fd, write_fd = os.pipe()
         env["MLAUNCH_STANDBY_READY_FD"] = str(write_fd)
+        slot = self.slot(spec)
+        if slot is not None:
+            env[DEVICE_ENV] = slot.encode()
         argv = [spec.argv[0], "-u", "-m", "launchers.standby.standby", *self.preload]
         try:
             popen = start_process(argv, env, spec.cwd, parent, stdin=subprocess.PIPE, pass_fds=(write_fd,))
@@ -319,20 +326,21 @@ class StandbyPool:
         finally:
             os.close(write_fd)
         os.set_blocking(read_fd, False)
-        return _Standby(popen, read_fd, spec.argv[0])
+        return KeptStandby(popen, read_fd, spec.argv[0], device=slot)
 
     # -- handing over ----------------------------------------------------------------------
-    def take(self, spec: ProcessSpec) -> _Standby | None:
+    def take(self, spec: ProcessSpec) -> KeptStandby | None:
         """A live standby for ``spec`` (ready, or still importing: it is ahead of a cold start)."""
         if not self.compatible(spec):
             return None
-        for standby in self._alive():
-            if standby.python == spec.argv[0]:
-                self.standbys.remove(standby)
-                return standby
+        slot, alive = self.slot(spec), self._alive()
+        exact = [s for s in alive if s.python == spec.argv[0] and s.device == slot]
+        for standby in exact or [s for s in alive if s.fits(spec.argv[0], slot)]:
+            self.standbys.remove(standby)
+            return standby
         return None
 
-    def hand_off(self, standby: _Standby, spec: ProcessSpec, env: dict[str, str]) -> bool:
+    def hand_off(self, standby: KeptStandby, spec: ProcessSpec, env: dict[str, str]) -> bool:
         """Send the worker's argv/env/cwd; False if the standby could not take it (then kill it)."""
         handed: dict[str, object] = {"argv": spec.argv, "env": env, "cwd": spec.cwd, **launcher_state()}
         store = store_to_wait_for(env)
@@ -355,7 +363,7 @@ class StandbyPool:
         self.handed_off += 1
         return True
 
-    def _kill(self, standby: _Standby) -> None:
+    def _kill(self, standby: KeptStandby) -> None:
         with contextlib.suppress(OSError):
             os.killpg(standby.pid, signal.SIGKILL)
         if self.watchdog:

@@ -6,7 +6,8 @@ were meant to rescue, and a second fault within those seconds started cold. This
 pays it once per run: it imports the modules, checks that forking it is safe, then waits on
 its control socket for requests from mlaunch (``launchers.standby.warm_parent_handle``):
 
-- ``fork`` with four file descriptors (stdin, stdout, stderr, ready pipe): a new standby,
+- ``fork`` with four file descriptors (stdin, stdout, stderr, ready pipe), and the device its
+  slot's rank will use (``preload_device``; the standby, never this process, initialises CUDA on it): a new standby,
   ready in milliseconds, sharing the imported pages copy-on-write (``gc.freeze()`` keeps the
   collector from touching them). It forks twice, so that the standby is adopted by mlaunch
   (a child subreaper): mlaunch reaps it and gets its exit status like any worker's. The
@@ -42,6 +43,7 @@ from typing import Any
 
 from launchers.prctl import die_with_parent  # here, not in each standby: ctypes is no import of the rank's
 from launchers.standby import standby
+from launchers.standby.device import DeviceSlot
 
 DEVICE_FILES = ("/dev/nvidia", "/dev/davinci", "/dev/dri/", "/dev/accel", "/dev/kfd")
 ADOPTION_TIMEOUT = 5.0  # seconds a new standby waits to be adopted by mlaunch before giving up
@@ -281,7 +283,7 @@ def become_standby(forked: ForkedStandby, mlaunch: int) -> int:
         os.dup2(fd, target)
         os.close(fd)
     _fresh_module_state()
-    return standby.wait_and_become(ready)
+    return standby.wait_and_become(ready, DeviceSlot.from_message(forked.request.get("device")))
 
 
 def _fresh_module_state() -> None:

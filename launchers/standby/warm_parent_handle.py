@@ -20,6 +20,7 @@ import time
 from typing import Any, Literal
 
 from launchers.procs import start_process
+from launchers.standby.device import DeviceSlot
 from launchers.standby.warm_parent import send_message
 
 FORK_TIMEOUT = 10.0  # seconds mlaunch waits for a fork's reply (milliseconds, normally)
@@ -156,8 +157,11 @@ class WarmParent:
                 select.select([self.sock], [], [], timeout)
 
     # -- requests ----------------------------------------------------------------------
-    def fork(self) -> tuple[ForkedProcess, int] | None:
-        """A new standby and the read end of its ready pipe (None: the warm parent could not fork one)."""
+    def fork(self, device: DeviceSlot | None = None) -> tuple[ForkedProcess, int] | None:
+        """A new standby and the read end of its ready pipe (None: the warm parent could not fork one).
+
+        ``device``: the standby initialises CUDA on it once forked (``launchers.standby.device``).
+        """
         if self.state != "ready" or self.learning:
             return None
         stdin, stdout, stderr, ready = os.pipe(), os.pipe(), os.pipe(), os.pipe()
@@ -166,7 +170,10 @@ class WarmParent:
         pid = -1
         try:
             self.sock.settimeout(FORK_TIMEOUT)
-            send_message(self.sock, {"op": "fork"}, theirs)
+            request: dict[str, object] = {"op": "fork"}
+            if device is not None:
+                request["device"] = device.as_message()
+            send_message(self.sock, request, theirs)
             pid = self._fork_reply()
         except (OSError, ValueError) as exc:
             self._fail(f"fork request failed: {exc}")

@@ -46,8 +46,21 @@ def arguments() -> argparse.Namespace:
     return args
 
 
+def fake_device() -> None:
+    """``IN_PLACE_FAKE_CUDA=1`` (``tests/test_standby_device.py``): take this rank's GPU as a script does, on the
+    test's stand-in for CUDA, and record which contexts the process had when this call began."""
+    import fake_cuda
+
+    local, had = int(os.environ["LOCAL_RANK"]), fake_cuda.contexts()
+    torch.cuda.set_device(local)
+    with open(Path(os.environ["IN_PLACE_LOG"]) / f"cuda{local}", "a") as fh:
+        fh.write(f"{os.getpid()} {had} {fake_cuda.contexts()}\n")
+
+
 @elastic.recoverable
 def train(args: argparse.Namespace) -> None:
+    if os.environ.get("IN_PLACE_FAKE_CUDA") == "1":
+        fake_device()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     ckpt = elastic.Checkpointer()
