@@ -106,6 +106,42 @@ def test_survivors_keep_their_processes_and_lose_nothing(tmp_path: Path, fault: 
     assert "kept_in_place" in kinds and "rejoined_in_place" in kinds, kinds
 
 
+def test_the_rejoin_bound_follows_the_runs_own_start() -> None:
+    """``monitor.rejoin_timeout``: auto is twice the longest start-to-first-reports, never under 30 s, and nothing
+    until the ranks were seen to report; a duration is itself; off is no bound."""
+    from launchers.run.rejoin import rejoin_limit
+
+    assert rejoin_limit("auto", None) is None
+    assert rejoin_limit("auto", 4.0) == 30.0
+    assert rejoin_limit("auto", 50.0) == 100.0
+    assert rejoin_limit(3.0, None) == 3.0
+    assert rejoin_limit(None, 50.0) is None
+
+
+def test_a_recovery_that_never_completes_falls_back_to_a_whole_restart(tmp_path: Path, whole_restart: str) -> None:
+    """Rank 2 is killed; survivor rank 1, called again, blocks before it rejoins (``IN_PLACE_STALL``): the group
+    never forms and nothing fails. Within ``monitor.rejoin_timeout`` mlaunch says so, every rank writes its stacks,
+    and the whole job restarts from the step the flash save committed: nothing lost, the same training."""
+    path = job(tmp_path, "kill", extra="monitor: {rejoin_timeout: 3s}\n")
+    path.write_text(path.read_text().replace("env: {", "env: {IN_PLACE_STALL: '1', "))
+    result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
+    err = result.stderr
+    assert result.returncode == 0, err[-3000:]
+    assert "the in-place recovery did not complete within 3s (monitor.rejoin_timeout): rank " in err, err
+    assert re.search(r"rank 1 is outside any collective wait; innermost frame: in_place_ddp.py:\d+ in stall_once", err)
+    assert "rank 1 (pid " in err and "did not rejoin within 3s after an in-place recovery" in err, err
+    assert "cannot recover in place: the last in-place recovery did not complete" in err, err
+    assert "stall_once" in (tmp_path / "logs" / "rank1.log").read_text()  # its stacks say where it was
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [2, 2, 2, 2], pids  # every rank restarted after the stall
+    for rank in range(4):
+        trained = steps_trained(tmp_path, rank)
+        assert sorted(set(trained)) == list(range(30)), trained  # nothing lost, nothing skipped
+    assert final(result.stdout) == whole_restart
+    fallbacks = [e for e in events(tmp_path) if e["event"] == "in_place_fallback"]
+    assert fallbacks and "rejoin_timeout" in str(fallbacks[0]["reason"]), fallbacks
+
+
 def test_a_ranks_own_error_is_raised_not_recovered(tmp_path: Path) -> None:
     """An exception no peer failure explains is the rank's own: it fails the job as before (no restart here)."""
     script = tmp_path / "own.py"

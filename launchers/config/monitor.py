@@ -84,6 +84,14 @@ class MonitorOptions(Section):
         "hang; default 30 minutes unless hang_timeout is off (the first step may compile and warm up for long), "
         "off then",
     )
+    rejoin_timeout: HangTimeout = Field(
+        AUTO,
+        description="after a fault recovered in place (@elastic.recoverable), every rank of the re-formed group "
+        "reports progress within this, or the recovery is stuck: every rank dumps its Python stacks to its log and "
+        "the whole job restarts instead, said in the log and events.jsonl. auto (the default): twice the longest an "
+        "earlier attempt took from its start to its ranks' first reports, at least 30s (not judged until the ranks "
+        "were seen to report); a duration: that long; off: no bound",
+    )
     straggler_factor: float | None = Field(
         None,
         gt=1.0,

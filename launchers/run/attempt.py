@@ -26,6 +26,7 @@ from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
 from launchers.rank_env import clear_error_files, error_file_lines
 from launchers.run.hang import HangMonitor
 from launchers.run.labels import process_labels
+from launchers.run.rejoin import RejoinWatch
 from launchers.run.signal_router import SignalRouter
 from launchers.run.supervisor import Output, Stopping, Supervisor, Watchers
 from launchers.run.watchdog import Watchdog
@@ -112,6 +113,7 @@ def run_attempt(
                     monitor, run.observer.tick, *_background_ticks(background, run.observer), *_run_ticks(run, attempt)
                 ),
                 watchdog=run.watchdog,
+                rejoin=RejoinWatch(run.run_id, attempt, job.monitor.rejoin_timeout),
             ),
             in_place=run.survivors is not None,
             adopt=run.survivors.take() if run.survivors is not None else None,

@@ -115,7 +115,8 @@ def blame_order(s: Stale) -> tuple[int, float, int]:
     return (0 if s.stuck else 1 if not s.in_collective else 2, s.report.monotonic, s.report.step)
 
 
-_COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+# rendezvous.py: ``init_process_group``'s store, which waits for every rank of the world (rank 0's first of all)
+_COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py", "rendezvous.py")
 # DDP all-reduces gradients from inside autograd's C++ backward: a rank blocked there for the whole hang limit
 # waits for its peers' gradients. Seen on 2 netns hosts: the waiting node named its own rank in backward the
 # culprit at the same moment as the sleeping rank's node, and a healthy rank was replaced.
@@ -124,7 +125,8 @@ _COLLECTIVE_FRAMES = (("graph.py", "_engine_run_backward"),)
 
 def collective_frame(frame: str) -> bool:
     """An innermost frame where a rank waits for others: ``torch.distributed``'s collectives
-    (``distributed_c10d.py:2871 in all_reduce``), or DDP's backward (``graph.py:979 in _engine_run_backward``)."""
+    (``distributed_c10d.py:2871 in all_reduce``), its rendezvous (``rendezvous.py:199 in _create_c10d_store``),
+    or DDP's backward (``graph.py:979 in _engine_run_backward``)."""
     file, _, rest = frame.partition(":")
     return file in _COLLECTIVE_FILES or (file, rest.partition(" in ")[2]) in _COLLECTIVE_FRAMES
 

@@ -28,13 +28,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from launchers.config.durations import format_duration
 from launchers.elastic.ipc import recovery
 from launchers.outcome import Failure
 from launchers.plan import ProcessSpec
 from launchers.procs import STOPPED_STATES, process_env, process_state
+from launchers.run.hang import collective_frame
+from launchers.run.hang_stacks import innermost_frame, log_marks, read_log_from
+from launchers.run.rejoin import STALLED, RejoinWatch
 from launchers.run.streams import OutputStreams, Worker
 
 if TYPE_CHECKING:
+    from launchers.control import JobEvents
+    from launchers.run.teardown import Teardown
     from launchers.standby.standby_pool import StandbyPool
 
 
@@ -56,6 +62,8 @@ def keep_decision(
     """
     stuck = stuck or set()
     live = list(live)
+    if failure.cause.startswith(STALLED):  # the last recovery in place never completed: not again
+        return KeepDecision([], "the last in-place recovery did not complete within monitor.rejoin_timeout")
     if failure.cause.startswith("hung") and any(w.pid in stuck for w in live):
         culprits = stuck  # a stopped process is the hang, whichever rank the progress reports pointed at
     else:
@@ -146,10 +154,48 @@ class InPlaceResponse:
     rejoined: list[str]
     in_place_fallback: str | None
 
+    rejoin: RejoinWatch | None
+    _failure: Failure | None
+    teardown: Teardown
+    job_events: JobEvents | None
+    on_failure: Callable[[Failure], str | None] | None
+
     def _live(self) -> list[Worker]:
         raise NotImplementedError
 
+    def dump_stacks(self) -> None:
+        raise NotImplementedError
+
     _adopt: dict[int, Worker]
+
+    def _check_rejoin(self) -> None:
+        """A group re-formed in place that has not reported within ``monitor.rejoin_timeout``: stacks, then a failure
+        that no node recovers in place (``launchers.run.rejoin``): the whole job restarts."""
+        if self.rejoin is None or self._failure is not None or self.teardown.stopping:
+            return
+        stalled = self.rejoin.poll(self._live(), bool(self.rejoined))
+        if stalled is None:
+            return
+        names = ", ".join(w.label for w in stalled.waiting)
+        limit = format_duration(stalled.limit)
+        self.announce(
+            f"the in-place recovery did not complete within {limit} (monitor.rejoin_timeout): {names} reported no "
+            "progress in this attempt; writing every process's stacks to its log"
+        )
+        marks = log_marks(stalled.waiting)  # where each rank's stacks will start in its log
+        self.dump_stacks()
+        frames = {w.pid: innermost_frame(read_log_from(*marks[w.pid])) for w in stalled.waiting if w.pid in marks}
+        outside = [w for w in stalled.waiting if (frame := frames.get(w.pid)) and not collective_frame(frame)]
+        for worker in outside:  # the ranks not waiting for others: what kept the group from forming
+            self.announce(f"{worker.label} is outside any collective wait; innermost frame: {frames[worker.pid]}")
+        first = (outside or stalled.waiting)[0]
+        cause = f"{STALLED} within {limit} after an in-place recovery (no progress report; monitor.rejoin_timeout)"
+        tail, log = list(first.tail), first.spec.log
+        self._failure = Failure(first.label, first.spec.rank, first.pid, 1, None, tail, log, cause)
+        if self.job_events is not None:
+            self.job_events.report_failure(self._failure)  # every node falls back, not only this one
+        self.announce(f"stopping the {len(self._live())} processes: the whole job restarts instead")
+        self.teardown.after_failure(self._failure, self.on_failure)
 
     def _replacements_first(
         self, labelled: list[tuple[ProcessSpec, str]]

@@ -55,7 +55,9 @@ from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.hang_response import HangResponse
 from launchers.run.in_place import InPlaceResponse
 from launchers.run.job_event_response import JobEventResponse
+from launchers.run.rejoin import RejoinWatch
 from launchers.run.signal_router import SignalRouter
+from launchers.run.standby_response import StandbyResponse
 from launchers.run.streams import OutputStreams, Worker
 from launchers.run.teardown import Teardown
 from launchers.run.watchdog import Watchdog
@@ -94,9 +96,10 @@ class Watchers:
     on_failure: Callable[[Failure], str | None] | None = None  # the flash save, while the others are frozen
     tick: Callable[[], None] | None = None  # about twice a second (grace budget, background persist, status)
     watchdog: Watchdog | None = None  # kills what is left if mlaunch is SIGKILLed
+    rejoin: RejoinWatch | None = None  # a group re-formed in place that reports too late (monitor.rejoin_timeout)
 
 
-class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
+class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyResponse):
     """Run one attempt of a group of processes to its end and report how it ended."""
 
     def __init__(
@@ -133,6 +136,7 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
             keep=self._keep_in_place,
         )
         self.hang = watchers.hang
+        self.rejoin = watchers.rejoin
         self._failure: Failure | None = None
         self._change = ""  # an elastic job's membership changed: the attempt ends re-formed, not failed
         self.finished_aborts: list[str] = []  # ranks that died after reporting completion (teardown aborts)
@@ -210,17 +214,6 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
                 self._failure = launch_failure(spec, label, exc)
                 return
 
-    def _fork_standbys_first(self, specs: list[ProcessSpec]) -> None:
-        """This attempt's ranks forked from the warm parent rather than started cold (``StandbyPool.warm_start``)."""
-        pool = self.standbys
-        if pool is None or not specs:
-            return
-        try:
-            pool.warm_start(specs, self._parent_pid, self._interrupted)
-        except OSError as exc:  # standbys must never break supervision
-            self.announce(f"cannot start standby workers: {exc}")
-            self.standbys = None
-
     def _interrupted(self) -> bool:
         """A stop signal or a failure arrived (signals are handled here as the loop would)."""
         for sig in self.signals.drain():
@@ -273,29 +266,11 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse):
             self._reap()
             self._job_event()
             self._check_hang()
+            self._check_rejoin()
             self.teardown.enforce_grace()
             now = time.monotonic()
             self._refill_standbys(now)
             self._tick(now)
-
-    def _refill_standbys(self, now: float) -> None:
-        """Warm standbys for the next attempt, once this one's workers are past their start-up."""
-        pool = self.standbys
-        if pool is None or self.teardown.stopping:
-            return
-        pool.maintain()  # the warm parent's news, and learning from the ranks' imports
-        wanted = sum(1 for spec in self.processes if pool.compatible(spec))
-        spoke = all(w.tail for w in self.workers) and len(self.workers) == len(self.processes)
-        if pool.missing(self.processes) and pool.may_fill(now - self._started, spoke):
-            try:
-                pool.fill(self.processes, self._parent_pid)
-            except OSError as exc:  # standbys must never break supervision
-                self.announce(f"cannot start standby workers: {exc}")
-                self.standbys = None
-                return
-        if not self._standbys_announced and wanted and pool.ready_count() >= wanted:
-            self._standbys_announced = True
-            self.announce(pool.ready_message(wanted))
 
     def _tick(self, now: float) -> None:
         """The periodic hook, about twice a second; it may never break supervision."""

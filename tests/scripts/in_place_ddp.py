@@ -57,10 +57,21 @@ def fake_device() -> None:
         fh.write(f"{os.getpid()} {had} {fake_cuda.contexts()}\n")
 
 
+def stall_once() -> None:
+    """``IN_PLACE_STALL=R``: rank R, called again after a recovery in place, blocks before it rejoins (once a job)."""
+    from launchers.elastic import in_place
+
+    marker = Path(os.environ["IN_PLACE_LOG"]) / "stalled"
+    if os.environ.get("RANK") == os.environ.get("IN_PLACE_STALL") and in_place.recoveries and not marker.exists():
+        marker.write_text(str(os.getpid()))
+        time.sleep(600)
+
+
 @elastic.recoverable
 def train(args: argparse.Namespace) -> None:
     if os.environ.get("IN_PLACE_FAKE_CUDA") == "1":
         fake_device()
+    stall_once()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     ckpt = elastic.Checkpointer()
