@@ -31,7 +31,9 @@ from launchers.run.streams import Worker
 
 FLOOR: Final = 30.0  # seconds: the least ``auto`` allows a re-formed group
 FACTOR: Final = 2.0  # × the longest start-to-first-reports an attempt of the run took
-POLL: Final = 0.25  # seconds between two reads of the progress files
+POLL: Final = 0.25  # seconds between two reads of the progress files in an attempt that adopted survivors
+LEARN_POLL: Final = 1.0  # … in any other attempt, which only learns how long its ranks take to report
+LEARN_FOR: Final = 1800.0  # seconds an attempt learns (``monitor.start_timeout``'s default): then it stops reading
 STALLED: Final = "did not rejoin"  # the start of the failure's cause (``in_place.keep_decision`` reads it)
 
 
@@ -89,7 +91,7 @@ class RejoinWatch:
         now = time.monotonic() if now is None else now
         if self.done or now < self._next or not workers:
             return None
-        self._next = now + POLL
+        self._next = now + (POLL if in_place else LEARN_POLL)
         reported = {r.pid for r in progress.read_run(self.run_id) if r.attempt == self.attempt and r.count > 0}
         waiting = [w for w in workers if w.pid not in reported and w.spec.required]
         elapsed = now - self.started
@@ -98,6 +100,8 @@ class RejoinWatch:
             self.learned.learn(elapsed)
             return None
         limit = rejoin_limit(self.setting, self.learned.longest) if in_place else None
+        if limit is None and elapsed >= LEARN_FOR:
+            self.done = True  # ranks that never report (a script without launchers.elastic's progress reports)
         if limit is None or elapsed < limit:
             return None
         self.done = True
