@@ -20,6 +20,7 @@ PRELOAD = {
     "lightning": ("torch", "lightning"),
     "accelerate": ("torch", "accelerate"),
     "ddp": ("torch", "torch.distributed", "torch.nn.parallel"),
+    "deepspeed": ("torch", "deepspeed"),  # its import starts no thread (DS_ACCELERATOR=cpu, OMP_NUM_THREADS=1)
 }
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
