@@ -10,12 +10,11 @@ made.
 
 Which device: torchrun's convention, the one the scripts follow — ``LOCAL_RANK`` among the devices
 ``CUDA_VISIBLE_DEVICES`` shows (modulo their number, when ranks share them), or device 0 when the rank
-sees exactly one. A standby warmed for one
-slot is handed only to a rank with the same slot (the same visible devices and index): one warmed for
-another device would leave a context, and its memory, on a GPU its rank does not use. Without torch
-imported ahead (``preload:``, or learned), or without a CUDA device, nothing is done. The cost: each
-idle standby holds one CUDA context on its device (some hundred MiB of GPU memory);
-``preload_device: false`` gives it back. Ascend NPUs (torch_npu) are not warmed.
+sees exactly one. A standby warmed for one slot is handed only to a rank with the same slot (the same
+visible devices and index): one warmed for another device would leave a context, and its memory, on a
+GPU its rank does not use. Without torch imported ahead (``preload:``, or learned), or without a CUDA
+device, nothing is done. The cost: each idle standby holds one CUDA context on its device (some hundred
+MiB of GPU memory); ``preload_device: false`` gives it back. Ascend NPUs (torch_npu) are not warmed.
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
 
-DEVICE_ENV = "MLAUNCH_STANDBY_DEVICE"  # an exec'd standby's slot (``DeviceSlot.encode``); a forked one: its request
+DEVICE_ENV = "MLAUNCH_STANDBY_DEVICE"  # an exec'd standby's slot (``DeviceSlot.encode``; a fork request: the same)
 WARMED = b"D"  # after ready's ``R``: this standby initialised CUDA on its slot's device
 
 
@@ -45,16 +43,6 @@ class DeviceSlot:
         if not index.isdigit():
             return None
         return cls(visible if sep else None, int(index))
-
-    def as_message(self) -> dict[str, Any]:
-        return {"index": self.index, "visible": self.visible}
-
-    @classmethod
-    def from_message(cls, message: object) -> DeviceSlot | None:
-        if not isinstance(message, dict) or not isinstance(message.get("index"), int):
-            return None
-        visible = message.get("visible")
-        return cls(str(visible) if visible is not None else None, int(message["index"]))
 
 
 def device_slot(env: dict[str, str]) -> DeviceSlot | None:

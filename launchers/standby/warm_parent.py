@@ -283,7 +283,7 @@ def become_standby(forked: ForkedStandby, mlaunch: int) -> int:
         os.dup2(fd, target)
         os.close(fd)
     _fresh_module_state()
-    return standby.wait_and_become(ready, DeviceSlot.from_message(forked.request.get("device")))
+    return standby.wait_and_become(ready, DeviceSlot.decode(str(forked.request.get("device") or "")))
 
 
 def _fresh_module_state() -> None:

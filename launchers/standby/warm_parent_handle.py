@@ -172,7 +172,7 @@ class WarmParent:
             self.sock.settimeout(FORK_TIMEOUT)
             request: dict[str, object] = {"op": "fork"}
             if device is not None:
-                request["device"] = device.as_message()
+                request["device"] = device.encode()
             send_message(self.sock, request, theirs)
             pid = self._fork_reply()
         except (OSError, ValueError) as exc:
