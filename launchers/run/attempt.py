@@ -113,7 +113,7 @@ def run_attempt(
                     monitor, run.observer.tick, *_background_ticks(background, run.observer), *_run_ticks(run, attempt)
                 ),
                 watchdog=run.watchdog,
-                rejoin=RejoinWatch(run.run_id, attempt, job.monitor.rejoin_timeout),
+                rejoin=_rejoin_watch(run.run_id, attempt, job.monitor.rejoin_timeout),
             ),
             in_place=run.survivors is not None,
             adopt=run.survivors.take() if run.survivors is not None else None,
@@ -170,6 +170,11 @@ def _release_shared_memory(run: RunContext, attempt: int) -> None:
     staging.unlink_run(run.run_id)
     progress.unlink_run(run.run_id)
     completion.clear(run.run_id)
+
+
+def _rejoin_watch(run_id: str, attempt: int, setting: float | str | None) -> RejoinWatch | None:
+    """The attempt's bound on a group re-formed in place (``monitor.rejoin_timeout``); off: none, nothing read."""
+    return RejoinWatch(run_id, attempt, setting) if setting is not None else None
 
 
 def _in_place_events(supervisor: Supervisor, survivors: Survivors | None, observer: JobObserver, attempt: int) -> None:
