@@ -142,7 +142,7 @@ def test_the_reformed_group_trains_while_its_step_is_committed_beside_it(tmp_pat
     stderr = job.stderr(100_000)
     assert code == 0, stderr[-3000:]
     pids = processes(trained)
-    assert [len(pids[r]) for r in range(4)] == [1, 1, 2, 1], pids  # only rank 2's process is new
+    assert [len(pids[r]) for r in range(4)] == [1, 1, 2, 1], (pids, stderr[-6000:])  # only rank 2's process is new
     assert [s for p, s, _ in trained[2] if p == pids[2][1]][0] == AT  # the group resumed right after step 14
     assert (
         re.findall(r"^\[rank \d\] .*step (\d+) read from the memory the in-place recovery kept", stderr, re.M)
@@ -176,7 +176,7 @@ def test_a_second_fault_during_the_commit_loses_nothing(tmp_path: Path, storage:
     stderr = job.stderr(100_000)
     assert code == 0, stderr[-3000:]
     trained = job.trained()
-    assert [len(p) for p in processes(trained).values()] == [1, 1, 3, 1], processes(trained)
+    assert [len(p) for p in processes(trained).values()] == [1, 1, 3, 1], (processes(trained), stderr[-6000:])
     for rank in range(4):
         steps = [s for _, s, _ in trained[rank]]
         assert sorted(set(steps)) == list(range(STEPS)), (rank, steps)  # every step, none skipped

@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from launchers.config.durations import format_duration
@@ -46,22 +47,28 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class KeepDecision:
-    """The workers that stay up through the recovery, or why none do (``fallback``; None: nothing to say)."""
+    """The workers that stay up through the recovery, or why none do (``fallback``; None: nothing to say).
+
+    ``stuck``: live workers besides the failed one that cannot rejoin (stopped, or in uninterruptible sleep
+    throughout the settle window): they are replaced with it, and that is said."""
 
     kept: list[Worker]
     fallback: str | None = None
+    stuck: list[Worker] = field(default_factory=list)
 
 
 def keep_decision(
-    failure: Failure, live: Iterable[Worker], declared: set[int], stuck: set[int] | None = None
+    failure: Failure, live: Iterable[Worker], declared: set[int], stuck: Collection[int] | None = None
 ) -> KeepDecision:
     """Which of this node's ``live`` workers recover in place after ``failure``.
 
-    ``declared``: the recoverable pids; ``stuck``: pids stopped (state T) or in uninterruptible sleep (D),
-    which cannot rejoin whoever the hang detection named: they are replaced with the failed rank.
+    ``declared``: the recoverable pids; ``stuck``: pids stopped (state T) or in uninterruptible sleep (D)
+    throughout ``stuck_pids``' window, which cannot rejoin whoever the hang detection named: they are
+    replaced with the failed rank.
     """
-    stuck = stuck or set()
+    stuck = set(stuck or ())
     live = list(live)
+    replaced = [w for w in live if w.pid in stuck and w.pid != failure.pid]
     if failure.cause.startswith(STALLED):  # the last recovery in place never completed: not again
         return KeepDecision([], "the last in-place recovery did not complete within monitor.rejoin_timeout")
     if failure.cause.startswith("hung") and any(w.pid in stuck for w in live):
@@ -70,7 +77,7 @@ def keep_decision(
         culprits = stuck | {failure.pid}
     others = [w for w in live if w.pid not in culprits]
     if not others:
-        return KeepDecision([])
+        return KeepDecision([], stuck=replaced)
     recoverable = [w for w in others if w.pid in declared]
     if not recoverable:
         return KeepDecision([])  # no rank here uses ``@elastic.recoverable``: the ordinary restart, nothing to say
@@ -79,7 +86,7 @@ def keep_decision(
     if missing:
         names = ", ".join(w.label for w in missing)
         return KeepDecision([], f"{names} did not declare @elastic.recoverable (not yet started, or not wrapped)")
-    return KeepDecision(recoverable)
+    return KeepDecision(recoverable, stuck=replaced)
 
 
 class Survivors:
@@ -114,9 +121,36 @@ class Survivors:
             kill_and_reap(worker)
 
 
-def stuck_pids(pids: Iterable[int]) -> set[int]:
-    """The processes among ``pids`` that are stopped (T, t) or in uninterruptible sleep (D) now."""
-    return {pid for pid in pids if process_state(pid) in STOPPED_STATES | {"D"}}
+STUCK_SETTLE = 0.3  # seconds a process seen in uninterruptible sleep (D) must stay there to count as stuck
+STUCK_POLL = 0.005
+
+
+def stuck_pids(
+    pids: Iterable[int],
+    settle: float = STUCK_SETTLE,
+    state_of: Callable[[int], str] = process_state,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[int, str]:
+    """The processes among ``pids`` that cannot rejoin, with their state letter: stopped (T, t) now, or in
+    uninterruptible sleep (D) throughout ``settle`` seconds.
+
+    Why the window for D: a healthy rank writing its log or faulting in a page on a loaded machine is in D
+    for milliseconds (on a busy CI disk, longer); one sample would replace it with the failed rank for no
+    reason. A rank blocked on dead storage stays in D. The window is paid only when a process is seen in D,
+    and only until it leaves; a stopped process stays stopped, so T needs no second look.
+    """
+    states = {pid: state_of(pid) for pid in pids}
+    stuck = {pid: state for pid, state in states.items() if state in STOPPED_STATES}
+    sleeping = {pid for pid, state in states.items() if state == "D"}
+    end = time.monotonic() + settle
+    while sleeping and time.monotonic() < end:
+        sleep(STUCK_POLL)
+        sleeping = {pid for pid in sleeping if state_of(pid) == "D"}
+    stuck.update(dict.fromkeys(sleeping, "D"))
+    return stuck
+
+
+STATE_WORDS = {"D": "in uninterruptible sleep (D)", "T": "stopped (T)", "t": "stopped by a tracer (t)"}
 
 
 def kill_and_reap(worker: Worker) -> None:
@@ -247,7 +281,11 @@ class InPlaceResponse:
         if not self.in_place or not self.run_id:
             return []
         live = self._live()
-        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck_pids(w.pid for w in live))
+        stuck = stuck_pids(w.pid for w in live)
+        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck)
+        for worker in decision.stuck:  # never silent: these are replaced although nothing reported them failed
+            state = STATE_WORDS.get(stuck[worker.pid], stuck[worker.pid])
+            self.announce(f"{worker.label} (pid {worker.pid}) is {state}: it cannot rejoin and is replaced")
         if decision.fallback:
             self.in_place_fallback = decision.fallback
             self.announce(f"cannot recover in place: {decision.fallback}; every rank here restarts")
