@@ -352,6 +352,7 @@ def main() -> int:
         args.timeout = 120.0 if args.timeout is None else args.timeout  # torchrun across hosts is slow
         args.restarts = 20 if args.restarts is None else args.restarts
         args.torchrun_restarts = 20 if args.torchrun_restarts is None else args.torchrun_restarts
+        args.defaults = args.defaults or args.in_process  # as on one node: what a user gets, no tuned backoff
         from benchmarks.recovery import hosts
 
         return hosts.main(args)

@@ -281,7 +281,7 @@ def run_mlaunch(args: argparse.Namespace, hosts: list[Host], work: Path, in_proc
         f"nodes: {len(hosts)}\nprocs_per_node: {args.nproc}\nlog_dir: {work / 'logs'}\n"
         f"preload: [torch, torch.distributed, torch.nn.parallel, torch._dynamo, launchers.elastic]\n"
         f"checkpoint: {{dir: {work / 'ckpt-mlaunch'}, grace_period: 10s}}\n"
-        f"restart: {{max_restarts: {len(kinds) + 5}, backoff: 0s}}\n"
+        f"restart: {{max_restarts: {len(kinds) + 5}{'' if args.defaults else ', backoff: 0s'}}}\n"
         f"monitor: {{hang_timeout: {args.hang_timeout}s, node_timeout: 30s}}\n"
     )
     lines = Lines()
