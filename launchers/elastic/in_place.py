@@ -45,6 +45,7 @@ import functools
 import gc
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -114,24 +115,31 @@ class _Watcher:
     not on the dead rank, and neither ever fails. mlaunch's ``hold`` reaches every survivor; this thread
     then shuts down the failed call's connections in its process, so every wait ends at once. It looks
     at the file's modification time every ``POLL`` seconds (a ``stat``: no cost worth measuring).
+
+    ``lock``: the answer to a hold (is it about the attempt this process is in; which sockets are new since
+    the call began; shut them down) is one step against the main thread's move to the next attempt
+    (``_rejoin`` applies the new environment under it). Without it a watcher that read a hold of attempt N,
+    then lost the CPU while the main thread already joined N+1, shut down N+1's new store and gloo
+    connections: that rank failed with "Broken pipe", or a pair's handshake never completed and the whole
+    group waited in ``init_process_group`` until ``monitor.rejoin_timeout`` (1 in 300 netns kills).
     """
 
     POLL = 0.01
+    lock = threading.Lock()
     _thread: Any = None
     _before: set[str] = set()
     _acted_on = -1  # the attempt whose hold this thread already answered
 
     @classmethod
     def start(cls) -> None:
-        import threading
-
         if cls._thread is None:
             cls._thread = threading.Thread(target=cls._run, name="mlaunch-recoverable", daemon=True)
             cls._thread.start()
 
     @classmethod
     def call_started(cls, before: set[str]) -> set[str]:
-        cls._before = before
+        with cls.lock:
+            cls._before = before
         return before
 
     @classmethod
@@ -148,10 +156,18 @@ class _Watcher:
                 continue
             seen = changed
             word = recovery.read(path)
-            mine = env.attempt()
-            if word is not None and word.state == recovery.HOLD and word.attempt >= mine and cls._acted_on < mine:
-                cls._acted_on = mine
-                _close_call_connections(cls._before)
+            if word is not None:
+                cls.answer(word)
+
+    @classmethod
+    def answer(cls, word: recovery.Word) -> int:
+        """A hold of the attempt this process is in: the current call's connections shut down (how many)."""
+        with cls.lock:
+            mine = env.attempt()  # read here, not before the lock: the main thread may have moved on meanwhile
+            if word.state != recovery.HOLD or word.attempt < mine or cls._acted_on >= mine:
+                return 0
+            cls._acted_on = mine
+            return _close_call_connections(cls._before)
 
 
 def _after_failure(before: set[str], notice_within: float) -> recovery.Word | None:
@@ -235,7 +251,7 @@ def _rejoin(word: recovery.Word) -> None:
     before = env.env_rank()
     started = time.monotonic()
     _settle_device_copies()
-    os.environ.update(word.env)
+    _enter(word)
     layouts = sys.modules.get("launchers.elastic.ddp_layouts")
     if layouts is not None:
         layouts.forget_models()  # the next call's DDP models are numbered as in a fresh process
@@ -253,6 +269,13 @@ def _rejoin(word: recovery.Word) -> None:
         f"this process kept ({(time.monotonic() - started) * 1000:.0f} ms to rejoin)"
     )
     recovery.declare()
+
+
+def _enter(word: recovery.Word) -> None:
+    """This process's environment becomes the next attempt's: one step against the watcher's answer to a hold (a
+    hold of the attempt left behind is answered before it, or seen as stale after it)."""
+    with _Watcher.lock:
+        os.environ.update(word.env)
 
 
 def _forget_framework_state() -> None:
