@@ -13,12 +13,22 @@ PR_SET_CHILD_SUBREAPER = 36
 _libc: ctypes.CDLL | None = None
 
 
-def prctl(option: int, value: int) -> bool:
+def resolve() -> None:
+    """Load libc and look ``prctl`` up now, in the parent: a forked child of a process with threads must not
+    ``dlopen``/``dlsym`` (the loader's lock may have been held by another thread at the fork)."""
     global _libc
     try:
         if _libc is None:
             _libc = ctypes.CDLL(None, use_errno=True)
-        return int(_libc.prctl(option, value, 0, 0, 0)) == 0
+        _libc.prctl  # noqa: B018 - ctypes caches the looked-up function on the library object
+    except (OSError, AttributeError):
+        pass
+
+
+def prctl(option: int, value: int) -> bool:
+    resolve()
+    try:
+        return _libc is not None and int(_libc.prctl(option, value, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 from collections.abc import Iterator, Mapping
 
-from launchers.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl
+from launchers.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl, resolve
 
 
 def become_subreaper() -> bool:
@@ -43,6 +43,9 @@ def start_process(
     """Own session/process group, SIGKILL when mlaunch dies, output to pipes (``output``: elsewhere)."""
 
     def child_setup() -> None:
+        # Runs in the forked child of a process with threads (the control plane's, a commit's): it imports
+        # nothing and calls only prctl (resolved in the parent, below), signal() and getppid(),
+        # so it needs no lock another thread may have held at the fork. Keep it that way.
         # Die with mlaunch even if it is SIGKILLed; if it already died, do not run at all.
         die_with_parent(signal.SIGKILL)
         # Stop signals at their defaults whatever mlaunch's own are (``mlaunch … &`` in a script ignores
@@ -53,6 +56,7 @@ def start_process(
         if os.getppid() != parent:
             os._exit(137)
 
+    resolve()
     return subprocess.Popen(
         argv,
         cwd=cwd,
@@ -61,7 +65,7 @@ def start_process(
         stdout=output,
         stderr=output,
         start_new_session=True,
-        preexec_fn=child_setup,  # noqa: PLW1509 - the supervisor loop is single-threaded
+        preexec_fn=child_setup,  # noqa: PLW1509 - see below
         close_fds=True,
         pass_fds=pass_fds,
     )

@@ -18,8 +18,10 @@ What a user relies on, and how it is done:
   grandchildren included), and stragglers are killed at the end. This is also what makes
   mlaunch a correct PID 1 in a container.
 
-The loop is single-threaded: one selector over the output pipes and a signal wake-up pipe
-(SIGCHLD included), so there is no thread to race a fork and no polling delay on exit.
+The loop itself is one thread: one selector over the output pipes and a signal wake-up pipe
+(SIGCHLD included), so there is no polling delay on exit. mlaunch has other threads (the control
+plane's socket, node 0's hub, a flash save's commit beside an in-place recovery); a cold start's
+fork runs only ``procs.start_process``'s child setup before exec, which takes no lock they hold.
 
 Graceful-exit hooks (issue 4): ``on_failure`` runs right after the first failure, while the
 other workers are frozen with SIGSTOP (the runner persists the ranks' staged state there);
