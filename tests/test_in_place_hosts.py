@@ -6,10 +6,13 @@ itself with SIGKILL at step 15. What a user relies on: every other rank — both
 1's other rank — keeps its process (the same pid before and after), only rank 3 is a new process,
 every step is trained once from the fault on (no committed step lost), both mlaunches exit 0, and the
 training ends exactly as the same fault ends it in the local simulation of the same 2 × 2 job.
+When the re-formed group never forms (a survivor on host 1 blocks before it rejoins), both hosts give up
+on it within ``monitor.rejoin_timeout`` and the whole job restarts from the committed step, losing nothing.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -26,25 +29,20 @@ SCRIPT = ROOT / "tests" / "scripts" / "in_place_ddp.py"
 hosts = pytest.fixture(hosts_fixture(2), name="hosts")
 
 
-def job_yaml(tmp: Path, iface: str) -> Path:
+def job_yaml(tmp: Path, iface: str, extra: str = "") -> Path:
     (tmp / "steps").mkdir(parents=True, exist_ok=True)
     path = tmp / "job.yaml"
     path.write_text(
         f"name: in-place-hosts\nengine: pytorch\nentry: {SCRIPT}\n"
         "args: [--fault, kill, --victim, '3', --steps, '30', --at, '15']\nnodes: 2\nprocs_per_node: 2\n"
         f"log_dir: {tmp / 'logs'}\nenv: {{IN_PLACE_LOG: {tmp / 'steps'}, GLOO_SOCKET_IFNAME: {iface}}}\n"
-        f"checkpoint: {{dir: {tmp / 'ckpt'}}}\nrestart: {{max_restarts: 3}}\npreload: [torch]\n"
+        f"checkpoint: {{dir: {tmp / 'ckpt'}}}\nrestart: {{max_restarts: 3}}\npreload: [torch]\n{extra}"
     )
     return path
 
 
-def test_a_rank_killed_on_host_1_leaves_every_other_process_in_place(tmp_path: Path, hosts: list[Host]) -> None:
-    local = tmp_path / "local"
-    result = run_mlaunch(["--engine", "pytorch", str(job_yaml(local, "lo"))], env=clean_env())
-    assert result.returncode == 0, result.stderr[-3000:]
-    reference = final(result.stdout)
-
-    job = job_yaml(tmp_path, "eth0")
+def run_on_hosts(job: Path, hosts: list[Host]) -> tuple[list[tuple[int, str, str]], str]:
+    """One mlaunch per host, started the ModelArts way; each one's (exit code, stdout, stderr) and a dump of all."""
     procs = []
     for host in hosts:
         env = clean_env(
@@ -60,6 +58,22 @@ def test_a_rank_killed_on_host_1_leaves_every_other_process_in_place(tmp_path: P
     dump = "\n".join(
         f"--- host {i} exit {rc}\n{out[-2000:]}\n{err[-4000:]}" for i, (rc, out, err) in enumerate(outputs)
     )
+    return outputs, dump
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The final checksum of the same 2 × 2 job and fault in the local simulation."""
+    local = tmp_path_factory.mktemp("local")
+    result = run_mlaunch(["--engine", "pytorch", str(job_yaml(local, "lo"))], env=clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    return final(result.stdout)
+
+
+def test_a_rank_killed_on_host_1_leaves_every_other_process_in_place(
+    tmp_path: Path, hosts: list[Host], reference: str
+) -> None:
+    outputs, dump = run_on_hosts(job_yaml(tmp_path, "eth0"), hosts)
     assert [rc for rc, _, _ in outputs] == [0, 0], dump
     pids = pids_per_rank(tmp_path)
     assert [len(pids[r]) for r in range(4)] == [1, 1, 1, 2], (pids, dump)  # only rank 3 is a new process
@@ -67,4 +81,26 @@ def test_a_rank_killed_on_host_1_leaves_every_other_process_in_place(tmp_path: P
     for rank in range(4):
         assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), dump
     assert steps_trained(tmp_path, 3)[15] == 15, dump  # resumed right after the last step every rank staged
+    assert final(outputs[0][1]) == reference, dump
+
+
+def test_a_recovery_that_never_forms_across_hosts_restarts_the_whole_job(
+    tmp_path: Path, hosts: list[Host], reference: str
+) -> None:
+    """Rank 3 is killed on host 1; rank 2, its survivor there, blocks before it rejoins (``IN_PLACE_STALL``): the
+    group never forms on either host and nothing fails. Each host's mlaunch sees its ranks report nothing within
+    ``monitor.rejoin_timeout`` (3 s here), and every rank on both hosts restarts from the committed step."""
+    job = job_yaml(tmp_path, "eth0", extra="monitor: {rejoin_timeout: 3s}\n")
+    job.write_text(job.read_text().replace("env: {", "env: {IN_PLACE_STALL: '2', "))
+    outputs, dump = run_on_hosts(job, hosts)
+    assert [rc for rc, _, _ in outputs] == [0, 0], dump
+    both = outputs[0][2] + outputs[1][2]
+    assert "the in-place recovery did not complete within 3s (monitor.rejoin_timeout)" in both, dump
+    assert re.search(r"rank 2 is outside any collective wait; innermost frame: in_place_ddp.py:\d+ in stall_once", both)
+    for _, _, err in outputs:  # every node restarts all its ranks, whichever noticed first
+        assert "cannot recover in place: the last in-place recovery did not complete" in err, dump
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [2, 2, 2, 2], (pids, dump)  # every rank a new process after the stall
+    for rank in range(4):
+        assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), dump  # nothing lost, nothing skipped
     assert final(outputs[0][1]) == reference, dump
