@@ -435,6 +435,21 @@ def standby_processes(exclude: set[int]) -> dict[int, str]:
     return found
 
 
+def warm_parent_of(waiting: dict[int, str]) -> int | None:
+    """The warm parent among the waiting processes: the oldest named ``warm_parent`` (its forked standbys carry
+    the same command line, and start after it)."""
+    started = {}
+    for pid, cmd in waiting.items():
+        if "warm_parent" in cmd:
+            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat") as fh:
+                started[pid] = int(fh.read().rsplit(")", 1)[1].split()[19])  # starttime, in clock ticks
+    return min(started, key=lambda pid: started[pid]) if started else None
+
+
+def result_preload(args: argparse.Namespace) -> str:
+    return "false" if args.no_preload_device else "true"
+
+
 def e2e_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     job = work / "job.yaml"
     ckpt = work / "ckpt"
@@ -464,9 +479,12 @@ def e2e_phase(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         start_new_session=True,
     )
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(
-        target=lambda: [lines.append((time.monotonic(), ln.rstrip())) for ln in proc.stdout or []]
-    )
+
+    def read() -> None:
+        for line in proc.stdout or []:
+            lines.append((time.monotonic(), line.rstrip()))
+
+    reader = threading.Thread(target=read)
     reader.start()
     result: dict[str, Any] = {"state_mib_per_rank": args.e2e_mib, "in_process": bool(args.in_process)}
     result["preload_device"] = not args.no_preload_device
@@ -540,15 +558,20 @@ def drive(args: argparse.Namespace, lines: list[tuple[float, str]]) -> dict[str,
     wait_for(lines, step_seen, f"step {kill_at}")
     waiting = standby_processes(set(pids.values()))
     holders = {pid: device_holders(pid) for pid in waiting}
-    out["warm_parent"] = any("warm_parent" in cmd for cmd in waiting.values())
+    parent = warm_parent_of(waiting)
+    out["warm_parent"] = parent is not None
     out["standbys_checked"] = len(holders)
-    # an open device file is an initialised CUDA (unsafe to fork); libcuda.so mapped by `import torch` is not
-    opened = {str(p): [f for f in found if f.startswith("/dev/")] for p, found in holders.items()}
-    out["standbys_with_a_gpu_device_open"] = {p: files for p, files in opened.items() if files}
+    # an open device file is an initialised CUDA (the warm parent must never have one: it forks; each standby has
+    # one with preload_device, on its rank's GPU); libcuda.so mapped by `import torch` is not
+    opened = {p: [f for f in found if f.startswith("/dev/nvidia") and f[11:].isdigit()] for p, found in holders.items()}
+    out["warm_parent_gpu_devices_open"] = opened.get(parent, []) if parent is not None else []
+    out["standbys_with_a_gpu_device_open"] = {str(p): files for p, files in opened.items() if files and p != parent}
     out["standbys_with_libcuda_mapped"] = sum(1 for found in holders.values() if any("libcuda" in f for f in found))
     print(
-        f"warm parent: {out['warm_parent']}; waiting processes checked: {len(holders)}; with a GPU device open: "
-        f"{out['standbys_with_a_gpu_device_open']}; with libcuda.so mapped: {out['standbys_with_libcuda_mapped']}",
+        f"warm parent: {out['warm_parent']}, GPU devices open in it: {out['warm_parent_gpu_devices_open']} (must be "
+        f"none); standbys checked: {len(holders) - (parent is not None)}; with a GPU device open (preload_device: "
+        f"{result_preload(args)}): {out['standbys_with_a_gpu_device_open']}; with libcuda.so mapped: "
+        f"{out['standbys_with_libcuda_mapped']}",
         flush=True,
     )
 
