@@ -150,7 +150,9 @@ def stuck_pids(
     return stuck
 
 
-STATE_WORDS = {"D": "in uninterruptible sleep (D)", "T": "stopped (T)", "t": "stopped by a tracer (t)"}
+def state_words(state: str) -> str:
+    """How the log names a stuck rank's state letter."""
+    return "in uninterruptible sleep (D)" if state == "D" else f"stopped ({state})"
 
 
 def kill_and_reap(worker: Worker) -> None:
@@ -284,7 +286,7 @@ class InPlaceResponse:
         stuck = stuck_pids(w.pid for w in live)
         decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck)
         for worker in decision.stuck:  # never silent: these are replaced although nothing reported them failed
-            state = STATE_WORDS.get(stuck[worker.pid], stuck[worker.pid])
+            state = state_words(stuck[worker.pid])
             self.announce(f"{worker.label} (pid {worker.pid}) is {state}: it cannot rejoin and is replaced")
         if decision.fallback:
             self.in_place_fallback = decision.fallback
