@@ -71,6 +71,29 @@ def test_a_hold_of_the_current_attempt_ends_the_calls_waits(listener: socket.soc
         served.close()
 
 
+def test_a_go_seen_without_its_hold_still_ends_the_calls_waits(listener: socket.socket) -> None:
+    """mlaunch writes ``go`` some 20 ms after ``hold``; a watcher that missed the hold sees only the go. Its
+    main thread, blocked in the old attempt's collective, must still be freed (found: a survivor left waiting in
+    the step's agreement while the others formed the next group, until ``monitor.rejoin_timeout``)."""
+    in_place._Watcher.call_started(in_place._socket_inodes())
+    client, served = connection(listener)
+    try:
+        assert in_place._Watcher.answer(go_word(1)) >= 1  # a go to attempt 1 while this process is in attempt 0
+        assert not alive(client, served)
+    finally:
+        client.close()
+        served.close()
+    in_place._enter(go_word(1))  # the main thread joins attempt 1: that go is now about its own attempt
+    in_place._Watcher.call_started(in_place._socket_inodes())
+    client, served = connection(listener)
+    try:
+        assert in_place._Watcher.answer(go_word(1)) == 0
+        assert alive(client, served)
+    finally:
+        client.close()
+        served.close()
+
+
 def test_a_hold_left_behind_never_touches_the_next_calls_connections(listener: socket.socket) -> None:
     """The main thread moves on while the watcher answers the last attempt's hold, many times over: the
     connections the next call opens must all live. (Without the lock this failed within a few hundred rounds.)"""

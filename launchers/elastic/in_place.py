@@ -161,10 +161,18 @@ class _Watcher:
 
     @classmethod
     def answer(cls, word: recovery.Word) -> int:
-        """A hold of the attempt this process is in: the current call's connections shut down (how many)."""
+        """mlaunch's word about the attempt this process is in: the current call's connections shut down (how many).
+
+        A ``hold`` of this attempt, or a ``go`` to a later one: mlaunch writes the ``go`` some 20 ms after the
+        ``hold``, and a watcher that did not get the CPU in between sees only the ``go``. Answering only a hold
+        left such a rank waiting in its old collective for ever (a survivor in the step's agreement while the
+        others formed the next group: the whole job restarted after ``monitor.rejoin_timeout``, 1 kill in
+        about 1,000 on two hosts)."""
         with cls.lock:
             mine = env.attempt()  # read here, not before the lock: the main thread may have moved on meanwhile
-            if word.state != recovery.HOLD or word.attempt < mine or cls._acted_on >= mine:
+            held = word.state == recovery.HOLD and word.attempt >= mine
+            moved_on = word.state == recovery.GO and word.attempt > mine
+            if not (held or moved_on) or cls._acted_on >= mine:
                 return 0
             cls._acted_on = mine
             return _close_call_connections(cls._before)
