@@ -121,14 +121,14 @@ class _Watcher:
     (``_rejoin`` applies the new environment under it). Without it a watcher that read a hold of attempt N,
     then lost the CPU while the main thread already joined N+1, shut down N+1's new store and gloo
     connections: that rank failed with "Broken pipe", or a pair's handshake never completed and the whole
-    group waited in ``init_process_group`` until ``monitor.rejoin_timeout`` (1 in 300 netns kills).
+    group waited in ``init_process_group`` until ``monitor.rejoin_timeout`` (1 in 80 netns kills).
     """
 
     POLL = 0.01
     lock = threading.Lock()
     _thread: Any = None
     _before: set[str] = set()
-    _acted_on = -1  # the attempt whose hold this thread already answered
+    _acted_on = -1  # the attempt whose hold (or go past it) this thread already answered
 
     @classmethod
     def start(cls) -> None:
