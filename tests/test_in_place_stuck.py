@@ -85,7 +85,8 @@ def frozen(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-def test_a_process_blocked_on_frozen_storage_is_stuck(frozen: Path, children: list[Any]) -> None:
+def test_a_process_blocked_on_frozen_storage_is_stuck(children: list[Any], frozen: Path) -> None:
+    # children first: its teardown (kill, wait) runs after the storage is thawed, when a blocked writer can die
     writer = subprocess.Popen([sys.executable, "-c", f"open({str(frozen / 'x')!r}, 'w').write('x')"])
     children.append(writer)
     deadline = time.monotonic() + 20
