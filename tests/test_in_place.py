@@ -142,6 +142,29 @@ def test_a_recovery_that_never_completes_falls_back_to_a_whole_restart(tmp_path:
     assert fallbacks and "rejoin_timeout" in str(fallbacks[0]["reason"]), fallbacks
 
 
+def test_a_survivor_that_never_takes_its_go_is_replaced_within_seconds(tmp_path: Path, whole_restart: str) -> None:
+    """Rank 2 is killed at step 15 while survivor rank 1 sleeps there (``IN_PLACE_DEAF``): a wait its watcher's
+    shut-down connections cannot end, as a DDP ``backward`` that outlived them did on two hosts. mlaunch kills
+    rank 1 once it has not taken its ``go`` within ``LEAVE_WITHIN`` (8 s), instead of holding the new group until
+    ``monitor.rejoin_timeout``; the others were still forming that group, so every rank restarts (a group cut off
+    while forming does not re-form reliably in place), and nothing is lost."""
+    path = job(tmp_path, "kill")
+    text = path.read_text().replace("env: {", "env: {IN_PLACE_DEAF: '1', ")
+    path.write_text(text.replace("max_restarts: 3", "max_restarts: 5"))  # two restarts by design, room for more
+    result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
+    err = result.stderr
+    assert result.returncode == 0, err[-6000:]
+    said = r"rank 1 did not take its place in attempt 1 within 8s .*SIGKILL, it is replaced"
+    assert re.search(said, err), err[-3000:]
+    assert re.search(r"cannot recover in place: rank \d(, rank \d)* had not reached a step in this attempt", err), err
+    assert "monitor.rejoin_timeout" not in err, err[-3000:]  # the new group was not held until the bound
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [2, 2, 2, 2], (pids, err[-3000:])
+    for rank in range(4):
+        assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), rank  # nothing lost, nothing skipped
+    assert final(result.stdout) == whole_restart
+
+
 def test_a_ranks_own_error_is_raised_not_recovered(tmp_path: Path) -> None:
     """An exception no peer failure explains is the rank's own: it fails the job as before (no restart here)."""
     script = tmp_path / "own.py"

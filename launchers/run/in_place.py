@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from launchers.config.durations import format_duration
-from launchers.elastic.ipc import recovery
+from launchers.elastic.ipc import progress, recovery
 from launchers.outcome import Failure
 from launchers.plan import ProcessSpec
 from launchers.procs import STOPPED_STATES, process_env, process_state
 from launchers.run.hang import collective_frame
 from launchers.run.hang_stacks import innermost_frame, log_marks, read_log_from
-from launchers.run.rejoin import STALLED, RejoinWatch
+from launchers.run.rejoin import STALLED, RejoinWatch, first_reports
 from launchers.run.streams import OutputStreams, Worker
 
 if TYPE_CHECKING:
@@ -58,13 +58,19 @@ class KeepDecision:
 
 
 def keep_decision(
-    failure: Failure, live: Iterable[Worker], declared: set[int], stuck: Collection[int] | None = None
+    failure: Failure,
+    live: Iterable[Worker],
+    declared: set[int],
+    stuck: Collection[int] | None = None,
+    unformed: Collection[int] = (),
 ) -> KeepDecision:
     """Which of this node's ``live`` workers recover in place after ``failure``.
 
     ``declared``: the recoverable pids; ``stuck``: pids stopped (state T) or in uninterruptible sleep (D)
     throughout ``stuck_pids``' window, which cannot rejoin whoever the hang detection named: they are
-    replaced with the failed rank.
+    replaced with the failed rank. ``unformed``: pids without a progress report in the failed attempt: its
+    group may never have formed, and a group whose forming was cut off does not re-form reliably (gloo's next
+    full mesh hung until ``monitor.rejoin_timeout``, on one host and on two): the whole job restarts instead.
     """
     stuck = set(stuck or ())
     live = list(live)
@@ -86,6 +92,10 @@ def keep_decision(
     if missing:
         names = ", ".join(w.label for w in missing)
         return KeepDecision([], f"{names} did not declare @elastic.recoverable (not yet started, or not wrapped)")
+    early = [w for w in recoverable if w.pid in unformed]
+    if early:
+        names = ", ".join(w.label for w in early)
+        return KeepDecision([], f"{names} had not reached a step in this attempt (its group may not have formed)")
     return KeepDecision(recoverable, stuck=replaced)
 
 
@@ -121,6 +131,8 @@ class Survivors:
             kill_and_reap(worker)
 
 
+LEAVE_WITHIN = 8.0  # seconds a survivor may take to leave its last call after ``go`` (it may wait up to
+# ``elastic.in_place.STORE_WAIT_SECONDS`` = 5 s for rank 0's store before it says it took its place)
 STUCK_SETTLE = 0.3  # seconds a process seen in uninterruptible sleep (D) must stay there to count as stuck
 STUCK_POLL = 0.005
 
@@ -191,6 +203,7 @@ class InPlaceResponse:
     in_place_fallback: str | None
 
     rejoin: RejoinWatch | None
+    _told: dict[int, tuple[float, int]]  # survivor pid → when it was told ``go``, to which attempt
     _failure: Failure | None
     teardown: Teardown
     job_events: JobEvents | None
@@ -203,6 +216,31 @@ class InPlaceResponse:
         raise NotImplementedError
 
     _adopt: dict[int, Worker]
+
+    def _check_left_behind(self) -> None:
+        """A survivor that has not taken its ``go`` within ``LEAVE_WITHIN`` is replaced, not waited for.
+
+        Every other survivor takes it within milliseconds: its watcher shut down the last call's connections,
+        its collective failed. One whose wait outlived that (seen on two hosts: DDP's all-reduce in
+        ``backward``, once in about 1,000 faults, more under load) would hold the new group in its rendezvous
+        until ``monitor.rejoin_timeout`` restarted every rank; killed, it is one more failed rank, and the
+        others recover in place around its replacement."""
+        if not self._told or self._failure is not None or self.teardown.stopping:
+            return
+        now = time.monotonic()
+        for pid, (told, attempt) in list(self._told.items()):
+            worker = self._by_pid.get(pid)
+            word = recovery.read(recovery.path_of(self.run_id, pid))
+            if worker is None or worker.returncode is not None or word is None or word.state != recovery.GO:
+                del self._told[pid]  # gone, or it took the go (it declared itself again, in the new attempt)
+            elif now - told >= LEAVE_WITHIN:
+                del self._told[pid]
+                self.announce(
+                    f"{worker.label} did not take its place in attempt {attempt} within {LEAVE_WITHIN:g}s (still in "
+                    "the last attempt's wait, which its shut-down connections did not end): SIGKILL, it is replaced"
+                )
+                with contextlib.suppress(OSError):
+                    os.killpg(worker.pid, signal.SIGKILL)
 
     def _check_rejoin(self) -> None:
         """A group re-formed in place that has not reported within ``monitor.rejoin_timeout``: stacks, then a failure
@@ -271,6 +309,7 @@ class InPlaceResponse:
             self.announce(f"{survivor.label} cannot be told to rejoin (it left recovery); starting a new process")
             kill_and_reap(survivor)
             return False
+        self._told[survivor.pid] = (time.monotonic(), attempt)
         survivor.spec, survivor.label, survivor.prefix = spec, label, f"[{label}] ".encode()
         self.workers.append(survivor)
         self._by_pid[survivor.pid] = survivor
@@ -284,7 +323,11 @@ class InPlaceResponse:
             return []
         live = self._live()
         stuck = stuck_pids(w.pid for w in live)
-        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck)
+        attempt_now = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
+        stepped = {r.pid for r in progress.read_run(self.run_id) if r.attempt == attempt_now and r.count > 0}
+        # only for a run whose ranks were seen to report (a script without progress reports is never "unformed")
+        unformed = {w.pid for w in live} - stepped if first_reports(self.run_id).longest is not None else set()
+        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck, unformed)
         for worker in decision.stuck:  # never silent: these are replaced although nothing reported them failed
             state = state_words(stuck[worker.pid])
             self.announce(f"{worker.label} (pid {worker.pid}) is {state}: it cannot rejoin and is replaced")

@@ -159,6 +159,7 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyRespons
         self.kept: list[Worker] = []
         self._kept_pids: set[int] = set()
         self.rejoined: list[str] = []  # the labels of the adopted survivors
+        self._told: dict[int, tuple[float, int]] = {}
         self.in_place_fallback: str | None = None  # why ranks that declared it could not recover in place
 
     def run(self) -> Outcome:
@@ -268,6 +269,7 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyRespons
             self._reap()
             self._job_event()
             self._check_hang()
+            self._check_left_behind()
             self._check_rejoin()
             self.teardown.enforce_grace()
             now = time.monotonic()

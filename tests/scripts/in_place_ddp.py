@@ -7,7 +7,8 @@ to ``$IN_PLACE_LOG/rank<R>`` (which process trained which step) and, rank 0 only
 ``final-checksum X``. ``--fault kill|hang`` makes rank ``--victim`` kill -9 or SIGSTOP itself at step
 ``--at`` once per job (a marker file next to the log records that it happened; ``--at 15,20``: once at
 each); ``--keep`` leaves the
-checkpoints where they are at the end (the test reads what was committed).
+checkpoints where they are at the end (the test reads what was committed). ``IN_PLACE_DEAF=R``: rank R
+sleeps at the fault's step (once a job), a wait its watcher's shut-down connections cannot end.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def train(args: argparse.Namespace) -> None:
         marker = log / ("fault-done" if len(faults) == 1 else f"fault-done-{step}")
         if len(victims) > 1:
             marker = marker.with_name(f"{marker.name}-rank{rank}")
+        deaf = log / "deaf-done"
+        if os.environ.get("IN_PLACE_DEAF") == str(rank) and step in faults and not deaf.exists():
+            deaf.write_text(str(os.getpid()))  # a wait no shut-down connection ends (once a job): see the test
+            time.sleep(600)
         if args.fault != "none" and rank in victims and step in faults and not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
