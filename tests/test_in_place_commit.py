@@ -16,9 +16,7 @@ the reason elsewhere. What a user relies on:
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch
+from loop_storage import loop_mounted
 
 from launchers.elastic.format import layout, shardfile
 
@@ -37,22 +36,9 @@ STEPS, AT = 30, 15
 
 @pytest.fixture
 def storage(tmp_path: Path) -> Iterator[Path]:
-    """An ext4 filesystem of its own for the checkpoints (loop-mounted image), thawed and unmounted at the end."""
-    if os.geteuid() != 0 or not (shutil.which("fsfreeze") and shutil.which("mkfs.ext4")):
-        pytest.skip("needs root, fsfreeze and mkfs.ext4 (a filesystem to freeze under the commit)")
-    image, mount = tmp_path / "ckpt.img", tmp_path / "ckpt"
-    mount.mkdir()
-    with open(image, "wb") as fh:
-        fh.truncate(64 << 20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
-    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True, text=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot loop-mount a filesystem here: {mounted.stderr.strip()}")
-    try:
+    """An ext4 filesystem of its own for the checkpoints (``loop_storage``), thawed and unmounted at the end."""
+    with loop_mounted(tmp_path, 64) as mount:
         yield mount
-    finally:
-        subprocess.run(["fsfreeze", "--unfreeze", str(mount)], capture_output=True)
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def steps_of(log: Path, rank: int) -> list[tuple[int, int, float]]:

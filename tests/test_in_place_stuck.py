@@ -15,7 +15,6 @@ What a user relies on:
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from loop_storage import loop_mounted
 
 from launchers.outcome import Failure
 from launchers.procs import process_state
@@ -66,23 +66,10 @@ def test_a_stopped_process_is_stuck_at_once_and_a_sleeping_one_is_not(children: 
 
 @pytest.fixture
 def frozen(tmp_path: Path) -> Iterator[Path]:
-    """A loop-mounted ext4 filesystem, frozen (writes block in the kernel, in D), thawed and unmounted at the end."""
-    if os.geteuid() != 0 or not (shutil.which("fsfreeze") and shutil.which("mkfs.ext4")):
-        pytest.skip("needs root, fsfreeze and mkfs.ext4 (storage that stops answering)")
-    image, mount = tmp_path / "fs.img", tmp_path / "fs"
-    mount.mkdir()
-    with open(image, "wb") as fh:
-        fh.truncate(16 << 20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
-    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True, text=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot loop-mount a filesystem here: {mounted.stderr.strip()}")
-    subprocess.run(["fsfreeze", "--freeze", str(mount)], check=True)
-    try:
+    """A loop-mounted ext4 filesystem (``loop_storage``), frozen: writes block in the kernel, in D."""
+    with loop_mounted(tmp_path, 16) as mount:
+        subprocess.run(["fsfreeze", "--freeze", str(mount)], check=True)
         yield mount
-    finally:
-        subprocess.run(["fsfreeze", "--unfreeze", str(mount)], capture_output=True)
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def test_a_process_blocked_on_frozen_storage_is_stuck(children: list[Any], frozen: Path) -> None:

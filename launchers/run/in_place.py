@@ -223,8 +223,8 @@ class InPlaceResponse:
         Every other survivor takes it within milliseconds: its watcher shut down the last call's connections,
         its collective failed. One whose wait outlived that (seen on two hosts: DDP's all-reduce in
         ``backward``, once in about 1,000 faults, more under load) would hold the new group in its rendezvous
-        until ``monitor.rejoin_timeout`` restarted every rank; killed, it is one more failed rank, and the
-        others recover in place around its replacement."""
+        until ``monitor.rejoin_timeout`` restarted every rank; killed, it is one more failed rank, at once. The
+        others, still forming the new group, have no step in it: ``keep_decision`` restarts every rank."""
         if not self._told or self._failure is not None or self.teardown.stopping:
             return
         now = time.monotonic()
@@ -323,8 +323,8 @@ class InPlaceResponse:
             return []
         live = self._live()
         stuck = stuck_pids(w.pid for w in live)
-        attempt_now = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
-        stepped = {r.pid for r in progress.read_run(self.run_id) if r.attempt == attempt_now and r.count > 0}
+        attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
+        stepped = {r.pid for r in progress.read_run(self.run_id) if r.attempt == attempt and r.count > 0}
         # only for a run whose ranks were seen to report (a script without progress reports is never "unformed")
         unformed = {w.pid for w in live} - stepped if first_reports(self.run_id).longest is not None else set()
         decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck, unformed)
@@ -334,7 +334,6 @@ class InPlaceResponse:
         if decision.fallback:
             self.in_place_fallback = decision.fallback
             self.announce(f"cannot recover in place: {decision.fallback}; every rank here restarts")
-        attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
         held = [w for w in decision.kept if recovery.hold(self.run_id, w.pid, attempt, failure.describe())]
         if len(held) < len(decision.kept):
             self.in_place_fallback = "a rank left recovery before it could be told to hold"
