@@ -214,14 +214,25 @@ class BackgroundMlaunch:
 def run_mlaunch(
     args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*mlaunch_cmd(), *args],
-        env=env or clean_env(),
-        cwd=cwd or ROOT,
-        text=True,
-        capture_output=True,
-        timeout=timeout,
-    )
+    """mlaunch run to its end; one that outlives ``timeout`` fails the test with what it printed (a hang's
+    only evidence: ``TimeoutExpired`` alone shows a truncated repr of it)."""
+    try:
+        return subprocess.run(
+            [*mlaunch_cmd(), *args],
+            env=env or clean_env(),
+            cwd=cwd or ROOT,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as timed_out:
+        out, err = (_text(part) for part in (timed_out.stdout, timed_out.stderr))
+        said = f"mlaunch ran past {timeout}s; its stderr:\n{err[-12000:]}\nstdout:\n{out[-3000:]}"
+        raise AssertionError(said) from None
+
+
+def _text(part: str | bytes | None) -> str:
+    return part.decode(errors="replace") if isinstance(part, bytes) else part or ""
 
 
 def venv_seeing_this_python(path: Path, *, with_pip: bool = False) -> Path:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from pathlib import Path
 
 import pytest
@@ -30,13 +31,13 @@ pytestmark = needs_torch
 SCRIPT = ROOT / "tests" / "scripts" / "in_place_ddp.py"
 
 
-def job(tmp: Path, fault: str, *, off: bool = False, extra: str = "") -> Path:
+def job(tmp: Path, fault: str, *, off: bool = False, extra: str = "", at: int = 15) -> Path:
     log = tmp / "steps"
     log.mkdir(parents=True, exist_ok=True)
     env = f"IN_PLACE_LOG: {log}" + (', IN_PLACE_OFF: "1"' if off else "")
     path = tmp / "job.yaml"
     path.write_text(
-        f"name: in-place\nentry: {SCRIPT}\nargs: [--fault, {fault}, --steps, '30', --at, '15']\nengine: pytorch\n"
+        f"name: in-place\nentry: {SCRIPT}\nargs: [--fault, {fault}, --steps, '30', --at, '{at}']\nengine: pytorch\n"
         f"nodes: 1\nprocs_per_node: 4\nlog_dir: {tmp / 'logs'}\nenv: {{{env}}}\n"
         f"checkpoint: {{dir: {tmp / 'ckpt'}}}\nrestart: {{max_restarts: 3}}\npreload: [torch]\n{extra}"
     )
@@ -118,6 +119,33 @@ def test_the_rejoin_bound_follows_the_runs_own_start() -> None:
     assert rejoin_limit(None, 50.0) is None
 
 
+def test_a_fault_soon_after_the_first_steps_still_teaches_the_bound() -> None:
+    """The watch looks at the progress files once a second; a fault soon after the first steps came before any
+    look saw every rank report (under CI load): nothing was learned, so ``auto`` never judged the next group
+    re-formed in place, and the run was not known to report, so the unformed rule did not apply either (the
+    job hung for good in gloo's full mesh). At the failure, the reports are read once more: the run reports,
+    and the bound is learned from the first steps' own times, not from the fault's (a fault an hour in does
+    not teach an hour)."""
+    from launchers.elastic.ipc.progress import Progress
+    from launchers.run.rejoin import RejoinWatch, rejoin_limit
+
+    def report(pid: int, attempt: int, first_after: float, count: int = 15) -> Progress:
+        first = watch.started_wall + first_after if count else 0.0
+        return Progress("", pid, pid, attempt, 0, 14, count, 0.0, first + 0.5, 0 if count else -1, first)
+
+    watch = RejoinWatch(f"settle-early-{uuid.uuid4().hex}", 0, "auto")
+    late = [report(1, 0, 4.0), report(2, 0, 4.3), report(3, 0, 0.0, count=0)]  # rank 3: no step yet
+    watch.settle(late, {1, 2, 3})
+    assert watch.learned.reporting and watch.learned.longest is None  # not every rank reported: nothing to learn
+    watch = RejoinWatch(f"settle-{uuid.uuid4().hex}", 1, "auto")
+    stale = report(4, 0, 9.0)  # an earlier attempt's file: not this attempt's start
+    watch.settle([report(1, 1, 4.0), report(2, 1, 4.3), stale], {1, 2})
+    assert watch.learned.longest == pytest.approx(4.3, abs=0.01) and watch.done
+    assert rejoin_limit("auto", watch.learned.longest) == 30.0
+    watch.settle([report(1, 1, 60.0), report(2, 1, 61.0)], {1, 2})  # once learned, an attempt is done
+    assert watch.learned.longest == pytest.approx(4.3, abs=0.01)
+
+
 def test_a_recovery_that_never_completes_falls_back_to_a_whole_restart(tmp_path: Path, whole_restart: str) -> None:
     """Rank 2 is killed; survivor rank 1, called again, blocks before it rejoins (``IN_PLACE_STALL``): the group
     never forms and nothing fails. Within ``monitor.rejoin_timeout`` mlaunch says so, every rank writes its stacks,
@@ -143,12 +171,13 @@ def test_a_recovery_that_never_completes_falls_back_to_a_whole_restart(tmp_path:
 
 
 def test_a_survivor_that_never_takes_its_go_is_replaced_within_seconds(tmp_path: Path, whole_restart: str) -> None:
-    """Rank 2 is killed at step 15 while survivor rank 1 sleeps there (``IN_PLACE_DEAF``): a wait its watcher's
+    """Rank 2 is killed at step 2 while survivor rank 1 sleeps there (``IN_PLACE_DEAF``): a wait its watcher's
     shut-down connections cannot end, as a DDP ``backward`` that outlived them did on two hosts. mlaunch kills
     rank 1 once it has not taken its ``go`` within ``LEAVE_WITHIN`` (8 s), instead of holding the new group until
     ``monitor.rejoin_timeout``; the others were still forming that group, so every rank restarts (a group cut off
     while forming does not re-form reliably in place), and nothing is lost."""
-    path = job(tmp_path, "kill")
+    # at step 2: before the watch's once-a-second look saw every rank report (the run must be known to report)
+    path = job(tmp_path, "kill", at=2)
     text = path.read_text().replace("env: {", "env: {IN_PLACE_DEAF: '1', ")
     path.write_text(text.replace("max_restarts: 3", "max_restarts: 5"))  # two restarts by design, room for more
     result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())

@@ -324,9 +324,14 @@ class InPlaceResponse:
         live = self._live()
         stuck = stuck_pids(w.pid for w in live)
         attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
-        stepped = {r.pid for r in progress.read_run(self.run_id) if r.attempt == attempt and r.count > 0}
+        reports = progress.read_run(self.run_id)
+        learned = first_reports(self.run_id)
+        if self.rejoin is not None:
+            self.rejoin.settle(reports, {w.pid for w in live})
+        stepped = {r.pid for r in reports if r.attempt == attempt and r.count > 0}
+        learned.reporting = learned.reporting or bool(stepped)
         # only for a run whose ranks were seen to report (a script without progress reports is never "unformed")
-        unformed = {w.pid for w in live} - stepped if first_reports(self.run_id).longest is not None else set()
+        unformed = {w.pid for w in live} - stepped if learned.reporting else set()
         decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck, unformed)
         for worker in decision.stuck:  # never silent: these are replaced although nothing reported them failed
             state = state_words(stuck[worker.pid])
