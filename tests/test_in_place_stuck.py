@@ -122,12 +122,3 @@ def test_after_a_hang_the_stuck_rank_is_the_culprit_whichever_rank_was_named() -
 def test_with_nothing_stuck_every_survivor_stays() -> None:
     decision = keep_decision(failure(2), [worker(1), worker(3)], declared={1, 3}, stuck={})
     assert [w.pid for w in decision.kept] == [1, 3] and decision.stuck == []
-
-
-def test_a_survivor_without_a_step_in_the_failed_attempt_restarts_the_whole_job() -> None:
-    """A failure while the attempt's group was still forming (a survivor has no progress report in it): a group
-    whose forming was cut off does not re-form reliably in place, so every rank restarts, and that is said."""
-    live = [worker(1), worker(3), worker(4)]
-    decision = keep_decision(failure(2), live, declared={1, 3, 4}, stuck={}, unformed={3})
-    assert decision.kept == []
-    assert decision.fallback == "rank 3 had not reached a step in this attempt (its group may not have formed)"

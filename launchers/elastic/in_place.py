@@ -251,6 +251,22 @@ def _tear_down_groups() -> None:
     from launchers.elastic.guard import end_process_groups
 
     end_process_groups()  # the same teardown as a graceful exit's (the GIL deadlock it avoids applies here too)
+    _reset_group_names()
+
+
+def _reset_group_names() -> None:
+    """torch names each unnamed process group by a process-wide counter, reset when the world group is destroyed.
+
+    A call cut off inside ``init_process_group`` (its world group never formed: a peer failed meanwhile) left
+    the counter advanced, with no world group to destroy: this process's next ``init_process_group`` named its
+    world group "1" where the replacement's, a fresh process, is "0", and their gloo full meshes waited on
+    different store keys until the group's timeout (30 minutes). Seen as a re-formed group stuck in
+    ``connectFullMesh``, on one host and on two. Reset as ``destroy_process_group`` resets it.
+    """
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world = getattr(c10d, "_world", None)
+    if world is not None and not c10d.is_initialized():  # type: ignore[union-attr]
+        world.group_count = 0
 
 
 def _rejoin(word: recovery.Word) -> None:

@@ -36,7 +36,7 @@ from launchers.plan import ProcessSpec
 from launchers.procs import STOPPED_STATES, process_env, process_state
 from launchers.run.hang import collective_frame
 from launchers.run.hang_stacks import innermost_frame, log_marks, read_log_from
-from launchers.run.rejoin import STALLED, RejoinWatch, first_reports
+from launchers.run.rejoin import STALLED, RejoinWatch
 from launchers.run.streams import OutputStreams, Worker
 
 if TYPE_CHECKING:
@@ -62,15 +62,13 @@ def keep_decision(
     live: Iterable[Worker],
     declared: set[int],
     stuck: Collection[int] | None = None,
-    unformed: Collection[int] = (),
 ) -> KeepDecision:
     """Which of this node's ``live`` workers recover in place after ``failure``.
 
     ``declared``: the recoverable pids; ``stuck``: pids stopped (state T) or in uninterruptible sleep (D)
     throughout ``stuck_pids``' window, which cannot rejoin whoever the hang detection named: they are
-    replaced with the failed rank. ``unformed``: pids without a progress report in the failed attempt: its
-    group may never have formed, and a group whose forming was cut off does not re-form reliably (gloo's next
-    full mesh hung until ``monitor.rejoin_timeout``, on one host and on two): the whole job restarts instead.
+    replaced with the failed rank. A survivor cut off while its group was still forming is kept too: it
+    re-forms in place as one cut off in a step does (``elastic.in_place._reset_group_names``).
     """
     stuck = set(stuck or ())
     live = list(live)
@@ -92,10 +90,6 @@ def keep_decision(
     if missing:
         names = ", ".join(w.label for w in missing)
         return KeepDecision([], f"{names} did not declare @elastic.recoverable (not yet started, or not wrapped)")
-    early = [w for w in recoverable if w.pid in unformed]
-    if early:
-        names = ", ".join(w.label for w in early)
-        return KeepDecision([], f"{names} had not reached a step in this attempt (its group may not have formed)")
     return KeepDecision(recoverable, stuck=replaced)
 
 
@@ -223,8 +217,8 @@ class InPlaceResponse:
         Every other survivor takes it within milliseconds: its watcher shut down the last call's connections,
         its collective failed. One whose wait outlived that (seen on two hosts: DDP's all-reduce in
         ``backward``, once in about 1,000 faults, more under load) would hold the new group in its rendezvous
-        until ``monitor.rejoin_timeout`` restarted every rank; killed, it is one more failed rank, at once. The
-        others, still forming the new group, have no step in it: ``keep_decision`` restarts every rank."""
+        until ``monitor.rejoin_timeout`` restarted every rank; killed, it is one more failed rank, at once, and
+        the others, cut off while forming the new group, re-form in place once more with its replacement."""
         if not self._told or self._failure is not None or self.teardown.stopping:
             return
         now = time.monotonic()
@@ -324,15 +318,9 @@ class InPlaceResponse:
         live = self._live()
         stuck = stuck_pids(w.pid for w in live)
         attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
-        reports = progress.read_run(self.run_id)
-        learned = first_reports(self.run_id)
-        if self.rejoin is not None:
-            self.rejoin.settle(reports, {w.pid for w in live})
-        stepped = {r.pid for r in reports if r.attempt == attempt and r.count > 0}
-        learned.reporting = learned.reporting or bool(stepped)
-        # only for a run whose ranks were seen to report (a script without progress reports is never "unformed")
-        unformed = {w.pid for w in live} - stepped if learned.reporting else set()
-        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck, unformed)
+        if self.rejoin is not None:  # what the attempt's reports taught, before its workers leave the watch
+            self.rejoin.settle(progress.read_run(self.run_id), {w.pid for w in live})
+        decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck)
         for worker in decision.stuck:  # never silent: these are replaced although nothing reported them failed
             state = state_words(stuck[worker.pid])
             self.announce(f"{worker.label} (pid {worker.pid}) is {state}: it cannot rejoin and is replaced")

@@ -42,11 +42,9 @@ class FirstReports:
     """The longest an attempt of the run took from its start until every rank had reported once (one per run)."""
 
     longest: float | None = None
-    reporting: bool = False  # a rank of the run reported a step: its script reports progress (sticky)
 
     def learn(self, seconds: float) -> None:
         self.longest = seconds if self.longest is None else max(self.longest, seconds)
-        self.reporting = True
 
 
 _runs: dict[str, FirstReports] = {}
@@ -94,11 +92,9 @@ class RejoinWatch:
 
         Why: ``poll`` looks once a second, and a fault soon after the first steps came before any look saw
         every rank report. Nothing was learned, so ``auto`` never judged the next group re-formed in place
-        (it hung in gloo's full mesh for good, under CI load). Here the time comes from the reports' own first
-        steps, not from when they were seen: a fault an hour in does not teach an hour."""
+        (one stuck in gloo's full mesh waited for good, under CI load). Here the time comes from the reports'
+        own first steps, not from when they were seen: a fault an hour in does not teach an hour."""
         firsts = {r.pid: r.first_wall for r in reports if r.attempt == self.attempt and r.count > 0}
-        if firsts:
-            self.learned.reporting = True
         if self.done or not live_pids or not live_pids <= firsts.keys():
             return
         if all(firsts[pid] > 0 for pid in live_pids):
