@@ -8,6 +8,8 @@ every step is trained once from the fault on (no committed step lost), both mlau
 training ends exactly as the same fault ends it in the local simulation of the same 2 × 2 job.
 When the re-formed group never forms (a survivor on host 1 blocks before it rejoins), both hosts give up
 on it within ``monitor.rejoin_timeout`` and the whole job restarts from the committed step, losing nothing.
+A survivor on host 0 that never leaves the old attempt's wait is replaced after 8 s, and the others, on
+both hosts, re-form in place once more.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ SCRIPT = ROOT / "tests" / "scripts" / "in_place_ddp.py"
 hosts = pytest.fixture(hosts_fixture(2), name="hosts")
 
 
-def job_yaml(tmp: Path, iface: str, extra: str = "") -> Path:
+def job_yaml(tmp: Path, iface: str, extra: str = "", at: int = 15) -> Path:
     (tmp / "steps").mkdir(parents=True, exist_ok=True)
     path = tmp / "job.yaml"
     path.write_text(
         f"name: in-place-hosts\nengine: pytorch\nentry: {SCRIPT}\n"
-        "args: [--fault, kill, --victim, '3', --steps, '30', --at, '15']\nnodes: 2\nprocs_per_node: 2\n"
+        f"args: [--fault, kill, --victim, '3', --steps, '30', --at, '{at}']\nnodes: 2\nprocs_per_node: 2\n"
         f"log_dir: {tmp / 'logs'}\nenv: {{IN_PLACE_LOG: {tmp / 'steps'}, GLOO_SOCKET_IFNAME: {iface}}}\n"
         f"checkpoint: {{dir: {tmp / 'ckpt'}}}\nrestart: {{max_restarts: 3}}\npreload: [torch]\n{extra}"
     )
@@ -103,4 +105,25 @@ def test_a_recovery_that_never_forms_across_hosts_restarts_the_whole_job(
     assert [len(pids[r]) for r in range(4)] == [2, 2, 2, 2], (pids, dump)  # every rank a new process after the stall
     for rank in range(4):
         assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), dump  # nothing lost, nothing skipped
+    assert final(outputs[0][1]) == reference, dump
+
+
+def test_a_survivor_that_never_takes_its_go_on_host_0_is_replaced_and_the_others_stay(
+    tmp_path: Path, hosts: list[Host], reference: str
+) -> None:
+    """Rank 3 is killed on host 1 at step 2 while rank 1, on host 0, sleeps there (``IN_PLACE_DEAF``: a wait its
+    shut-down connections cannot end). Host 0's mlaunch kills rank 1 once it has not taken its ``go`` within 8 s;
+    ranks 0 and 2, cut off while forming the new group on two hosts, re-form in place once more with both
+    replacements: they keep their processes throughout, no ``rejoin_timeout``, nothing lost."""
+    job = job_yaml(tmp_path, "eth0", at=2)
+    job.write_text(job.read_text().replace("env: {", "env: {IN_PLACE_DEAF: '1', "))
+    outputs, dump = run_on_hosts(job, hosts)
+    assert [rc for rc, _, _ in outputs] == [0, 0], dump
+    assert re.search(r"rank 1 did not take its place in attempt 1 within 8s", outputs[0][2]), dump
+    both = outputs[0][2] + outputs[1][2]
+    assert "cannot recover in place" not in both and "monitor.rejoin_timeout" not in both, dump
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [1, 2, 1, 2], (pids, dump)  # ranks 0 and 2 kept throughout
+    for rank in range(4):
+        assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), dump
     assert final(outputs[0][1]) == reference, dump
