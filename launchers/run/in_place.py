@@ -318,7 +318,7 @@ class InPlaceResponse:
         live = self._live()
         stuck = stuck_pids(w.pid for w in live)
         attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
-        if self.rejoin is not None:  # what the attempt's reports taught, before its workers leave the watch
+        if self.rejoin is not None and not self.rejoin.done:  # what the reports taught, before the workers leave
             self.rejoin.settle(progress.read_run(self.run_id), {w.pid for w in live})
         decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck)
         for worker in decision.stuck:  # never silent: these are replaced although nothing reported them failed
