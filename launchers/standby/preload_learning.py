@@ -56,6 +56,7 @@ class PreloadLearner:
         self.learned: list[str] = []  # modules the warm parent imported because the ranks did (roots)
         self.refused: set[str] = set()  # a learned module that made forking unsafe: never again
         self.stopped = False  # after a refusal: what made it unsafe may come with any later import too
+        self.guessed: list[str] = []  # what the start file imports, for the warm parent before any rank ran
         self._asked: set[str] = set()  # sent to a warm parent once: not again (it imported or skipped it)
         self._said_skipped: set[str] = set()  # modules the warm parent skipped, said once each
         self._cache: dict[str, tuple[int, int, list[tuple[str, str]]]] = {}
@@ -97,6 +98,16 @@ class PreloadLearner:
         self._asked.update(wanted)
         return wanted
 
+    def guess(self, modules: list[str]) -> None:
+        """Start from what the start file imports (``start_file_imports``): taught before the first attempt."""
+        self.guessed = [m for m in modules if m not in self._asked]
+
+    def take_guess(self, known: set[str]) -> list[str]:
+        """The guessed modules a warm parent with ``known`` still lacks, once (learning stopped: none)."""
+        wanted = [m for m in self.guessed if m not in known and m not in self._asked and not self.stopped]
+        self._asked.update(wanted)
+        return wanted
+
     def imported(self, reply: dict[str, Any]) -> None:
         """The warm parent's answer to an ``import``: remember it and say, in one line and once, what changed."""
         added = [str(name) for name in reply.get("imported", [])]
@@ -105,11 +116,18 @@ class PreloadLearner:
         skipped = {str(k): str(v) for k, v in (reply.get("skipped") or {}).items() if k not in self._said_skipped}
         self._said_skipped.update(skipped)
         parts = []
-        if new:
-            count = int(reply.get("count") or 0)
+        seen = [name for name in new if name not in self.guessed]
+        read = [name for name in new if name in self.guessed]
+        count = int(reply.get("count") or 0)
+        if read:
             parts.append(
-                f"the ranks also import {listing(new)}: the warm parent imported "
-                f"{'it' if len(new) == 1 else 'them'} ({count} modules) for the next standbys"
+                f"the start file imports {listing(read)}: the warm parent imported "
+                f"{'it' if len(read) == 1 else 'them'} ({count} modules) before the first ranks, forked from it"
+            )
+        if seen:
+            parts.append(
+                f"the ranks also import {listing(seen)}: the warm parent imported "
+                f"{'it' if len(seen) == 1 else 'them'} ({count} modules) for the next standbys"
             )
         if skipped:
             names = sorted(skipped)

@@ -26,6 +26,7 @@ from launchers.procs import become_subreaper, process_env, reap_unknown, start_p
 from launchers.standby.device import DEVICE_ENV, DeviceSlot, device_slot
 from launchers.standby.handoff import STORE_WAIT_SECONDS, launcher_state, store_to_wait_for
 from launchers.standby.kept_standby import KeptStandby
+from launchers.standby.start_file_imports import guess_for, job_dirs
 
 if TYPE_CHECKING:
     from launchers.standby.preload_learning import PreloadLearner
@@ -42,13 +43,6 @@ def common_env(specs: list[ProcessSpec]) -> dict[str, str]:
     for spec in specs[1:]:
         shared = {k: v for k, v in shared.items() if spec.env.get(k) == v}
     return shared
-
-
-def job_dirs(specs: list[ProcessSpec]) -> set[str]:
-    """The job's own directories: working directories and the start files' directories."""
-    dirs = {spec.cwd for spec in specs}
-    dirs.update(os.path.dirname(os.path.abspath(os.path.join(spec.cwd, spec.argv[2]))) for spec in specs)
-    return dirs
 
 
 class Watched(Protocol):
@@ -82,6 +76,7 @@ class StandbyPool:
         fork: bool = True,
         learn: bool = False,
         device: bool = False,
+        refill: bool = True,
         announce: Callable[[str], None] = say,
     ) -> None:
         self.preload = list(preload)
@@ -103,11 +98,12 @@ class StandbyPool:
 
             self.learner = PreloadLearner(run_id, announce)
         self._dirs: set[str] = set()
+        self.refill = refill  # False: a job without restarts; only its first ranks are forked, then the parent goes
 
     @property
     def rank_env(self) -> dict[str, str]:
         """What every rank's environment gets from the pool: ask it for import reports when learning."""
-        return {"MLAUNCH_REPORT_IMPORTS": "1"} if self.learner is not None and self.fork else {}
+        return {"MLAUNCH_REPORT_IMPORTS": "1"} if self.learner is not None and self.fork and self.refill else {}
 
     def new_attempt(self) -> None:
         """An attempt starts now: refill only after its workers show progress."""
@@ -115,6 +111,8 @@ class StandbyPool:
 
     def may_fill(self, elapsed: float, all_spoke: bool = False) -> bool:
         """Whether the attempt's workers are past their start-up (see the class docstring)."""
+        if not self.refill:
+            return False
         if elapsed >= self.fallback or not self.run_id:
             return True
         # With a warm parent up, forks cost milliseconds — but not in the restarted ranks' way: on 2 cores four
@@ -205,7 +203,11 @@ class StandbyPool:
     # -- an attempt's own ranks, forked ---------------------------------------------------
     def prestart(self, specs: list[ProcessSpec], parent: int) -> None:
         """Start the warm parent now (with mlaunch, before planning's rendezvous and the control plane's
-        meeting end), so that its imports overlap them and the first attempt's ranks can be forked from it."""
+        meeting end), so that its imports overlap them and the first attempt's ranks can be forked from it;
+        learning starts from the start file's top-level imports (``start_file_imports``)."""
+        if self.learner is not None and self.fork:
+            wanted = [s for s in specs if self.compatible(s)]
+            self.learner.guess(guess_for(wanted, job_dirs(wanted)))
         self._parent_for(specs, parent)
 
     def warm_start(
@@ -235,12 +237,16 @@ class StandbyPool:
             self._poll(warm)
         if warm is None or warm.state != "ready" or self.parents.get(warm.python) is not warm:
             return 0
-        return self.fill(specs, parent)
+        forked = self.fill(specs, parent)
+        if not self.refill:
+            self.close_parents()  # no restart will want another standby: its memory goes now
+        return forked
 
     def _parent_for(self, specs: list[ProcessSpec], parent: int) -> WarmParent | None:
         """The warm parent of ``specs``' ranks, started if need be; None: no forking, or nothing to preload."""
         wanted = [s for s in specs if self.compatible(s)]
-        if not (self.fork and wanted and (self.preload or (self.learner is not None and self.learner.learned))):
+        learned = self.learner is not None and bool(self.learner.learned or self.learner.guessed)
+        if not (self.fork and wanted and (self.preload or learned)):
             return None
         return self._warm_parent(wanted[0], wanted, parent)
 
@@ -278,6 +284,8 @@ class StandbyPool:
         for message in warm.poll():
             if self.learner is not None and "imported" in message:
                 self.learner.imported(message)
+        if warm.state == "ready" and not warm.learning and self.learner is not None:
+            warm.learn(self.learner.take_guess(warm.modules))  # the start file's imports, before any rank's
         if warm.state != "failed" or self.parents.get(warm.python) is not warm:
             return  # alive, or its end was handled already
         del self.parents[warm.python]
@@ -301,7 +309,7 @@ class StandbyPool:
         """
         for warm in list(self.parents.values()):
             self._poll(warm)
-            if self.learner is not None and warm.state == "ready" and not warm.learning:
+            if self.learner is not None and self.refill and warm.state == "ready" and not warm.learning:
                 warm.learn(self.learner.new_modules(warm.modules, self._dirs))
         stale = [s for s in self._alive() if s.parent is not None and s.generation < s.parent.generation]
         for standby in stale:
@@ -379,9 +387,13 @@ class StandbyPool:
         for standby in self.standbys:
             self._kill(standby)
         self.standbys = []
+        self.close_parents(group=True)
+        reap_unknown()
+
+    def close_parents(self, group: bool = False) -> None:
+        """End the warm parents (the standbys they forked live on; the supervisor's loop reaps the parents)."""
         for warm in self.parents.values():
-            warm.close()
+            warm.close(group)
             if self.watchdog:
                 self.watchdog.unwatch(warm.pid)
         self.parents = {}
-        reap_unknown()
