@@ -111,3 +111,25 @@ def test_preload_learning_false_or_preload_fork_false_start_the_ranks_cold(tmp_p
         lines = sorted(line for line in result.stdout.splitlines() if "sees" in line)
         assert lines == ["[rank 0] sees 0 [] warm parents 0", "[rank 1] sees 1 [] warm parents 0"], extra
         assert "preload: the start file imports" not in result.stderr
+
+
+ONE = """\
+import os, sys
+before = "yaml" in sys.modules
+import psutil
+import yaml
+mine = psutil.Process()
+print("one", before, "launchers.standby.warm_parent" in mine.cmdline(), flush=True)
+"""
+
+
+def test_one_rank_without_restarts_starts_as_before(tmp_path: Path) -> None:
+    """One rank per node pays one import either way (and torch would start its OpenMP threads in a warm
+    parent there): no warm parent, the rank starts cold, as before."""
+    (tmp_path / "one.py").write_text(ONE)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"entry: one.py\nprocs_per_node: 1\nlog_dir: {tmp_path}/logs\n")
+    result = run_mlaunch(["--engine", "pytorch", str(job)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "[rank 0] one False False" in result.stdout.splitlines(), result.stdout + result.stderr
+    assert "preload:" not in result.stderr

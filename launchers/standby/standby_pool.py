@@ -205,9 +205,9 @@ class StandbyPool:
         """Start the warm parent now (with mlaunch, before planning's rendezvous and the control plane's
         meeting end), so that its imports overlap them and the first attempt's ranks can be forked from it;
         learning starts from the start file's top-level imports (``start_file_imports``)."""
-        if self.learner is not None and self.fork:
-            wanted = [s for s in specs if self.compatible(s)]
-            self.learner.guess(guess_for(wanted, job_dirs(wanted)))
+        wanted = [s for s in specs if self.compatible(s)]
+        if self.learner is not None and self.fork and len(wanted) >= 2:  # one rank gains nothing at its start (and
+            self.learner.guess(guess_for(wanted, job_dirs(wanted)))  # torch starts threads there: OMP_NUM_THREADS)
         self._parent_for(specs, parent)
 
     def warm_start(
