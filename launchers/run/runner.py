@@ -124,14 +124,9 @@ def _in_place(job: Job, run: RunContext) -> CommitBeside | None:
 
 
 def _standby_pool(job: Job, plan: LaunchPlan, run_id: str, watchdog: Watchdog) -> StandbyPool | None:
-    """Warm standbys when the job has something to preload; the warm parent starts now, so that its
-    imports overlap the rendezvous and the meeting, and the first attempt's ranks fork from it: a
-    node's ranks pay one ``import torch``, not one each. Without restarts that is all (no standby is
-    kept, the parent ends once the ranks are forked), and only where forking is on and there are ranks
-    to share it: one rank pays one import either way."""
-    restarts = job.restart.max_restarts > 0
-    shared = job.preload_fork and sum(map(StandbyPool.compatible, plan.processes)) >= 2
-    if not (job.preload or job.preload_learning) or not (restarts or shared):
+    """Warm standbys when the job restarts and has something to preload; the warm parent starts now,
+    so that its imports overlap the rendezvous and the meeting (the first attempt's ranks fork from it)."""
+    if job.restart.max_restarts <= 0 or not (job.preload or job.preload_learning):
         return None
     standbys = StandbyPool(
         job.preload,
@@ -141,7 +136,6 @@ def _standby_pool(job: Job, plan: LaunchPlan, run_id: str, watchdog: Watchdog) -
         fork=job.preload_fork,
         learn=job.preload_learning,
         device=job.preload_device,
-        refill=restarts,
     )
     standbys.prestart(plan.processes, os.getpid())
     return standbys

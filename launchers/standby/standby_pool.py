@@ -76,7 +76,6 @@ class StandbyPool:
         fork: bool = True,
         learn: bool = False,
         device: bool = False,
-        refill: bool = True,
         announce: Callable[[str], None] = say,
     ) -> None:
         self.preload = list(preload)
@@ -98,12 +97,11 @@ class StandbyPool:
 
             self.learner = PreloadLearner(run_id, announce)
         self._dirs: set[str] = set()
-        self.refill = refill  # False: a job without restarts; only its first ranks are forked, then the parent goes
 
     @property
     def rank_env(self) -> dict[str, str]:
         """What every rank's environment gets from the pool: ask it for import reports when learning."""
-        return {"MLAUNCH_REPORT_IMPORTS": "1"} if self.learner is not None and self.fork and self.refill else {}
+        return {"MLAUNCH_REPORT_IMPORTS": "1"} if self.learner is not None and self.fork else {}
 
     def new_attempt(self) -> None:
         """An attempt starts now: refill only after its workers show progress."""
@@ -111,8 +109,6 @@ class StandbyPool:
 
     def may_fill(self, elapsed: float, all_spoke: bool = False) -> bool:
         """Whether the attempt's workers are past their start-up (see the class docstring)."""
-        if not self.refill:
-            return False
         if elapsed >= self.fallback or not self.run_id:
             return True
         # With a warm parent up, forks cost milliseconds — but not in the restarted ranks' way: on 2 cores four
@@ -237,10 +233,7 @@ class StandbyPool:
             self._poll(warm)
         if warm is None or warm.state != "ready" or self.parents.get(warm.python) is not warm:
             return 0
-        forked = self.fill(specs, parent)
-        if not self.refill:
-            self.close_parents()  # no restart will want another standby: its memory goes now
-        return forked
+        return self.fill(specs, parent)
 
     def _parent_for(self, specs: list[ProcessSpec], parent: int) -> WarmParent | None:
         """The warm parent of ``specs``' ranks, started if need be; None: no forking, or nothing to preload."""
@@ -309,7 +302,7 @@ class StandbyPool:
         """
         for warm in list(self.parents.values()):
             self._poll(warm)
-            if self.learner is not None and self.refill and warm.state == "ready" and not warm.learning:
+            if self.learner is not None and warm.state == "ready" and not warm.learning:
                 warm.learn(self.learner.new_modules(warm.modules, self._dirs))
         stale = [s for s in self._alive() if s.parent is not None and s.generation < s.parent.generation]
         for standby in stale:
@@ -387,13 +380,9 @@ class StandbyPool:
         for standby in self.standbys:
             self._kill(standby)
         self.standbys = []
-        self.close_parents(group=True)
-        reap_unknown()
-
-    def close_parents(self, group: bool = False) -> None:
-        """End the warm parents (the standbys they forked live on; the supervisor's loop reaps the parents)."""
         for warm in self.parents.values():
-            warm.close(group)
+            warm.close()
             if self.watchdog:
                 self.watchdog.unwatch(warm.pid)
         self.parents = {}
+        reap_unknown()

@@ -218,16 +218,9 @@ class WarmParent:
         self.learning = True
         return True
 
-    def close(self, group: bool = True) -> None:
-        """Closing its socket ends it; SIGKILL makes sure (it is in its own process group).
-
-        ``group=False``: SIGKILL to the parent alone, while standbys it just forked may still be in
-        its group (each leaves for a session of its own once it runs) and are about to become ranks.
-        """
+    def close(self) -> None:
+        """Closing its socket ends it; SIGKILL makes sure (it is in its own process group)."""
         with contextlib.suppress(OSError):
             self.sock.close()
         with contextlib.suppress(OSError):
-            if group:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            else:
-                os.kill(self.popen.pid, signal.SIGKILL)
+            os.killpg(self.popen.pid, signal.SIGKILL)
