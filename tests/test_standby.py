@@ -195,10 +195,12 @@ def test_sigkill_of_mlaunch_takes_the_standbys_with_it(tmp_path: Path) -> None:
             if "warm standby workers ready" in line or not line:
                 break
         kids = [p for p in children(proc.pid)]
-        # the warm parent, the 2 workers and the 2 standbys it forked (they keep its command line; mlaunch
-        # adopted them)
-        forked = [p for p in kids if b"launchers.standby.warm_parent" in Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert len(forked) == 5 and len(kids) >= 6  # 2 workers, 2 standbys, the warm parent, the watchdog
+        # the warm parent and the 2 standbys it forked (mlaunch adopted them), the 2 workers forked from it, which
+        # show their own command line (``launchers.standby.proc_title``), and the watchdog
+        lines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in kids}
+        forked = [p for p, line in lines.items() if b"launchers.standby.warm_parent" in line]
+        workers = [p for p, line in lines.items() if line.startswith(f"{sys.executable} -u {entry}".encode())]
+        assert len(forked) == 3 and len(workers) == 2 and len(kids) >= 6, lines
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)

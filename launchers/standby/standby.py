@@ -36,6 +36,7 @@ import traceback
 import types
 
 from launchers.standby.device import DEVICE_ENV, WARMED, DeviceSlot, warm_device
+from launchers.standby.proc_title import set_command_line, take_back_room, without_room
 from launchers.store_wait import wait_for_listener
 
 READY_FD_ENV = "MLAUNCH_STANDBY_READY_FD"
@@ -123,6 +124,7 @@ def become(spec: dict[str, object]) -> None:
         wait_for_listener(str(wait[0]), int(wait[1]), float(wait[2]))
     sys.argv = argv[2:]
     sys.orig_argv = argv  # what ``python -u script.py ...`` would show, not the standby's own command line
+    set_command_line(argv)  # and what ``ps`` shows
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     run_as_main(script, code)
 
@@ -170,7 +172,8 @@ def wait_and_become(ready_fd: int, device: DeviceSlot | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    modules = list(sys.argv[1:] if argv is None else argv)
+    modules = without_room(list(sys.argv[1:] if argv is None else argv))
+    take_back_room()
     ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
     device = DeviceSlot.decode(os.environ.pop(DEVICE_ENV, ""))
     if not _preload(modules):

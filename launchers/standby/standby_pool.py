@@ -26,6 +26,7 @@ from launchers.procs import become_subreaper, process_env, reap_unknown, start_p
 from launchers.standby.device import DEVICE_ENV, DeviceSlot, device_slot
 from launchers.standby.handoff import STORE_WAIT_SECONDS, launcher_state, store_to_wait_for
 from launchers.standby.kept_standby import KeptStandby
+from launchers.standby.proc_title import room_argument
 from launchers.standby.start_file_imports import guess_for, job_dirs
 
 if TYPE_CHECKING:
@@ -318,7 +319,7 @@ class StandbyPool:
         slot = self.slot(spec)
         if slot is not None:
             env[DEVICE_ENV] = slot.encode()
-        argv = [spec.argv[0], "-u", "-m", "launchers.standby.standby", *self.preload]
+        argv = [spec.argv[0], "-u", "-m", "launchers.standby.standby", *self.preload, room_argument()]
         try:
             popen = start_process(argv, env, spec.cwd, parent, stdin=subprocess.PIPE, pass_fds=(write_fd,))
         except OSError:

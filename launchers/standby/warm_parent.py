@@ -44,6 +44,7 @@ from typing import Any
 from launchers.prctl import die_with_parent  # here, not in each standby: ctypes is no import of the rank's
 from launchers.standby import standby
 from launchers.standby.device import DeviceSlot
+from launchers.standby.proc_title import take_back_room, without_room
 
 DEVICE_FILES = ("/dev/nvidia", "/dev/davinci", "/dev/dri/", "/dev/accel", "/dev/kfd")
 ADOPTION_TIMEOUT = 5.0  # seconds a new standby waits to be adopted by mlaunch before giving up
@@ -332,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sock = socket.socket(fileno=int(args[1]))
     mlaunch = os.getppid()
-    first = preload(args[2:])
+    take_back_room()  # ``ps`` shows this process as started, less the room kept for the ranks' command lines
+    first = preload(without_room(args[2:]))
     send_message(sock, first)
     if not first.get("ready"):
         return 3

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from launchers.procs import start_process
 from launchers.standby.device import DeviceSlot
+from launchers.standby.proc_title import room_argument
 from launchers.standby.warm_parent import send_message
 
 FORK_TIMEOUT = 10.0  # seconds mlaunch waits for a fork's reply (milliseconds, normally)
@@ -85,7 +86,8 @@ class WarmParent:
     @classmethod
     def start(cls, python: str, modules: list[str], env: dict[str, str], cwd: str, parent: int) -> WarmParent:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [python, "-u", "-m", "launchers.standby.warm_parent", "--control", str(theirs.fileno()), *modules]
+        control = ["--control", str(theirs.fileno())]
+        argv = [python, "-u", "-m", "launchers.standby.warm_parent", *control, *modules, room_argument()]
         try:
             popen = start_process(argv, env, cwd, parent, pass_fds=(theirs.fileno(),), output=subprocess.DEVNULL)
         except OSError:
