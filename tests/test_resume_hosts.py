@@ -67,8 +67,10 @@ def test_a_shrink_then_a_grow_resume_from_the_newest_commit_of_each_size(
     tmp_path: Path, hosts3: list[Host], api: str
 ) -> None:
     extra = ", '--into'" if api == "into" else ""
+    # 120 steps: after the shrink the job must outlast host 3's restart and its warm parent's imports (torch,
+    # read from the start file), or the job ends before the candidate is ready to be admitted
     run = Launches(
-        hosts3, job_file(tmp_path, f"'--steps', '75', '--save-every', '5'{extra}", "at_checkpoint"), MA_NUM_GPUS="2"
+        hosts3, job_file(tmp_path, f"'--steps', '120', '--save-every', '5'{extra}", "at_checkpoint"), MA_NUM_GPUS="2"
     )
     try:
         for index in range(3):
