@@ -92,8 +92,9 @@ def test_the_first_ranks_fork_from_a_warm_parent_that_imported_the_start_files_p
 
 def test_preload_learning_false_or_preload_fork_false_start_the_ranks_cold(tmp_path: Path) -> None:
     """The guess is part of learning, and forking is what makes it pay: either switched off, each rank
-    imports for itself, as before."""
-    for extra in ("preload_learning: false\n", "preload_fork: false\n"):
+    imports for itself, as before. So does a node whose ranks may run several OpenMP threads: torch and
+    numpy would start them in the warm parent at import, be refused, and the ranks start cold after that."""
+    for extra in ("preload_learning: false\n", "preload_fork: false\n", "env: {OMP_NUM_THREADS: '2'}\n"):
         result = run_mlaunch(["--engine", "pytorch", str(job_yaml(tmp_path, extra))], timeout=120)
         assert result.returncode == 0, result.stderr
         lines = sorted(line for line in result.stdout.splitlines() if "sees" in line)

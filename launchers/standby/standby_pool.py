@@ -46,6 +46,13 @@ def common_env(specs: list[ProcessSpec]) -> dict[str, str]:
     return shared
 
 
+def guessing_pays(specs: list[ProcessSpec]) -> bool:
+    """Whether the first ranks may wait for the start file's imports in a warm parent: two or more share it
+    (one gains nothing), and ``OMP_NUM_THREADS=1`` (the PyTorch engine's for several): otherwise torch and
+    numpy start threads at import there, the import is refused, and the ranks would start cold after it."""
+    return len(specs) >= 2 and process_env(common_env(specs), "").get("OMP_NUM_THREADS") == "1"
+
+
 class Watched(Protocol):
     """The node's watchdog (``launchers.run.watchdog``), as far as standbys need it: no process outlives mlaunch."""
 
@@ -203,8 +210,8 @@ class StandbyPool:
         meeting end), so that its imports overlap them and the first attempt's ranks can be forked from it;
         learning starts from the start file's top-level imports (``start_file_imports``)."""
         wanted = [s for s in specs if self.compatible(s)]
-        if self.learner is not None and self.fork and len(wanted) >= 2:  # one rank gains nothing at its start (and
-            self.learner.guess(guess_for(wanted, job_dirs(wanted)))  # torch starts threads there: OMP_NUM_THREADS)
+        if self.learner is not None and self.fork and guessing_pays(wanted):
+            self.learner.guess(guess_for(wanted, job_dirs(wanted)))
         self._parent_for(specs, parent)
 
     def warm_start(
