@@ -100,7 +100,7 @@ class PreloadLearner:
 
     def guess(self, modules: list[str]) -> None:
         """Start from what the start file imports (``start_file_imports``): taught before the first attempt."""
-        self.guessed = [m for m in modules if m not in self._asked]
+        self.guessed = list(modules)  # ``take_guess`` leaves out what was asked for already
 
     def take_guess(self, known: set[str]) -> list[str]:
         """The guessed modules a warm parent with ``known`` still lacks, once (learning stopped: none)."""

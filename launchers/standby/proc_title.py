@@ -11,12 +11,14 @@ not NUL the kernel shows the title up to its first NUL, so ``ps`` and psutil rea
 the rank's command line (an argument with spaces in it reads as several, as with setproctitle).
 
 Nothing is written unless the area's bytes are exactly what ``/proc/self/cmdline`` says they
-are; ``/proc/self/environ`` (where the watchdog finds ``MLAUNCH_RUN_ID``) is never touched.
+are; ``/proc/self/environ`` (where the watchdog finds ``MLAUNCH_RUN_ID``) is never touched. The
+area is read and written through ``/proc/self/mem``, not ctypes: a cold rank does not import
+ctypes, and a standby's rank should not either.
 """
 
 from __future__ import annotations
 
-import ctypes
+import os
 import sys
 
 ROOM = 1024  # bytes a standby's command line keeps spare for the rank's
@@ -58,10 +60,26 @@ def _argument_area() -> tuple[int, int] | None:
                 shown = handle.read()
         except OSError:
             return None
-        if area[1] - area[0] != len(shown) or ctypes.string_at(area[0], len(shown)) != shown:
+        if area[1] - area[0] != len(shown) or _memory(area[0], len(shown)) != shown:
             return None
         _checked = area
     return area if area == _checked else None
+
+
+def _memory(address: int, size: int, data: bytes | None = None) -> bytes | None:
+    """Read ``size`` bytes of this process's memory at ``address``, or write ``data`` there; None: could not."""
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDWR if data is not None else os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if data is None:
+            return os.pread(fd, size, address)
+        return data if os.pwrite(fd, data, address) == len(data) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def set_command_line(argv: list[str]) -> bool:
@@ -72,12 +90,10 @@ def set_command_line(argv: list[str]) -> bool:
     start, end = area
     room = end - start
     title = " ".join(argv).encode(errors="replace")[: room - 1]
-    padding = room - len(title) - 1
-    data = title + b"\0" + b" " * padding  # a last byte that is not NUL: the kernel shows up to the first NUL
-    if padding == 0:
-        data = title + b"\0"
-    ctypes.memmove(start, data, room)
-    return True
+    # a last byte that is not NUL: the kernel shows up to the first NUL (a title that fills the room ends in
+    # NUL, and reads as one argument that psutil and ps split at its spaces)
+    data = title + b"\0" + b" " * (room - len(title) - 1)
+    return _memory(start, room, data) is not None
 
 
 def take_back_room() -> bool:

@@ -211,7 +211,7 @@ class StandbyPool:
         learning starts from the start file's top-level imports (``start_file_imports``)."""
         wanted = [s for s in specs if self.compatible(s)]
         if self.learner is not None and self.fork and guessing_pays(wanted):
-            self.learner.guess(guess_for(wanted, job_dirs(wanted)))
+            self.learner.guess(guess_for(wanted))
         self._parent_for(specs, parent)
 
     def warm_start(

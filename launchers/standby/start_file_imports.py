@@ -22,7 +22,7 @@ import ast
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from launchers.plan import ProcessSpec
 
@@ -82,7 +82,7 @@ def same_interpreter(python: str) -> bool:
     return os.path.abspath(python) == os.path.abspath(sys.executable)
 
 
-def guess(start_file: str, python: str, job_dirs: Iterable[str], python_path: str = "") -> list[str]:
+def guess(start_file: str, python: str, dirs: Iterable[str], python_path: str = "") -> list[str]:
     """The modules the warm parent may import before the first attempt for ranks running ``start_file``."""
     if not same_interpreter(python):
         return []
@@ -93,17 +93,17 @@ def guess(start_file: str, python: str, job_dirs: Iterable[str], python_path: st
             source = handle.read()
     except OSError:
         return []
-    dirs = [*job_dirs, *(p for p in python_path.split(os.pathsep) if p)]
+    answering = [*dirs, *(p for p in python_path.split(os.pathsep) if p)]
     return [
         name
         for name in top_level_imports(source)
-        if (root := name.partition(".")[0]) and not shadowed(root, dirs) and installed(root)
+        if (root := name.partition(".")[0]) and not shadowed(root, answering) and installed(root)
     ]
 
 
-def guess_for(specs: Sequence[ProcessSpec], job_dirs: Iterable[str]) -> list[str]:
+def guess_for(specs: list[ProcessSpec]) -> list[str]:
     """``guess`` for a node's ranks (``python -u start.py ...``), merged over their distinct start files."""
-    dirs = list(job_dirs)
+    dirs = job_dirs(specs)
     starts = [(os.path.join(s.cwd, s.argv[2]), s.argv[0], s.env.get("PYTHONPATH", "")) for s in specs]
     merged: dict[str, None] = {}
     for start_file, python, python_path in dict.fromkeys(starts):
