@@ -171,8 +171,9 @@ def test_a_recovery_that_never_completes_falls_back_to_a_whole_restart(tmp_path:
 
 def test_a_survivor_that_never_takes_its_go_is_replaced_within_seconds(tmp_path: Path, whole_restart: str) -> None:
     """Rank 2 is killed at step 2 while survivor rank 1 sleeps there (``IN_PLACE_DEAF``): a wait its watcher's
-    shut-down connections cannot end, as a DDP ``backward`` that outlived them did on two hosts. mlaunch kills
-    rank 1 once it has not taken its ``go`` within ``LEAVE_WITHIN`` (8 s), instead of holding the new group until
+    shut-down connections cannot end, as gloo's send to a peer that closed first does (``run.left_behind``; it
+    cannot be caused at will, so a sleep stands in for it). mlaunch kills rank 1 once it has slept, still in its
+    call, for ``ASLEEP_WITHIN`` (1 s) after its ``go``, instead of holding the new group until
     ``monitor.rejoin_timeout``. Ranks 0 and 3 were cut off while forming the new group: they re-form in place
     once more, with both replacements (a survivor cut off inside ``init_process_group`` named its next group as
     a fresh process does: ``_reset_group_names``), and nothing is lost.
@@ -185,7 +186,7 @@ def test_a_survivor_that_never_takes_its_go_is_replaced_within_seconds(tmp_path:
     result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
     err = result.stderr
     assert result.returncode == 0, err[-6000:]
-    said = r"rank 1 did not take its place in attempt 1 within 8s .*SIGKILL, it is replaced"
+    said = r"rank 1 did not leave attempt 0's call within 1s of its go, its main thread asleep .*SIGKILL, it is repl"
     assert re.search(said, err), err[-3000:]
     assert re.search(r"rank 1 failed: rank \d, rank \d, rank \d keep their processes", err), err[-3000:]
     assert "cannot recover in place" not in err and "monitor.rejoin_timeout" not in err, err[-3000:]
@@ -194,6 +195,47 @@ def test_a_survivor_that_never_takes_its_go_is_replaced_within_seconds(tmp_path:
     for rank in range(4):
         assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), rank  # nothing lost, nothing skipped
     assert final(result.stdout) == whole_restart
+
+
+def test_a_survivor_computing_through_the_fault_is_waited_for_not_replaced(tmp_path: Path, whole_restart: str) -> None:
+    """Rank 2 is killed at step 2 while survivor rank 1 computes there for 3 s (``IN_PLACE_BUSY``: a long step's
+    compute, its main thread running): it is not left behind, only late. It meets its next collective, which
+    fails at once (its connections are shut down), leaves its call and rejoins in place: every survivor keeps
+    its process. The rule that replaces a survivor after 1 s (``run.left_behind``) is for one asleep in its
+    call, never for one at work."""
+    path = job(tmp_path, "kill", at=2)
+    path.write_text(path.read_text().replace("env: {", "env: {IN_PLACE_BUSY: '1', IN_PLACE_BUSY_S: '3', "))
+    result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
+    err = result.stderr
+    assert result.returncode == 0, err[-6000:]
+    assert (tmp_path / "steps" / "busy-done").exists()
+    assert "SIGKILL, it is replaced" not in err and "cannot recover in place" not in err, err[-3000:]
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [1, 1, 2, 1], (pids, err[-3000:])  # only the killed rank is new
+    for rank in range(4):
+        assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), rank
+    assert final(result.stdout) == whole_restart
+
+
+def test_survivors_asleep_waiting_for_a_cold_rank_0_are_not_left_behind(tmp_path: Path) -> None:
+    """Rank 0 is killed and no standby is kept (no ``preload:``, no learning): its replacement starts cold
+    (an interpreter, torch's import) while the survivors, out of their failed call, wait asleep for its new
+    store (1.4 s on 2 cores). The rule that replaces a survivor asleep in its call after 1 s
+    (``run.left_behind``) must not take them for left behind: they marked that they left their call
+    (``recovery.mark_left``), and their wait for the store polls (its CPU ticks alone would also keep them).
+    Every survivor keeps its process."""
+    path = job(tmp_path, "kill", at=4)
+    text = path.read_text().replace("--fault, kill,", "--fault, kill, --victim, '0',")
+    path.write_text(text.replace("preload: [torch]", "preload: []\npreload_learning: false"))
+    result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
+    err = result.stderr
+    assert result.returncode == 0, err[-6000:]
+    assert "rank 1, rank 2, rank 3 keep their processes and rejoin in place" in err, err[-3000:]
+    assert "SIGKILL, it is replaced" not in err and "cannot recover in place" not in err, err[-3000:]
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [2, 1, 1, 1], (pids, err[-3000:])
+    for rank in range(4):
+        assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), rank
 
 
 def test_a_ranks_own_error_is_raised_not_recovered(tmp_path: Path) -> None:

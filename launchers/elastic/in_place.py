@@ -180,6 +180,7 @@ class _Watcher:
 
 def _after_failure(before: set[str], notice_within: float) -> recovery.Word | None:
     """The group is torn down; mlaunch's ``go`` for the next attempt, or None (the failure is this rank's own)."""
+    recovery.mark_left()
     _close_call_connections(before)
     _tear_down_groups()
     return recovery.await_go(notice_within, _stop_requested)

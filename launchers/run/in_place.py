@@ -34,6 +34,7 @@ from launchers.elastic.ipc import progress, recovery
 from launchers.outcome import Failure
 from launchers.plan import ProcessSpec
 from launchers.procs import STOPPED_STATES, process_env, process_state
+from launchers.run import left_behind
 from launchers.run.hang import collective_frame
 from launchers.run.hang_stacks import innermost_frame, log_marks, read_log_from
 from launchers.run.rejoin import STALLED, RejoinWatch
@@ -125,8 +126,11 @@ class Survivors:
             kill_and_reap(worker)
 
 
-LEAVE_WITHIN = 8.0  # seconds a survivor may take to leave its last call after ``go`` (it may wait up to
-# ``elastic.in_place.STORE_WAIT_SECONDS`` = 5 s for rank 0's store before it says it took its place)
+def attempt_of(spec: ProcessSpec) -> int:
+    """The attempt a process of ``spec`` belongs to (``MLAUNCH_RESTART_COUNT``)."""
+    return int(spec.env.get("MLAUNCH_RESTART_COUNT", "0") or 0)
+
+
 STUCK_SETTLE = 0.3  # seconds a process seen in uninterruptible sleep (D) must stay there to count as stuck
 STUCK_POLL = 0.005
 
@@ -197,7 +201,7 @@ class InPlaceResponse:
     in_place_fallback: str | None
 
     rejoin: RejoinWatch | None
-    _told: dict[int, tuple[float, int]]  # survivor pid → when it was told ``go``, to which attempt
+    _told: dict[int, left_behind.Told]  # survivor pid → when it was told ``go``, to which attempt, from which
     _failure: Failure | None
     teardown: Teardown
     job_events: JobEvents | None
@@ -212,27 +216,27 @@ class InPlaceResponse:
     _adopt: dict[int, Worker]
 
     def _check_left_behind(self) -> None:
-        """A survivor that has not taken its ``go`` within ``LEAVE_WITHIN`` is replaced, not waited for.
+        """A survivor that will not take its ``go`` is replaced, not waited for (``run.left_behind``: which, and why).
 
         Every other survivor takes it within milliseconds: its watcher shut down the last call's connections,
-        its collective failed. One whose wait outlived that (seen on two hosts: DDP's all-reduce in
-        ``backward``, once in about 1,000 faults, more under load) would hold the new group in its rendezvous
-        until ``monitor.rejoin_timeout`` restarted every rank; killed, it is one more failed rank, at once, and
-        the others, cut off while forming the new group, re-form in place once more with its replacement."""
+        its collective failed. One whose wait outlived that (gloo's send to a peer that closed first) would hold
+        the new group in its rendezvous until ``monitor.rejoin_timeout`` restarted every rank; killed, it is one
+        more failed rank, at once, and the others, cut off while forming the new group, re-form in place once
+        more with its replacement."""
         if not self._told or self._failure is not None or self.teardown.stopping:
             return
         now = time.monotonic()
-        for pid, (told, attempt) in list(self._told.items()):
+        for pid, told in list(self._told.items()):
             worker = self._by_pid.get(pid)
             word = recovery.read(recovery.path_of(self.run_id, pid))
             if worker is None or worker.returncode is not None or word is None or word.state != recovery.GO:
                 del self._told[pid]  # gone, or it took the go (it declared itself again, in the new attempt)
-            elif now - told >= LEAVE_WITHIN:
+                continue
+            left_behind.look(told, now, left_behind.main_thread(pid))
+            why = left_behind.verdict(told, now, recovery.left_attempt(self.run_id, pid) >= told.held_in)
+            if why is not None:
                 del self._told[pid]
-                self.announce(
-                    f"{worker.label} did not take its place in attempt {attempt} within {LEAVE_WITHIN:g}s (still in "
-                    "the last attempt's wait, which its shut-down connections did not end): SIGKILL, it is replaced"
-                )
+                self.announce(f"{worker.label} {why}: SIGKILL, it is replaced")
                 with contextlib.suppress(OSError):
                     os.killpg(worker.pid, signal.SIGKILL)
 
@@ -298,12 +302,12 @@ class InPlaceResponse:
         env = process_env(spec.env, self.run_id)
         if self.standbys is not None:
             env.update(self.standbys.rank_env)
-        attempt = int(spec.env.get("MLAUNCH_RESTART_COUNT", "0") or 0)
+        attempt, held_in = attempt_of(spec), attempt_of(survivor.spec)
         if not recovery.go(self.run_id, survivor.pid, attempt, env):
             self.announce(f"{survivor.label} cannot be told to rejoin (it left recovery); starting a new process")
             kill_and_reap(survivor)
             return False
-        self._told[survivor.pid] = (time.monotonic(), attempt)
+        self._told[survivor.pid] = left_behind.Told(time.monotonic(), attempt, held_in)
         survivor.spec, survivor.label, survivor.prefix = spec, label, f"[{label}] ".encode()
         self.workers.append(survivor)
         self._by_pid[survivor.pid] = survivor
@@ -317,7 +321,7 @@ class InPlaceResponse:
             return []
         live = self._live()
         stuck = stuck_pids(w.pid for w in live)
-        attempt = int(self.processes[0].env.get("MLAUNCH_RESTART_COUNT", "0") or 0) if self.processes else 0
+        attempt = attempt_of(self.processes[0]) if self.processes else 0
         if self.rejoin is not None and not self.rejoin.done:  # what the reports taught, before the workers leave
             self.rejoin.settle(progress.read_run(self.run_id), {w.pid for w in live})
         decision = keep_decision(failure, live, recovery.declared_pids(self.run_id), stuck)

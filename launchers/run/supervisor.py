@@ -53,6 +53,7 @@ from launchers.log import say, signal_name
 from launchers.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of
 from launchers.plan import ProcessSpec, process_label
 from launchers.procs import children_of, process_env, start_process
+from launchers.run import left_behind
 from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.hang_response import HangResponse
 from launchers.run.in_place import InPlaceResponse
@@ -159,7 +160,7 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyRespons
         self.kept: list[Worker] = []
         self._kept_pids: set[int] = set()
         self.rejoined: list[str] = []  # the labels of the adopted survivors
-        self._told: dict[int, tuple[float, int]] = {}
+        self._told: dict[int, left_behind.Told] = {}
         self.in_place_fallback: str | None = None  # why ranks that declared it could not recover in place
 
     def run(self) -> Outcome:

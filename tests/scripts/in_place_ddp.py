@@ -9,6 +9,8 @@ to ``$IN_PLACE_LOG/rank<R>`` (which process trained which step) and, rank 0 only
 each); ``--keep`` leaves the
 checkpoints where they are at the end (the test reads what was committed). ``IN_PLACE_DEAF=R``: rank R
 sleeps at the fault's step (once a job), a wait its watcher's shut-down connections cannot end.
+``IN_PLACE_BUSY=R``: rank R computes (burns CPU) for ``IN_PLACE_BUSY_S`` seconds at the fault's step
+(once a job), then meets its next collective as a long step's compute would.
 """
 
 from __future__ import annotations
@@ -96,6 +98,12 @@ def train(args: argparse.Namespace) -> None:
         if os.environ.get("IN_PLACE_DEAF") == str(rank) and step in faults and not deaf.exists():
             deaf.write_text(str(os.getpid()))  # a wait no shut-down connection ends (once a job): see the test
             time.sleep(600)
+        busy = log / "busy-done"
+        if os.environ.get("IN_PLACE_BUSY") == str(rank) and step in faults and not busy.exists():
+            busy.write_text(str(os.getpid()))  # computing, not waiting: it leaves at its next collective
+            until = time.monotonic() + float(os.environ.get("IN_PLACE_BUSY_S", "3"))
+            while time.monotonic() < until:
+                sum(i * i for i in range(10_000))
         if args.fault != "none" and rank in victims and step in faults and not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)

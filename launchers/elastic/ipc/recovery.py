@@ -85,8 +85,32 @@ def withdraw() -> None:
     """This process no longer recovers in place (its training function returned or gave up)."""
     run_id = env.run_id()
     if run_id:
-        with contextlib.suppress(OSError):
-            os.unlink(path_of(run_id, os.getpid()))
+        for path in (path_of(run_id, os.getpid()), left_path(path_of(run_id, os.getpid()))):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def left_path(path: str) -> str:
+    """The rank's own marker beside mlaunch's file: the attempt whose call it last left (see ``mark_left``)."""
+    return f"{path}.left"
+
+
+def mark_left() -> None:
+    """The failed call has returned: this process is out of every collective of the attempt it was in.
+
+    Written by the rank into a file of its own (mlaunch's file is mlaunch's to write: a rank's write
+    could replace a ``go``). mlaunch tells such a survivor, which may still wait for rank 0's new
+    store, from one whose wait outlived its shut-down connections (``run.left_behind``).
+    """
+    run_id = env.run_id()
+    if not run_id:
+        return
+    path = left_path(path_of(run_id, os.getpid()))
+    tmp = f"{path}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w") as fh:
+            fh.write(str(env.attempt()))
+        os.replace(tmp, path)
 
 
 def await_go(notice_within: float, stop_requested: Any = None, poll: float = 0.002) -> Word | None:
@@ -119,6 +143,15 @@ def await_go(notice_within: float, stop_requested: Any = None, poll: float = 0.0
 # ----------------------------------------------------------------------------------------
 # Agent side (mlaunch)
 # ----------------------------------------------------------------------------------------
+
+
+def left_attempt(run_id: str, pid: int) -> int:
+    """The attempt whose call ``pid`` last left (``mark_left``); -1 when it has left none."""
+    try:
+        with open(left_path(path_of(run_id, pid))) as fh:
+            return int(fh.read().strip() or -1)
+    except (OSError, ValueError):
+        return -1
 
 
 def declared_pids(run_id: str) -> set[int]:

@@ -1,0 +1,102 @@
+"""``run.left_behind``: which survivor told ``go`` is replaced at once, and which is waited for.
+
+The rule, pure (``verdict``, ``look``), and the one fact it reads from the system (``main_thread``: a real
+process's main thread, asleep or computing). The end-to-end cases (a survivor asleep in its call is
+replaced after 1 s; one computing through the fault keeps its process) are in ``tests/test_in_place.py``
+and, on two netns hosts, ``tests/test_in_place_hosts.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launchers.elastic.ipc import recovery
+from launchers.elastic.ranks.env import ATTEMPT_ENV, RUN_ID_ENV, SHM_DIR_ENV
+from launchers.run.left_behind import ASLEEP_WITHIN, LEAVE_WITHIN, Told, look, main_thread, verdict
+
+
+def test_a_survivor_asleep_in_its_call_is_replaced_after_asleep_within() -> None:
+    told = Told(at=100.0, attempt=3, held_in=2)
+    look(told, 100.1, ("S", 50))
+    look(told, 100.5, ("S", 50))
+    assert verdict(told, 100.5, left_call=False) is None
+    look(told, 100.0 + ASLEEP_WITHIN, ("S", 50))
+    why = verdict(told, 100.0 + ASLEEP_WITHIN, left_call=False)
+    assert why is not None and "did not leave attempt 2's call within 1s of its go" in why
+
+
+def test_a_survivor_whose_main_thread_runs_is_waited_for_until_leave_within() -> None:
+    told = Told(at=100.0, attempt=3, held_in=2)
+    for i, now in enumerate((100.2, 100.9, 101.6, 102.3, 103.0, 105.0, 107.9)):
+        look(told, now, ("S", 50 + i))  # its CPU time grows: computing its way to the next collective
+        assert verdict(told, now, left_call=False) is None, now
+    look(told, 108.0, ("S", 60))
+    why = verdict(told, 100.0 + LEAVE_WITHIN, left_call=False)
+    assert why is not None and "did not take its place in attempt 3 within 8s" in why
+
+
+def test_a_runnable_main_thread_counts_as_running_without_a_tick() -> None:
+    """Under load a thread woken from its wait may wait for a core: runnable (R) is not asleep."""
+    told = Told(at=100.0, attempt=1, held_in=0)
+    for now in (100.3, 100.8, 101.3, 101.8):
+        look(told, now, ("R", 50))
+        assert verdict(told, now, left_call=False) is None
+
+
+def test_a_survivor_that_left_its_call_may_sleep_until_leave_within() -> None:
+    """Out of its call it may wait for rank 0's new store (up to 5 s), asleep: that is not being left behind."""
+    told = Told(at=100.0, attempt=1, held_in=0)
+    look(told, 100.1, ("S", 5))
+    look(told, 104.0, ("S", 5))
+    assert verdict(told, 104.0, left_call=True) is None
+    assert verdict(told, 100.0 + LEAVE_WITHIN, left_call=True) is not None
+
+
+def test_an_unreadable_main_thread_changes_nothing() -> None:
+    told = Told(at=100.0, attempt=1, held_in=0)
+    look(told, 100.5, None)
+    assert told.ticks is None and told.awake_at == 100.0
+
+
+def test_main_thread_reads_a_sleeping_and_a_computing_process() -> None:
+    asleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        first_asleep, first_busy = main_thread(asleep.pid), main_thread(busy.pid)
+        time.sleep(0.5)
+        then_asleep, then_busy = main_thread(asleep.pid), main_thread(busy.pid)
+        assert first_asleep is not None and then_asleep is not None and first_busy is not None and then_busy
+        assert then_asleep[0] == "S" and then_asleep[1] == first_asleep[1]  # no CPU time while asleep
+        assert then_busy[1] > first_busy[1]  # its CPU time grows
+    finally:
+        for proc in (asleep, busy):
+            proc.kill()
+            proc.wait()
+    assert main_thread(asleep.pid) is None  # reaped: unreadable
+
+
+def test_a_rank_marks_the_attempt_whose_call_it_left_and_withdraws_the_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rank writes its own file (never mlaunch's, which could hold a ``go``); mlaunch reads the attempt."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RUN_ID_ENV, "run-left")
+    monkeypatch.setenv(ATTEMPT_ENV, "4")
+    pid = os.getpid()
+    assert recovery.left_attempt("run-left", pid) == -1  # left nothing yet
+    assert recovery.declare()
+    recovery.go("run-left", pid, 5, {ATTEMPT_ENV: "5"})
+    recovery.mark_left()
+    assert recovery.left_attempt("run-left", pid) == 4
+    word = recovery.read(recovery.path_of("run-left", pid))
+    assert word is not None and word.state == recovery.GO and word.attempt == 5  # mlaunch's word untouched
+    assert recovery.declared_pids("run-left") == {pid}  # the mark is no declaration
+    recovery.withdraw()
+    assert recovery.left_attempt("run-left", pid) == -1 and recovery.declared_pids("run-left") == set()
