@@ -189,6 +189,8 @@ def test_a_survivor_that_never_takes_its_go_is_replaced_within_seconds(tmp_path:
     said = r"rank 1 did not leave attempt 0's call within 1s of its go, its main thread asleep .*SIGKILL, it is repl"
     assert re.search(said, err), err[-3000:]
     assert re.search(r"rank 1 failed: rank \d, rank \d, rank \d keep their processes", err), err[-3000:]
+    assert re.search(r"job failed: rank 1 \(pid \d+\) was left behind in attempt 0's call and was replaced", err)
+    assert "restarting the group (2/5) in 0s" in err, err[-3000:]  # finishing a recovery, not a crash: no backoff
     assert "cannot recover in place" not in err and "monitor.rejoin_timeout" not in err, err[-3000:]
     pids = pids_per_rank(tmp_path)
     assert [len(pids[r]) for r in range(4)] == [1, 2, 2, 1], (pids, err[-3000:])  # 0 and 3 kept throughout

@@ -123,6 +123,8 @@ def test_a_survivor_that_never_takes_its_go_on_host_0_is_replaced_and_the_others
     assert re.search(said, outputs[0][2]), dump
     both = outputs[0][2] + outputs[1][2]
     assert "cannot recover in place" not in both and "monitor.rejoin_timeout" not in both, dump
+    for _, _, err in outputs:  # the other host heard the cause too: finishing a recovery, no crash-loop backoff
+        assert re.search(r"restarting the group \(2/\d+\) in 0s", err), dump
     pids = pids_per_rank(tmp_path)
     assert [len(pids[r]) for r in range(4)] == [1, 2, 1, 2], (pids, dump)  # ranks 0 and 2 kept throughout
     for rank in range(4):

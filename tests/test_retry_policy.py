@@ -15,6 +15,7 @@ import pytest
 from conftest import clean_env, run_mlaunch
 
 from launchers.outcome import Failure
+from launchers.run.left_behind import Told, cause
 from launchers.run.retry_policy import (
     PROGRESS_UPTIME,
     made_progress,
@@ -22,6 +23,7 @@ from launchers.run.retry_policy import (
     record_of,
     repeated,
     restart_delay,
+    streak_after,
 )
 
 TRACEBACK = [
@@ -111,6 +113,20 @@ def test_the_backoff_guards_a_crash_loop_not_a_fault() -> None:
         waits.append(restart_delay(1.0, 5.0, streak))
     assert waits == [0.0, 1.0, 2.0, 4.0, 0.0, 1.0]  # progress resets the streak
     assert restart_delay(1.0, 5.0, 10) == 5.0  # capped by max_backoff
+
+
+def test_a_survivor_replaced_for_being_left_behind_adds_no_backoff() -> None:
+    """mlaunch's kill of a survivor left behind in an in-place recovery (``run.left_behind``) finishes the recovery
+    of the fault before it: the attempt it ends had no time to train, and is no crash loop. The streak stays
+    what that fault left: no backoff after a fault that followed progress (it was 1 s before), the backoff
+    kept within a crash loop; any other failure of an attempt without a step counts as before."""
+    replaced = cause(Told(at=0.0, attempt=15, held_in=14))
+    assert streak_after(0, progressed=False, first_cause=replaced) == 0
+    assert restart_delay(1.0, 5.0, streak_after(0, progressed=False, first_cause=replaced)) == 0.0
+    assert streak_after(2, progressed=False, first_cause=replaced) == 2  # inside a crash loop: it stays one
+    assert streak_after(0, progressed=False, first_cause="") == 1  # a crash before any step, as before
+    assert streak_after(0, progressed=False, first_cause="hung: no progress for 5m") == 1
+    assert streak_after(3, progressed=True, first_cause="") == 0
 
 
 KILLED_AFTER_PROGRESS = """\

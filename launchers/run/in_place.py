@@ -201,6 +201,7 @@ class InPlaceResponse:
     in_place_fallback: str | None
 
     rejoin: RejoinWatch | None
+    _replaced: dict[int, str]  # survivor pid → the failure cause of its death (it was left behind)
     _told: dict[int, left_behind.Told]  # survivor pid → when it was told ``go``, to which attempt, from which
     _failure: Failure | None
     teardown: Teardown
@@ -236,6 +237,7 @@ class InPlaceResponse:
             why = left_behind.verdict(told, now, recovery.left_attempt(self.run_id, pid) >= told.held_in)
             if why is not None:
                 del self._told[pid]
+                self._replaced[pid] = left_behind.cause(told)  # its death is this, not a crash (``_on_exit``)
                 self.announce(f"{worker.label} {why}: SIGKILL, it is replaced")
                 with contextlib.suppress(OSError):
                     os.killpg(worker.pid, signal.SIGKILL)

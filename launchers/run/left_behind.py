@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+LEFT_BEHIND = "was left behind in attempt"  # a replaced survivor's failure cause starts so (``retry_policy``)
 LEAVE_WITHIN = 8.0  # seconds any survivor may take to take its ``go`` (a left one may wait ≤ 5 s for rank 0's store)
 ASLEEP_WITHIN = 1.0  # seconds a survivor still in its last call may sleep, main thread idle, after its ``go``
 
@@ -82,3 +83,8 @@ def verdict(told: Told, now: float, left_call: bool) -> str | None:
             "first does)"
         )
     return None
+
+
+def cause(told: Told) -> str:
+    """The failure a replaced survivor's death is reported as: the recovery of the fault before it goes on."""
+    return f"{LEFT_BEHIND} {told.held_in}'s call and was replaced (SIGKILL)"

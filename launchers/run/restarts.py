@@ -35,10 +35,10 @@ from launchers.run.job_wide import job_exit_code, meet_before_restart
 from launchers.run.retry_policy import (
     FailureRecord,
     made_progress,
-    no_progress_streak,
     record_of,
     repeated,
     restart_delay,
+    streak_after,
 )
 
 if TYPE_CHECKING:
@@ -99,11 +99,12 @@ class RestartLoop:
             if code is not None:
                 return code
             code = 1
-            self._streak = no_progress_streak(self._streak, self._progressed()) if outcome.status == "failed" else 0
             if outcome.status != "failed":
+                self._streak = 0
                 self._last_failure = None  # "twice in a row": a re-formed attempt between them breaks the streak
             else:
                 code, over = job_exit_code(self.run.events, generation.attempt, outcome)
+                self._streak = streak_after(self._streak, self._progressed(), self._first_cause(generation.attempt))
                 if over or self._repeats(outcome):
                     return code
                 if outcome.signal is not None:  # stopped while the failure stopped the ranks: no restart
@@ -131,6 +132,11 @@ class RestartLoop:
         if why is not None:
             say(f"not restarting: {why} — a restart would fail the same way (restart.stop_on_repeat: false retries)")
         return why is not None
+
+    def _first_cause(self, attempt: int) -> str:
+        """The cause of the job's first failure in ``attempt`` (heard by ``job_exit_code``), "" where none was said."""
+        first = self.run.events.first_failure(attempt)
+        return first.cause if first is not None else ""
 
     def _progressed(self) -> bool:
         """The attempt that just ended trained before it ended (``retry_policy.made_progress``)."""

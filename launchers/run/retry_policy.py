@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from launchers.outcome import Failure
+from launchers.run.left_behind import LEFT_BEHIND
 
 PROGRESS_UPTIME = 60.0  # seconds: an attempt of a script that reports no steps that ran this long made progress
 
@@ -82,6 +83,18 @@ def made_progress(first_step: int | None, ran_for: float) -> bool:
 def no_progress_streak(previous: int, progressed: bool) -> int:
     """Failed attempts in a row without progress, counting the one that just failed (0 after progress)."""
     return 0 if progressed else previous + 1
+
+
+def streak_after(previous: int, progressed: bool, first_cause: str) -> int:
+    """The no-progress streak after a failed attempt whose job-wide first failure was ``first_cause``.
+
+    A survivor replaced because it was left behind in an in-place recovery (``run.left_behind``) is mlaunch
+    finishing the recovery of the fault before it, not a crash: the streak stays what that fault left (no
+    backoff after a fault that followed progress), rather than counting an attempt that had no time to train.
+    """
+    if first_cause.startswith(LEFT_BEHIND):
+        return previous
+    return no_progress_streak(previous, progressed)
 
 
 def restart_delay(backoff: float, max_backoff: float, streak: int) -> float:

@@ -161,6 +161,7 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyRespons
         self._kept_pids: set[int] = set()
         self.rejoined: list[str] = []  # the labels of the adopted survivors
         self._told: dict[int, left_behind.Told] = {}
+        self._replaced: dict[int, str] = {}
         self.in_place_fallback: str | None = None  # why ranks that declared it could not recover in place
 
     def run(self) -> Outcome:
@@ -327,8 +328,9 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyRespons
                 "teardown, not a failure of the job (nothing is restarted or flash-saved for it)"
             )
         elif code != 0:
+            cause = self._replaced.pop(worker.pid, "")  # mlaunch's own kill of a survivor left behind
             self._failure = Failure(
-                worker.label, worker.spec.rank, worker.pid, code, sig, list(worker.tail), worker.spec.log
+                worker.label, worker.spec.rank, worker.pid, code, sig, list(worker.tail), worker.spec.log, cause
             )
             if self.job_events is not None:
                 self.job_events.report_failure(self._failure)  # every node hears it before this one saves
