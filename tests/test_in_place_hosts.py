@@ -119,7 +119,7 @@ def test_a_survivor_that_never_takes_its_go_on_host_0_is_replaced_and_the_others
     job.write_text(job.read_text().replace("env: {", "env: {IN_PLACE_DEAF: '1', "))
     outputs, dump = run_on_hosts(job, hosts)
     assert [rc for rc, _, _ in outputs] == [0, 0], dump
-    said = r"rank 1 did not leave attempt 0's call within 1s of its go, its main thread asleep"
+    said = r"rank 1 did not leave attempt 0's call within 1s of its go, asleep throughout"
     assert re.search(said, outputs[0][2]), dump
     both = outputs[0][2] + outputs[1][2]
     assert "cannot recover in place" not in both and "monitor.rejoin_timeout" not in both, dump

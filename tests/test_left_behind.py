@@ -18,7 +18,7 @@ import pytest
 
 from launchers.elastic.ipc import recovery
 from launchers.elastic.ranks.env import ATTEMPT_ENV, RUN_ID_ENV, SHM_DIR_ENV
-from launchers.run.left_behind import ASLEEP_WITHIN, LEAVE_WITHIN, Told, look, main_thread, verdict
+from launchers.run.left_behind import ASLEEP_WITHIN, BUSY_TICKS, LEAVE_WITHIN, Told, look, sample, verdict
 
 
 def test_a_survivor_asleep_in_its_call_is_replaced_after_asleep_within() -> None:
@@ -31,14 +31,25 @@ def test_a_survivor_asleep_in_its_call_is_replaced_after_asleep_within() -> None
     assert why is not None and "did not leave attempt 2's call within 1s of its go" in why
 
 
-def test_a_survivor_whose_main_thread_runs_is_waited_for_until_leave_within() -> None:
+def test_a_survivor_that_computes_is_waited_for_until_leave_within() -> None:
     told = Told(at=100.0, attempt=3, held_in=2)
-    for i, now in enumerate((100.2, 100.9, 101.6, 102.3, 103.0, 105.0, 107.9)):
-        look(told, now, ("S", 50 + i))  # its CPU time grows: computing its way to the next collective
+    for i, now in enumerate((100.2, 100.9, 101.6, 102.3, 103.0, 103.9, 104.8, 105.7, 106.6, 107.5, 107.9)):
+        look(told, now, ("S", 50 + BUSY_TICKS * i))  # its CPU time grows: computing its way to the next collective
         assert verdict(told, now, left_call=False) is None, now
     look(told, 108.0, ("S", 60))
     why = verdict(told, 100.0 + LEAVE_WITHIN, left_call=False)
     assert why is not None and "did not take its place in attempt 3 within 8s" in why
+
+
+def test_the_trickle_of_cpu_its_background_threads_use_asleep_is_not_running() -> None:
+    """Asleep in a collective, a survivor's watcher and gloo's event loops still wake: under a tick a second."""
+    told = Told(at=100.0, attempt=3, held_in=2)
+    look(told, 100.0, ("S", 50))
+    for i, now in enumerate((100.25, 100.5, 100.75), start=1):
+        look(told, now, ("S", 50 + i))
+        assert verdict(told, now, left_call=False) is None
+    look(told, 100.0 + ASLEEP_WITHIN, ("S", 50 + BUSY_TICKS - 1))
+    assert verdict(told, 100.0 + ASLEEP_WITHIN, left_call=False) is not None
 
 
 def test_a_runnable_main_thread_counts_as_running_without_a_tick() -> None:
@@ -64,22 +75,22 @@ def test_an_unreadable_main_thread_changes_nothing() -> None:
     assert told.ticks is None and told.awake_at == 100.0
 
 
-def test_main_thread_reads_a_sleeping_and_a_computing_process() -> None:
+def test_sample_reads_a_sleeping_and_a_computing_process() -> None:
     asleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(1.0)
-        first_asleep, first_busy = main_thread(asleep.pid), main_thread(busy.pid)
+        first_asleep, first_busy = sample(asleep.pid), sample(busy.pid)
         time.sleep(0.5)
-        then_asleep, then_busy = main_thread(asleep.pid), main_thread(busy.pid)
+        then_asleep, then_busy = sample(asleep.pid), sample(busy.pid)
         assert first_asleep is not None and then_asleep is not None and first_busy is not None and then_busy
         assert then_asleep[0] == "S" and then_asleep[1] == first_asleep[1]  # no CPU time while asleep
-        assert then_busy[1] > first_busy[1]  # its CPU time grows
+        assert then_busy[1] - first_busy[1] >= BUSY_TICKS  # its CPU time grows: 0.5 s of a core is 50 ticks
     finally:
         for proc in (asleep, busy):
             proc.kill()
             proc.wait()
-    assert main_thread(asleep.pid) is None  # reaped: unreadable
+    assert sample(asleep.pid) is None  # reaped: unreadable
 
 
 def test_a_rank_marks_the_attempt_whose_call_it_left_and_withdraws_the_mark(

@@ -233,7 +233,7 @@ class InPlaceResponse:
             if worker is None or worker.returncode is not None or word is None or word.state != recovery.GO:
                 del self._told[pid]  # gone, or it took the go (it declared itself again, in the new attempt)
                 continue
-            left_behind.look(told, now, left_behind.main_thread(pid))
+            left_behind.look(told, now, left_behind.sample(pid))
             why = left_behind.verdict(told, now, recovery.left_attempt(self.run_id, pid) >= told.held_in)
             if why is not None:
                 del self._told[pid]

@@ -16,10 +16,10 @@ What tells such a survivor from a healthy one, both still without their ``go`` t
 
 - the rank marks when its failed call returned (``recovery.mark_left``): one that has left may wait,
   asleep, for rank 0's new store (up to ``elastic.in_place.STORE_WAIT_SECONDS``);
-- one that has not left but whose main thread runs (state R, or its CPU time grows) is computing its way
-  to the next collective, which then fails at once: waited for, up to ``LEAVE_WITHIN``;
-- one that has not left and whose main thread has slept without a tick of CPU since its ``go`` for
-  ``ASLEEP_WITHIN`` is in a wait nothing will end: replaced now, not ``LEAVE_WITHIN`` later.
+- one that has not left but runs (its main thread runnable, or its threads' CPU time growing) is
+  computing its way to the next collective, which then fails at once: waited for, up to ``LEAVE_WITHIN``;
+- one that has not left and has slept, using next to no CPU, for ``ASLEEP_WITHIN`` since its ``go`` is
+  in a wait nothing will end: replaced now, not ``LEAVE_WITHIN`` later.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 LEFT_BEHIND = "was left behind in attempt"  # a replaced survivor's failure cause starts so (``retry_policy``)
 LEAVE_WITHIN = 8.0  # seconds any survivor may take to take its ``go`` (a left one may wait ≤ 5 s for rank 0's store)
-ASLEEP_WITHIN = 1.0  # seconds a survivor still in its last call may sleep, main thread idle, after its ``go``
+ASLEEP_WITHIN = 1.0  # seconds a survivor still in its last call may sleep, using no CPU, after its ``go``
+BUSY_TICKS = 5  # clock ticks (10 ms each) of CPU since it was last seen running that make a survivor running
 
 
 @dataclass
@@ -38,17 +39,23 @@ class Told:
     at: float  # when it was told ``go`` (monotonic)
     attempt: int  # the attempt it was told to join
     held_in: int  # the attempt whose call it must leave first
-    ticks: int | None = None  # its main thread's CPU time (clock ticks) at the last look
-    awake_at: float = 0.0  # when its main thread was last seen running (at first: ``at``)
+    ticks: int | None = None  # its threads' CPU time (clock ticks) when it was last seen running
+    awake_at: float = 0.0  # when it was last seen running (at first: ``at``)
 
     def __post_init__(self) -> None:
         self.awake_at = self.awake_at or self.at
 
 
-def main_thread(pid: int) -> tuple[str, int] | None:
-    """The state letter and CPU time (user + system clock ticks) of ``pid``'s main thread; None where unreadable."""
+def sample(pid: int) -> tuple[str, int] | None:
+    """``pid``'s main thread's state letter and the CPU time of all its threads (clock ticks); None where unreadable.
+
+    Every thread's time, not the main thread's: a job may train in another thread, and its main thread
+    would sleep in a ``join`` throughout. A survivor asleep in a collective costs its background threads
+    (the watcher's 10 ms look, gloo's event loops) well under ``BUSY_TICKS`` a second; one computing,
+    ``BUSY_TICKS`` within a tenth of a second or so even on a loaded machine.
+    """
     try:
-        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as fh:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
             text = fh.read().decode("ascii", "replace")
     except OSError:
         return None
@@ -59,14 +66,16 @@ def main_thread(pid: int) -> tuple[str, int] | None:
         return None
 
 
-def look(told: Told, now: float, sample: tuple[str, int] | None) -> None:
-    """Note whether the survivor's main thread ran since the last look (runnable, or its CPU time grew)."""
-    if sample is None:
+def look(told: Told, now: float, seen: tuple[str, int] | None) -> None:
+    """Note whether the survivor ran since it was last seen running: its main thread runnable, or its threads
+    used ``BUSY_TICKS`` of CPU since (what its background threads use asleep is less)."""
+    if seen is None:
         return
-    state, ticks = sample
-    if state == "R" or (told.ticks is not None and ticks != told.ticks):
-        told.awake_at = now
-    told.ticks = ticks
+    state, ticks = seen
+    if told.ticks is None:
+        told.ticks = ticks
+    if state == "R" or ticks - told.ticks >= BUSY_TICKS:
+        told.awake_at, told.ticks = now, ticks
 
 
 def verdict(told: Told, now: float, left_call: bool) -> str | None:
@@ -78,9 +87,8 @@ def verdict(told: Told, now: float, left_call: bool) -> str | None:
         )
     if not left_call and now - told.awake_at >= ASLEEP_WITHIN:
         return (
-            f"did not leave attempt {told.held_in}'s call within {ASLEEP_WITHIN:g}s of its go, its main thread "
-            "asleep throughout (a wait its shut-down connections did not end, as gloo's send to a peer that closed "
-            "first does)"
+            f"did not leave attempt {told.held_in}'s call within {ASLEEP_WITHIN:g}s of its go, asleep throughout "
+            "(a wait its shut-down connections did not end, as gloo's send to a peer that closed first does)"
         )
     return None
 
