@@ -269,6 +269,7 @@ def test_run_holds_supervision_and_the_restart_loop_only() -> None:
     supervision.add("in_place")  # the supervisor's answer to a peer's failure when the ranks recover in place
     supervision.add("shm_sweep")  # the watchdog's cleanup for runs whose watchdog died too: what processes left
     supervision.add("rejoin")  # the bound on a group re-formed in place: the supervisor's in-place answer's clock
+    supervision.add("left_behind")  # which survivor told ``go`` the in-place answer replaces instead of waiting
     supervision.add("standby_response")  # the supervisor's part in warm standbys: fork first, refill after start-up
     restart_loop = {"runner", "restarts", "membership", "attempt", "retry_policy", "job_wide", "job_event_response"}
     run = {name.split(".")[-1] for name in module_files() if name.startswith("launchers.run.")}
