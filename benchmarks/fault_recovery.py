@@ -299,6 +299,9 @@ def in_process_main(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
+    # SIGTERM (``timeout``, ``kill``) ends the run through its ``finally`` blocks: the launchers stopped, the netns
+    # hosts removed. Its default action left a --hosts run's launchers and ranks training on, orphaned, for an hour.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--step-time", type=float, default=0.02)
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default 4; --hosts: per host, default 2)")
