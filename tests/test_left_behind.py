@@ -9,8 +9,10 @@ and, on two netns hosts, ``tests/test_in_place_hosts.py``.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,3 +113,53 @@ def test_a_rank_marks_the_attempt_whose_call_it_left_and_withdraws_the_mark(
     assert recovery.declared_pids("run-left") == {pid}  # the mark is no declaration
     recovery.withdraw()
     assert recovery.left_attempt("run-left", pid) == -1 and recovery.declared_pids("run-left") == set()
+
+
+def _joining_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, port: int) -> None:
+    """A survivor's environment as mlaunch's ``go`` sets it (every key restored after the test)."""
+    for name, value in {
+        SHM_DIR_ENV: str(tmp_path), RUN_ID_ENV: "run-superseded", ATTEMPT_ENV: "0", "RANK": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("next_word", ["go", "hold, then go"])
+def test_a_survivor_whose_attempt_is_superseded_while_it_waits_for_rank_0_joins_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, next_word: str
+) -> None:
+    """A survivor joining attempt 1 waits (up to 5 s) for rank 0's new store; rank 0 fails before it listens and
+    mlaunch holds attempt 1, then says ``go`` to attempt 2. Seen on two hosts when mlaunch replaced a rank 0
+    left behind: the survivors finished their wait, declared themselves over mlaunch's newer ``go`` and waited
+    in ``init_process_group`` for a store that never came, until ``monitor.rejoin_timeout`` restarted every
+    rank. Now the wait ends as the word comes, the newer word is returned to be joined, and mlaunch's file
+    still holds it. Real files and a real refused port (nothing listens)."""
+    from launchers.elastic import in_place
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _joining_env(monkeypatch, tmp_path, port)
+    pid = os.getpid()
+    assert recovery.declare()
+    recovery.go("run-superseded", pid, 1, {ATTEMPT_ENV: "1"})
+    joining = recovery.read(recovery.path_of("run-superseded", pid))
+    assert joining is not None
+
+    def mlaunch() -> None:
+        time.sleep(0.3)
+        if next_word != "go":
+            recovery.hold("run-superseded", pid, 1, "rank 0 failed")
+            time.sleep(0.3)
+        recovery.go("run-superseded", pid, 2, {ATTEMPT_ENV: "2", "MASTER_PORT": str(port)})
+
+    speaker = threading.Thread(target=mlaunch)
+    started = time.monotonic()
+    speaker.start()
+    newer = in_place._rejoin(joining)
+    speaker.join()
+    assert newer is not None and newer.state == recovery.GO and newer.attempt == 2, newer
+    assert time.monotonic() - started < in_place.STORE_WAIT_SECONDS - 2  # not the whole wait for rank 0
+    kept = recovery.read(recovery.path_of("run-superseded", pid))
+    assert kept is not None and kept.state == recovery.GO and kept.attempt == 2  # not declared over
+    recovery.withdraw()

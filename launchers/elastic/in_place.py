@@ -84,7 +84,8 @@ def recoverable(fn: Any = None, *, notice_within: float = NOTICE_WITHIN) -> Any:
                     if word is None:
                         raise failed.error
                     del failed  # the failed call's frames (its model, its optimizer) go before the next call
-                    _rejoin(word)
+                    while word is not None:  # a newer word when the attempt being joined was superseded meanwhile
+                        word = _rejoin(word)
             finally:
                 recovery.withdraw()
 
@@ -270,8 +271,14 @@ def _reset_group_names() -> None:
         world.group_count = 0
 
 
-def _rejoin(word: recovery.Word) -> None:
-    """Become this process's rank in the next attempt: its environment, fresh shared-memory files."""
+def _rejoin(word: recovery.Word) -> recovery.Word | None:
+    """Become this process's rank in the next attempt: its environment, fresh shared-memory files.
+
+    Returns mlaunch's newer word instead when the attempt being joined was superseded while this process
+    waited for its rank 0's store (that rank failed before it listened: mlaunch already holds or plans the
+    attempt after). Declaring then would write over mlaunch's newer ``go`` in the file, and the call would
+    wait in ``init_process_group`` for a store that never comes (seen on two hosts: a group that re-formed
+    only after ``monitor.rejoin_timeout``, every rank restarted)."""
     global recoveries
     before = env.env_rank()
     started = time.monotonic()
@@ -287,13 +294,17 @@ def _rejoin(word: recovery.Word) -> None:
         gc.collect()  # the old model's device memory goes before the new one is built
     recoveries += 1
     rank = env.env_rank()
-    _wait_for_rank0_store()
+    newer = _wait_for_rank0_store(word.attempt)
+    if newer is not None:
+        collective.say(f"attempt {word.attempt} was superseded while this process joined it: joining the next")
+        return newer
     moved = f" (was rank {before})" if before != rank else ""
     collective.say(
         f"recovering in place for attempt {word.attempt}: rank {rank}{moved} of {env.env_world()}, "
         f"this process kept ({(time.monotonic() - started) * 1000:.0f} ms to rejoin)"
     )
     recovery.declare()
+    return None
 
 
 def _enter(word: recovery.Word) -> None:
@@ -334,18 +345,30 @@ DEEPSPEED_GROUPS = frozenset(
 STORE_WAIT_SECONDS = 5.0  # the most a rejoining rank waits for rank 0's new store before calling the function
 
 
-def _wait_for_rank0_store() -> None:
-    """A rank other than 0 waits for rank 0's new store to listen (``ranks.store_wait``), as a warm standby does.
+def _wait_for_rank0_store(joining: int) -> recovery.Word | None:
+    """A rank other than 0 waits for rank 0's new store to listen (``ranks.store_wait``), as a warm standby does;
+    mlaunch's newer word when ``joining`` was superseded meanwhile (the wait ends at once then).
 
     The survivors rejoin within milliseconds, usually before rank 0 (a survivor or the replacement) has
     created its store; a refused ``TCPStore`` client retries only after about 0.7 s, which made half the
     in-place recoveries 0.4-0.7 s instead of 0.1 s.
     """
+    path = recovery.path_of(env.run_id(), os.getpid())
+
+    def superseded() -> recovery.Word | None:  # a hold of the attempt being joined, or a go past it
+        word = recovery.read(path)
+        held = word is not None and word.state == recovery.HOLD and word.attempt >= joining
+        return word if held or (word is not None and word.state == recovery.GO and word.attempt > joining) else None
+
     host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     if host and port.isdigit() and env.env_rank() > 0:
         from launchers.store_wait import wait_for_listener
 
-        wait_for_listener(host, int(port), STORE_WAIT_SECONDS)
+        wait_for_listener(host, int(port), STORE_WAIT_SECONDS, give_up=lambda: superseded() is not None)
+    word = superseded()
+    if word is not None and word.state == recovery.HOLD:
+        return recovery.await_go(NOTICE_WITHIN, _stop_requested)  # the go that follows the hold (None: a stop)
+    return word
 
 
 def _settle_device_copies() -> None:
