@@ -85,15 +85,20 @@ def signal_group(pid: int, sig: int) -> None:
 STOPPED_STATES = frozenset("Tt")  # the /proc state letters of a stopped (or traced) process
 
 
-def process_state(pid: int) -> str:
-    """The process's state letter from ``/proc/PID/stat`` (R, S, D, T, t, Z...); "" where unreadable."""
+def stat_fields(pid: int) -> list[str]:
+    """``/proc/PID/stat``'s fields after the command name (state first); [] where unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             text = fh.read().decode("ascii", "replace")
     except OSError:
-        return ""
-    rest = text[text.rfind(")") + 2 :]  # the command name may hold spaces and parentheses
-    return rest[:1]
+        return []
+    return text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter from ``/proc/PID/stat`` (R, S, D, T, t, Z...); "" where unreadable."""
+    fields = stat_fields(pid)
+    return fields[0][:1] if fields else ""
 
 
 def signal_stop(leaders: list[int], sig: int, guarded: set[int]) -> None:

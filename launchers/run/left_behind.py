@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launchers.procs import stat_fields
+
 LEFT_BEHIND = "was left behind in attempt"  # a replaced survivor's failure cause starts so (``retry_policy``)
 LEAVE_WITHIN = 8.0  # seconds any survivor may take to take its ``go`` (a left one may wait ≤ 5 s for rank 0's store)
 ASLEEP_WITHIN = 1.0  # seconds a survivor still in its last call may sleep, using no CPU, after its ``go``
@@ -54,12 +56,7 @@ def sample(pid: int) -> tuple[str, int] | None:
     (the watcher's 10 ms look, gloo's event loops) well under ``BUSY_TICKS`` a second; one computing,
     ``BUSY_TICKS`` within a tenth of a second or so even on a loaded machine.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            text = fh.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    fields = stat_fields(pid)
     try:
         return fields[0], int(fields[11]) + int(fields[12])
     except (IndexError, ValueError):
