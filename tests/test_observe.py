@@ -7,6 +7,7 @@ The rules (straggler bound, goodput arithmetic) are tested on their own; the res
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -238,6 +239,22 @@ def test_status_before_any_run_is_a_clear_error(tmp_path: Path) -> None:
     job.write_text("entry: train.py\n")
     shown = subprocess.run([*mlaunch_cmd(), "status", str(job)], env=clean_env(), capture_output=True, text=True)
     assert shown.returncode == 2 and "no status yet" in shown.stderr and "Traceback" not in shown.stderr
+
+
+def test_status_of_another_node_says_when_it_shows_that_nodes_ranks_only(tmp_path: Path) -> None:
+    """Node 0's whole view did not come in time (a loaded node): the command says the table is partial."""
+    from rich.console import Console
+
+    from launchers.cli.commands.status import render
+
+    def shown(scope: str) -> str:
+        data = {"scope": scope, "job": "j", "phase": "running", "updated": time.time(), "nodes": []}
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(render(data, tmp_path / "status.json"))
+        return console.export_text()
+
+    assert "this node's ranks only: node 0's whole view did not come within 5s" in shown("node")
+    assert "ranks only" not in shown("relay") and "ranks only" not in shown("job")
 
 
 @needs_torch

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from launchers.control import JobEvents
 
 REQUEST_FILE = ".status-request"
-ANSWER_WAIT = 3.0  # seconds `mlaunch status` waits for the running mlaunch to bring node 0's whole view
+ANSWER_WAIT = 5.0  # seconds `mlaunch status` waits for the running mlaunch to bring node 0's whole view
+# (about 1 s on a quiet node; 3 s was passed on a CPU-saturated 2-core machine)
 FRESH = 5.0  # seconds a whole view written by another node keeps a node's own view off a shared file
 _SCOPE = re.compile(r'"scope": "(\w+)"')
 WATCH_FOR_ANSWER = 4.0  # seconds after a request the running mlaunch writes the view as soon as it grew

@@ -81,6 +81,8 @@ def render(data: dict[str, Any], path: Path) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    from launchers.observe.status_relay import ANSWER_WAIT
+
     age = time.time() - float(data.get("updated") or 0)
     phase = str(data.get("phase", "?"))
     stale = f" — no update for {age:.0f}s: is mlaunch still running?" if age > STALE_AFTER and phase in _LIVE else ""
@@ -89,6 +91,11 @@ def render(data: dict[str, Any], path: Path) -> Any:
         f"{data.get('job', '?')}: {phase}, attempt {data.get('attempt', 0)}, restarts {data.get('restarts', 0)}, "
         f"last committed step {committed if committed is not None else '-'}{stale}"
     )
+    if data.get("scope") == "node" and not stale:
+        head.append(
+            f"\nthis node's ranks only: node 0's whole view did not come within {ANSWER_WAIT:.0f}s (asked each time)",
+            style="bold",
+        )
     hang = hang_line(data)
     if hang:
         head.append(f"\n{hang}", style="bold")
