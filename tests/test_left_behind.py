@@ -111,8 +111,34 @@ def test_a_rank_marks_the_attempt_whose_call_it_left_and_withdraws_the_mark(
     word = recovery.read(recovery.path_of("run-left", pid))
     assert word is not None and word.state == recovery.GO and word.attempt == 5  # mlaunch's word untouched
     assert recovery.declared_pids("run-left") == {pid}  # the mark is no declaration
+    assert recovery.joined_attempt("run-left", pid) == -1  # it has not taken the go yet
     recovery.withdraw()
     assert recovery.left_attempt("run-left", pid) == -1 and recovery.declared_pids("run-left") == set()
+
+
+def test_a_rank_that_joins_says_so_in_its_own_file_and_never_writes_over_mlaunchs_newer_word(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a rank's re-declaration had: it took ``go`` 5, mlaunch wrote ``go`` 6 (attempt 5 failed meanwhile)
+    before the rank said it joined. The rank's words go into its own file; mlaunch's ``go`` 6 stays, and
+    mlaunch reads that the rank joined 5 (not 6: it is still told to move on). A second ``declare`` in the same
+    process (a wrapped function called again) does not rewrite mlaunch's file either."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RUN_ID_ENV, "run-joined")
+    monkeypatch.setenv(ATTEMPT_ENV, "4")
+    pid = os.getpid()
+    assert recovery.declare()
+    recovery.go("run-joined", pid, 5, {ATTEMPT_ENV: "5"})
+    monkeypatch.setenv(ATTEMPT_ENV, "5")  # the rank applied the go's environment
+    recovery.mark_left()
+    recovery.go("run-joined", pid, 6, {ATTEMPT_ENV: "6"})  # mlaunch, at the same moment
+    recovery.mark_joined()
+    assert recovery.declare()
+    word = recovery.read(recovery.path_of("run-joined", pid))
+    assert word is not None and word.state == recovery.GO and word.attempt == 6, word
+    assert recovery.joined_attempt("run-joined", pid) == 5 and recovery.left_attempt("run-joined", pid) == 5
+    recovery.withdraw()
+    assert recovery.joined_attempt("run-joined", pid) == -1 and not list(tmp_path.iterdir())
 
 
 def _joining_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, port: int) -> None:
@@ -161,5 +187,5 @@ def test_a_survivor_whose_attempt_is_superseded_while_it_waits_for_rank_0_joins_
     assert newer is not None and newer.state == recovery.GO and newer.attempt == 2, newer
     assert time.monotonic() - started < in_place.STORE_WAIT_SECONDS - 2  # not the whole wait for rank 0
     kept = recovery.read(recovery.path_of("run-superseded", pid))
-    assert kept is not None and kept.state == recovery.GO and kept.attempt == 2  # not declared over
+    assert kept is not None and kept.state == recovery.GO and kept.attempt == 2  # not written over
     recovery.withdraw()

@@ -276,9 +276,10 @@ def _rejoin(word: recovery.Word) -> recovery.Word | None:
 
     Returns mlaunch's newer word instead when the attempt being joined was superseded while this process
     waited for its rank 0's store (that rank failed before it listened: mlaunch already holds or plans the
-    attempt after). Declaring then would write over mlaunch's newer ``go`` in the file, and the call would
-    wait in ``init_process_group`` for a store that never comes (seen on two hosts: a group that re-formed
-    only after ``monitor.rejoin_timeout``, every rank restarted)."""
+    attempt after). Calling the function then would wait in ``init_process_group`` for a store that never
+    comes. (Seen on two hosts when the rank still re-declared itself in mlaunch's file, over the newer
+    ``go``: a group that re-formed only after ``monitor.rejoin_timeout``, every rank restarted. That file is
+    mlaunch's alone now; the rank says it joined in its own, ``recovery.mark_joined``.)"""
     global recoveries
     before = env.env_rank()
     started = time.monotonic()
@@ -303,7 +304,7 @@ def _rejoin(word: recovery.Word) -> recovery.Word | None:
         f"recovering in place for attempt {word.attempt}: rank {rank}{moved} of {env.env_world()}, "
         f"this process kept ({(time.monotonic() - started) * 1000:.0f} ms to rejoin)"
     )
-    recovery.declare()
+    recovery.mark_joined()
     return None
 
 

@@ -229,9 +229,9 @@ class InPlaceResponse:
         now = time.monotonic()
         for pid, told in list(self._told.items()):
             worker = self._by_pid.get(pid)
-            word = recovery.read(recovery.path_of(self.run_id, pid))
-            if worker is None or worker.returncode is not None or word is None or word.state != recovery.GO:
-                del self._told[pid]  # gone, or it took the go (it declared itself again, in the new attempt)
+            joined = recovery.joined_attempt(self.run_id, pid) >= told.attempt
+            if worker is None or worker.returncode is not None or joined:
+                del self._told[pid]  # gone, or it took the go (its own mark says it joined the new attempt)
                 continue
             left_behind.look(told, now, left_behind.sample(pid))
             why = left_behind.verdict(told, now, recovery.left_attempt(self.run_id, pid) >= told.held_in)

@@ -11,6 +11,10 @@ instead of stopping them, and writes into their file, by an atomic rename, in th
   ``MLAUNCH_RESTART_COUNT``...): the next attempt's group forms; the rank applies the environment
   and calls its training function again, in the same process.
 
+Once declared, the file is mlaunch's alone to write: a rank's write could replace a newer word (a
+``go`` written while the rank read the last one). What the rank says back goes into a file of its own,
+``<file>.rank`` (``mark_joined``, ``mark_left``): the attempt it joined and the attempt whose call it left.
+
 A rank that falls back (mlaunch restarts the whole job instead) is simply stopped: the file never
 says ``go``. The rank side never waits for ``hold`` longer than its ``notice_within`` bound: an
 exception no peer failure explains is the rank's own and is raised as before.
@@ -70,12 +74,20 @@ def read(path: str) -> Word | None:
 
 
 def declare() -> bool:
-    """This process recovers in place (``elastic.recoverable``); False outside mlaunch."""
+    """This process recovers in place (``elastic.recoverable``); False outside mlaunch.
+
+    Writes the file only where it is not there yet: once it is, mlaunch may have written a word into it,
+    which this process must not replace (a call after a rejoin says so with ``mark_joined`` instead).
+    """
     run_id = env.run_id()
     if not run_id:
         return False
+    path = path_of(run_id, os.getpid())
+    if os.path.exists(path):
+        mark_joined()
+        return True
     try:
-        _write(path_of(run_id, os.getpid()), Word(DECLARED, env.attempt()))
+        _write(path, Word(DECLARED, env.attempt()))
     except OSError:
         return False
     return True
@@ -85,32 +97,45 @@ def withdraw() -> None:
     """This process no longer recovers in place (its training function returned or gave up)."""
     run_id = env.run_id()
     if run_id:
-        for path in (path_of(run_id, os.getpid()), left_path(path_of(run_id, os.getpid()))):
+        _marks.clear()
+        for path in (path_of(run_id, os.getpid()), marks_path(path_of(run_id, os.getpid()))):
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
 
-def left_path(path: str) -> str:
-    """The rank's own marker beside mlaunch's file: the attempt whose call it last left (see ``mark_left``)."""
-    return f"{path}.left"
+def marks_path(path: str) -> str:
+    """The rank's own file beside mlaunch's: the attempt it joined and the attempt whose call it left."""
+    return f"{path}.rank"
+
+
+_marks: dict[str, int] = {}  # this process's marks ("joined", "left"), written whole on each change
+
+
+def _mark(what: str) -> None:
+    run_id = env.run_id()
+    if not run_id:
+        return
+    _marks[what] = env.attempt()
+    path = marks_path(path_of(run_id, os.getpid()))
+    tmp = f"{path}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w") as fh:
+            fh.write(f"{_marks.get('joined', -1)} {_marks.get('left', -1)}")
+        os.replace(tmp, path)
+
+
+def mark_joined() -> None:
+    """This process took its ``go``: it is in the attempt it was told (mlaunch stops watching it as a survivor)."""
+    _mark("joined")
 
 
 def mark_left() -> None:
     """The failed call has returned: this process is out of every collective of the attempt it was in.
 
-    Written by the rank into a file of its own (mlaunch's file is mlaunch's to write: a rank's write
-    could replace a ``go``). mlaunch tells such a survivor, which may still wait for rank 0's new
-    store, from one whose wait outlived its shut-down connections (``run.left_behind``).
+    mlaunch tells such a survivor, which may still wait for rank 0's new store, from one whose wait
+    outlived its shut-down connections (``run.left_behind``).
     """
-    run_id = env.run_id()
-    if not run_id:
-        return
-    path = left_path(path_of(run_id, os.getpid()))
-    tmp = f"{path}.tmp"
-    with contextlib.suppress(OSError):
-        with open(tmp, "w") as fh:
-            fh.write(str(env.attempt()))
-        os.replace(tmp, path)
+    _mark("left")
 
 
 def await_go(notice_within: float, stop_requested: Any = None, poll: float = 0.002) -> Word | None:
@@ -145,13 +170,23 @@ def await_go(notice_within: float, stop_requested: Any = None, poll: float = 0.0
 # ----------------------------------------------------------------------------------------
 
 
+def _marks_of(run_id: str, pid: int) -> tuple[int, int]:
+    try:
+        with open(marks_path(path_of(run_id, pid))) as fh:
+            joined, left = fh.read().split()
+        return int(joined), int(left)
+    except (OSError, ValueError):
+        return -1, -1
+
+
+def joined_attempt(run_id: str, pid: int) -> int:
+    """The newest attempt ``pid`` joined in place (``mark_joined``); -1 when it has joined none."""
+    return _marks_of(run_id, pid)[0]
+
+
 def left_attempt(run_id: str, pid: int) -> int:
     """The attempt whose call ``pid`` last left (``mark_left``); -1 when it has left none."""
-    try:
-        with open(left_path(path_of(run_id, pid))) as fh:
-            return int(fh.read().strip() or -1)
-    except (OSError, ValueError):
-        return -1
+    return _marks_of(run_id, pid)[1]
 
 
 def declared_pids(run_id: str) -> set[int]:
