@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import EXAMPLES, ROOT, BackgroundMlaunch, clean_env, needs_torch, run_mlaunch
@@ -174,6 +175,48 @@ def test_a_commit_never_outlives_the_runs_clear(tmp_path: Path, monkeypatch: pyt
     seg.close()
     assert persister.committed == [] and not layout.committed(ckpt)
     assert not [p for p in ckpt.iterdir() if p.name.startswith("step_")]
+
+
+def test_node_0_missing_the_first_target_removes_the_other_nodes_shards_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0's ranks staged past the first target before it was copied; node 1 wrote its shard of it. Node 0
+    (which removes a step not every node wrote) had not yet learned the checkpoint directory when that first
+    target was missed, and CI r74 found the other node's ``step_N.bg-*.tmp`` left behind after a two-host run.
+    Node 1's mlaunch is stood in for by the exchange (the control plane's reduction, as node 0's hub returns
+    it), which writes node 1's shard as that mlaunch would; node 0's segment and persister are real."""
+    seg, ckpt = _staged_segment(tmp_path, monkeypatch, "missed")
+    import dataclasses
+
+    plan = _torn_plan(tmp_path)
+    two_nodes = dataclasses.replace(plan, nnodes=2)  # node 0's plan of a 2-node job: only its own node listed
+    rounds: list[Any] = []
+
+    def exchange(topic: str, value: Any, deadline: float, how: Any) -> Any:
+        if topic.endswith("/start"):
+            return value
+        tmp = ckpt / f"{layout.step_name(10)}.bg-{persister.key}.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / layout.shard_name(1)).write_bytes(b"node 1's shard")  # node 1 wrote step 10
+        rounds.append(value)
+        return {"ok": False, "sizes": {}, "next": value["next"]}  # node 0 did not: no commit
+
+    persister = BackgroundPersist("missed", 0, two_nodes, 5, exchange=exchange)
+
+    def stage(step: int) -> None:
+        seg.stage(step, shardfile.encode({"w": np.full(16, step, dtype=np.int64)}, {"step": step}))
+
+    stage(7)
+    persister.tick()  # first target: 10
+    time.sleep(0.5)
+    stage(11)
+    stage(12)  # past 10 before it was seen: missed
+    assert wait_for(lambda: rounds, 10)
+    time.sleep(0.2)
+    persister.stop()
+    seg.close()
+    assert rounds[0]["ok"] is False, rounds
+    assert not [p.name for p in ckpt.iterdir() if p.name.endswith(".tmp")]
 
 
 def _start(job: Path) -> BackgroundMlaunch:

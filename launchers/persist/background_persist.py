@@ -191,11 +191,11 @@ class BackgroundPersist:
             newest = max(max(s) for s in staged.values())
             if min(max(s) for s in staged.values()) < target:
                 continue  # not every rank got there yet
+            dirs = {h.ckpt_dir for h in heads.values()}
+            self._root = Path(next(iter(dirs)))  # known before a miss: node 0 removes the others' shards of it
             if any(target not in s for s in staged.values()):
                 self._once("missed", f"background persist missed step {target}: the ranks staged past it first")
                 return None, newest
-            dirs = {h.ckpt_dir for h in heads.values()}
-            self._root = Path(next(iter(dirs)))
             if len(dirs) != 1 or len({h.world for h in heads.values()}) != 1:
                 self._once("dirs", f"background persist: the ranks disagree on the checkpoint directory: {dirs}")
                 return None, newest

@@ -81,8 +81,6 @@ def render(data: dict[str, Any], path: Path) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from launchers.observe.status_relay import ANSWER_WAIT
-
     age = time.time() - float(data.get("updated") or 0)
     phase = str(data.get("phase", "?"))
     stale = f" — no update for {age:.0f}s: is mlaunch still running?" if age > STALE_AFTER and phase in _LIVE else ""
@@ -91,11 +89,9 @@ def render(data: dict[str, Any], path: Path) -> Any:
         f"{data.get('job', '?')}: {phase}, attempt {data.get('attempt', 0)}, restarts {data.get('restarts', 0)}, "
         f"last committed step {committed if committed is not None else '-'}{stale}"
     )
-    if data.get("scope") == "node" and not stale:
-        head.append(
-            f"\nthis node's ranks only: node 0's whole view did not come within {ANSWER_WAIT:.0f}s (asked each time)",
-            style="bold",
-        )
+    partial = partial_line(data) if not stale else None
+    if partial:
+        head.append(f"\n{partial}", style="bold")
     hang = hang_line(data)
     if hang:
         head.append(f"\n{hang}", style="bold")
@@ -141,6 +137,17 @@ def render(data: dict[str, Any], path: Path) -> Any:
 
 
 _LIVE = {"starting", "running", "restarting"}
+
+
+def partial_line(data: dict[str, Any]) -> str | None:
+    """Another node's view when node 0's whole one did not come in time (``status_relay``): said, not silent."""
+    from launchers.observe.status_relay import ANSWER_WAIT
+
+    if data.get("scope") != "node":
+        return None
+    return f"this node's ranks only: node 0's whole view did not come within {ANSWER_WAIT:.0f}s (asked each time)"
+
+
 MAX_NAMED = 16  # ranks named on the hang line; a job of thousands says how many more
 
 
