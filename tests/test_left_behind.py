@@ -141,6 +141,25 @@ def test_a_rank_that_joins_says_so_in_its_own_file_and_never_writes_over_mlaunch
     assert recovery.joined_attempt("run-joined", pid) == -1 and not list(tmp_path.iterdir())
 
 
+def test_a_dead_processs_file_of_the_same_pid_is_replaced_at_the_first_declaration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed rank's file stays until the run ends; a new process given its pid declares afresh: mlaunch's old
+    word and the dead process's marks go (a later call in the same process then only marks that it joined)."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RUN_ID_ENV, "run-reused")
+    monkeypatch.setenv(ATTEMPT_ENV, "7")
+    pid = os.getpid()
+    path = recovery.path_of("run-reused", pid)
+    Path(path).write_text('{"state": "go", "attempt": 3, "env": {}}')  # the dead process's
+    Path(recovery.marks_path(path)).write_text("3 3")
+    assert recovery.declare()
+    word = recovery.read(path)
+    assert word is not None and word.state == recovery.DECLARED and word.attempt == 7, word
+    assert recovery.joined_attempt("run-reused", pid) == -1 and recovery.left_attempt("run-reused", pid) == -1
+    recovery.withdraw()
+
+
 def _joining_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, port: int) -> None:
     """A survivor's environment as mlaunch's ``go`` sets it (every key restored after the test)."""
     for name, value in {

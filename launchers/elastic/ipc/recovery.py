@@ -73,31 +73,44 @@ def read(path: str) -> Word | None:
 # ----------------------------------------------------------------------------------------
 
 
+_marks: dict[str, int] = {}  # this process's marks ("joined", "left"), written whole on each change
+_declared_by: int | None = None  # the pid that declared (a forked child inherits this module's state)
+
+
 def declare() -> bool:
     """This process recovers in place (``elastic.recoverable``); False outside mlaunch.
 
-    Writes the file only where it is not there yet: once it is, mlaunch may have written a word into it,
-    which this process must not replace (a call after a rejoin says so with ``mark_joined`` instead).
+    Writes the file once per process: after that, mlaunch may have written a word into it, which this
+    process must not replace (a call after a rejoin says so with ``mark_joined`` instead). A file already
+    there at the first declaration is a dead process's of the same pid (a killed rank's stays until the
+    run ends): replaced, with its marks.
     """
+    global _declared_by
     run_id = env.run_id()
     if not run_id:
         return False
     path = path_of(run_id, os.getpid())
-    if os.path.exists(path):
+    if _declared_by == os.getpid() and os.path.exists(path):
         mark_joined()
         return True
     try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marks_path(path))
         _write(path, Word(DECLARED, env.attempt()))
     except OSError:
         return False
+    _marks.clear()
+    _declared_by = os.getpid()
     return True
 
 
 def withdraw() -> None:
     """This process no longer recovers in place (its training function returned or gave up)."""
+    global _declared_by
     run_id = env.run_id()
     if run_id:
         _marks.clear()
+        _declared_by = None
         for path in (path_of(run_id, os.getpid()), marks_path(path_of(run_id, os.getpid()))):
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -106,9 +119,6 @@ def withdraw() -> None:
 def marks_path(path: str) -> str:
     """The rank's own file beside mlaunch's: the attempt it joined and the attempt whose call it left."""
     return f"{path}.rank"
-
-
-_marks: dict[str, int] = {}  # this process's marks ("joined", "left"), written whole on each change
 
 
 def _mark(what: str) -> None:
