@@ -229,12 +229,12 @@ class InPlaceResponse:
         now = time.monotonic()
         for pid, told in list(self._told.items()):
             worker = self._by_pid.get(pid)
-            joined = recovery.joined_attempt(self.run_id, pid) >= told.attempt
-            if worker is None or worker.returncode is not None or joined:
+            joined, left = recovery.marks_of(self.run_id, pid)
+            if worker is None or worker.returncode is not None or joined >= told.attempt:
                 del self._told[pid]  # gone, or it took the go (its own mark says it joined the new attempt)
                 continue
             left_behind.look(told, now, left_behind.sample(pid))
-            why = left_behind.verdict(told, now, recovery.left_attempt(self.run_id, pid) >= told.held_in)
+            why = left_behind.verdict(told, now, left >= told.held_in)
             if why is not None:
                 del self._told[pid]
                 self._replaced[pid] = left_behind.cause(told)  # its death is this, not a crash (``_on_exit``)

@@ -52,11 +52,16 @@ def path_of(run_id: str, pid: int) -> str:
     return os.path.join(env.shm_dir(), f"mlaunch.{run_id}.recover.{pid}")
 
 
-def _write(path: str, word: Word) -> None:
+def _replace(path: str, text: str) -> None:
+    """``path`` holds ``text``, whole or not at all (a temporary file renamed over it)."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
-        json.dump({"state": word.state, "attempt": word.attempt, "env": word.env, "why": word.why}, fh)
+        fh.write(text)
     os.replace(tmp, path)
+
+
+def _write(path: str, word: Word) -> None:
+    _replace(path, json.dumps({"state": word.state, "attempt": word.attempt, "env": word.env, "why": word.why}))
 
 
 def read(path: str) -> Word | None:
@@ -126,12 +131,8 @@ def _mark(what: str) -> None:
     if not run_id:
         return
     _marks[what] = env.attempt()
-    path = marks_path(path_of(run_id, os.getpid()))
-    tmp = f"{path}.tmp"
     with contextlib.suppress(OSError):
-        with open(tmp, "w") as fh:
-            fh.write(f"{_marks.get('joined', -1)} {_marks.get('left', -1)}")
-        os.replace(tmp, path)
+        _replace(marks_path(path_of(run_id, os.getpid())), f"{_marks.get('joined', -1)} {_marks.get('left', -1)}")
 
 
 def mark_joined() -> None:
@@ -180,7 +181,8 @@ def await_go(notice_within: float, stop_requested: Any = None, poll: float = 0.0
 # ----------------------------------------------------------------------------------------
 
 
-def _marks_of(run_id: str, pid: int) -> tuple[int, int]:
+def marks_of(run_id: str, pid: int) -> tuple[int, int]:
+    """(the attempt ``pid`` joined in place, the attempt whose call it last left); -1 for none of either."""
     try:
         with open(marks_path(path_of(run_id, pid))) as fh:
             joined, left = fh.read().split()
@@ -191,12 +193,12 @@ def _marks_of(run_id: str, pid: int) -> tuple[int, int]:
 
 def joined_attempt(run_id: str, pid: int) -> int:
     """The newest attempt ``pid`` joined in place (``mark_joined``); -1 when it has joined none."""
-    return _marks_of(run_id, pid)[0]
+    return marks_of(run_id, pid)[0]
 
 
 def left_attempt(run_id: str, pid: int) -> int:
     """The attempt whose call ``pid`` last left (``mark_left``); -1 when it has left none."""
-    return _marks_of(run_id, pid)[1]
+    return marks_of(run_id, pid)[1]
 
 
 def declared_pids(run_id: str) -> set[int]:
