@@ -25,6 +25,7 @@ from launchers.persist.flash_hook import FlashHook
 from launchers.plan import FOLLOWER_ROLES, LaunchPlan, ProcessSpec
 from launchers.rank_env import clear_error_files, error_file_lines
 from launchers.run.hang import HangMonitor
+from launchers.run.job_wide import job_failure
 from launchers.run.labels import process_labels
 from launchers.run.rejoin import RejoinWatch
 from launchers.run.signal_router import SignalRouter
@@ -130,6 +131,7 @@ def run_attempt(
         flash.after_stop(outcome)
     if run.replicas is not None:
         run.replicas.end(outcome)  # before the segments go: a node that left leaves the survivors' slots to commit
+    outcome = job_failure(run.events, attempt, outcome)  # a hang only waited for here: the culprit's node's
     run.observer.attempt_ended(outcome)
     roots = flash.checkpoint_dirs(job)
     _release_shared_memory(run, attempt)

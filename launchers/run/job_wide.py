@@ -8,11 +8,12 @@ so restarts are counted job-wide and a node that is gone ends the job instead of
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from launchers.control import ExchangeFailed, JobEvents, Reduction, topics
 from launchers.log import say
-from launchers.outcome import Outcome
+from launchers.outcome import Failure, Outcome, remote_failure
 
 FIRST_FAILURE_WAIT = 2.0  # seconds to wait for the hub's word on who failed first
 
@@ -34,6 +35,34 @@ def job_exit_code(events: JobEvents, attempt: int, outcome: Outcome) -> tuple[in
         say(f"{ended.describe()}; not restarting; exit code {ended.exit_code or code or 1}")
         return ended.exit_code or code or 1, True
     return code, False
+
+
+def only_waited(failure: Failure | None) -> bool:
+    """A hang this node declared although every hung rank here waited in a collective for another rank.
+
+    Such a node leaves the declaration to the culprit's node for ``hang.WAITER_DEFER`` seconds, then
+    declares it itself, so that a culprit's node that cannot say so still ends the attempt. When
+    both declare (the culprit's node was slow, a loaded machine), the hub keeps the first.
+    """
+    if failure is None or not failure.cause.startswith("hung"):
+        return False
+    details = failure.details
+    return bool(details.get("in_collective")) and not details.get("outside_collective") and not details.get("stuck")
+
+
+def job_failure(events: JobEvents, attempt: int, outcome: Outcome) -> Outcome:
+    """``outcome`` as this node records it: a hang declared here by ranks that only waited yields to the job's
+    first failure when that is another node's, so every node's events, status and retry policy name the culprit
+    (the rank outside its collective), not the rank that waited for it."""
+    if outcome.status != "failed" or not events.networked or not only_waited(outcome.failure):
+        return outcome
+    first = events.first_failure(attempt, FIRST_FAILURE_WAIT)
+    if first is None or first.node == events.node:
+        return outcome
+    assert outcome.failure is not None
+    say(f"{first.node_label} was declared hung first; this node's hung ranks only waited for it "
+        f"({outcome.failure.label} here): the attempt's failure is {first.node_label}")  # fmt: skip
+    return dataclasses.replace(outcome, failure=remote_failure(first))
 
 
 def meet_before_restart(events: JobEvents, attempt: int, timeout: float) -> bool:
