@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, needs_torch, run_mlaunch
+from conftest import ROOT, clean_env, mlaunch_cmd, needs_torch, run_mlaunch
 
 pytestmark = needs_torch
 
@@ -105,6 +107,31 @@ def test_survivors_keep_their_processes_and_lose_nothing(tmp_path: Path, fault: 
     assert final(result.stdout) == whole_restart  # the same training as a whole-job restart
     kinds = [e["event"] for e in events(tmp_path)]
     assert "kept_in_place" in kinds and "rejoined_in_place" in kinds, kinds
+
+
+def test_an_orphan_the_failed_rank_left_is_killed_while_the_survivors_train_on(tmp_path: Path) -> None:
+    """The victim leaves a ``sleep`` in a session of its own (no group signal reaches it); mlaunch, its subreaper,
+    kills and reaps it once the survivors were told to rejoin, during the run, not at the run's end."""
+    path = job(tmp_path, "kill", at=10).read_text().replace("'30'", "'400'")
+    (tmp_path / "job.yaml").write_text(path)
+    env = {**clean_env(), "IN_PLACE_ORPHAN": "1"}
+    argv = [*mlaunch_cmd(), "--engine", "pytorch", str(tmp_path / "job.yaml")]
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid_file, gone_while_running = tmp_path / "steps" / "orphan", False
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if pid_file.exists() and pid_file.read_text() and not Path(f"/proc/{pid_file.read_text()}").exists():
+                gone_while_running = max(steps_trained(tmp_path, 0)) < 390  # the survivors still had steps to go
+                break
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert pid_file.exists(), err[-3000:]
+    assert gone_while_running, f"orphan {pid_file.read_text()} outlived the recovery (the training ended first)"
+    assert [len(p) for p in pids_per_rank(tmp_path).values()] == [1, 1, 2, 1]  # it recovered in place
 
 
 def test_the_rejoin_bound_follows_the_runs_own_start() -> None:

@@ -127,6 +127,13 @@ def run_attempt(
             background.stop()
         if cleanup is not None:
             cleanup()
+    return _end_attempt(job, run, attempt, outcome, flash)
+
+
+def _end_attempt(
+    job: Job, run: RunContext, attempt: int, outcome: Outcome, flash: FlashHook
+) -> tuple[Outcome, set[str]]:
+    """After the supervisor: the dying checkpoint's commit, the outcome recorded, the attempt's memory released."""
     if outcome.status == "signalled":
         flash.after_stop(outcome)
     if run.replicas is not None:

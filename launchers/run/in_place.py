@@ -116,14 +116,16 @@ class Survivors:
     def __bool__(self) -> bool:
         return bool(self._kept)
 
-    def kill_all(self, why: str) -> None:
-        """The run ends without a next attempt: nothing kept may outlive it."""
+    def kill_all(self, why: str) -> bool:
+        """The run ends without a next attempt: nothing kept may outlive it. True when some were kept: the attempt
+        that kept them left its orphan sweep to the next one (``Supervisor._final_cleanup``), which never came."""
         kept, self._kept = self._kept, {}
         alive = [w for w in kept.values() if w.returncode is None]
         if alive:
             self.announce(f"{why}; SIGKILL to the ranks kept for recovery: " + ", ".join(w.label for w in alive))
         for worker in alive:
             kill_and_reap(worker)
+        return bool(kept)
 
 
 def attempt_of(spec: ProcessSpec) -> int:

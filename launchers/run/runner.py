@@ -25,7 +25,7 @@ from launchers.planning import make_plan as make_plan
 from launchers.planning import resolve_engine_name as resolve_engine_name
 from launchers.platform.cluster import Cluster
 from launchers.preflight import check_launchable
-from launchers.procs import become_subreaper
+from launchers.procs import become_subreaper, kill_orphans, reap_unknown
 from launchers.run import shm_sweep
 from launchers.run.attempt import RunContext, attempt_exit_code, run_attempt, ticks
 from launchers.run.attempt import finished_summary as finished_summary
@@ -182,5 +182,12 @@ def _attempts(job: Job, engine: Engine, cluster: Cluster, plan: LaunchPlan, run:
     try:
         return RestartLoop(job, run, policy, attempt, attempt_exit_code).run_all()
     finally:
-        if run.survivors is not None:
-            run.survivors.kill_all("the run ends without another attempt")
+        if run.survivors is not None and run.survivors.kill_all("the run ends without another attempt"):
+            _sweep_orphans(run)
+
+
+def _sweep_orphans(run: RunContext) -> None:
+    """The orphan sweep an attempt that kept survivors left to the next one, when no next one came."""
+    watchdog = {run.watchdog.pid} if run.watchdog.pid else set()
+    kill_orphans(watchdog | (run.standbys.pids() if run.standbys is not None else set()))
+    reap_unknown()

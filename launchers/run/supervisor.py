@@ -52,7 +52,7 @@ from launchers.elastic.ipc import completion, progress
 from launchers.log import say, signal_name
 from launchers.outcome import Failure, Outcome, exit_status, launch_failure, outcome_of
 from launchers.plan import ProcessSpec, process_label
-from launchers.procs import children_of, process_env, start_process
+from launchers.procs import kill_orphans, process_env, start_process
 from launchers.run import left_behind
 from launchers.run.hang import HangMonitor, dump_stacks
 from launchers.run.hang_response import HangResponse
@@ -68,6 +68,9 @@ from launchers.standby.standby_pool import StandbyPool
 
 if TYPE_CHECKING:
     from launchers.control import JobEvents
+
+
+SWEEP_AFTER = 1.0  # seconds after an attempt that adopted survivors starts: the last one's orphans are killed
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,8 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyRespons
         self._adopt = dict(adopt or {})
         self.kept: list[Worker] = []
         self._kept_pids: set[int] = set()
+        # survivors to adopt: the last attempt skipped its orphan sweep (off the recovery's path); this one sweeps
+        self._sweep_due: float | None = time.monotonic() + SWEEP_AFTER if adopt else None
         self.rejoined: list[str] = []  # the labels of the adopted survivors
         self._told: dict[int, left_behind.Told] = {}
         self._replaced: dict[int, str] = {}
@@ -277,6 +282,7 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyRespons
             now = time.monotonic()
             self._refill_standbys(now)
             self._tick(now)
+            self._sweep_if_due(now)
 
     def _tick(self, now: float) -> None:
         """The periodic hook, about twice a second; it may never break supervision."""
@@ -369,13 +375,20 @@ class Supervisor(HangResponse, JobEventResponse, InPlaceResponse, StandbyRespons
         for worker in self.kept:
             self.streams.detach(worker)  # the next attempt adopts it, its pipes and its log
         self.streams.close()
-        watchdog_pid = self.watchdog.pid if self.watchdog else -1
-        standby_pids = self.standbys.pids() if self.standbys else set()
-        for child in children_of(os.getpid()):
-            if child != watchdog_pid and child not in self._by_pid and child not in standby_pids | self._kept_pids:
-                with contextlib.suppress(OSError):
-                    os.kill(child, signal.SIGKILL)
+        if not self.kept:  # with survivors kept, the next attempt sweeps once they were told (``_sweep_if_due``)
+            self._sweep_orphans()
         self._reap()
+
+    def _sweep_orphans(self) -> None:
+        """Kill the orphans a dead rank left to us (a subreaper): one pass over /proc, milliseconds on a busy host."""
+        self._sweep_due = None
+        ours = set(self._by_pid) | self._kept_pids | ({self.watchdog.pid} if self.watchdog else set())
+        kill_orphans(ours | (self.standbys.pids() if self.standbys else set()))
+
+    def _sweep_if_due(self, now: float) -> None:
+        """The last attempt's orphan sweep, left to this one so that its survivors were told first (``run``)."""
+        if self._sweep_due is not None and now >= self._sweep_due:
+            self._sweep_orphans()
 
 
 __all__ = ["Supervisor"]

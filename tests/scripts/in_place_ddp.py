@@ -10,7 +10,9 @@ each); ``--keep`` leaves the
 checkpoints where they are at the end (the test reads what was committed). ``IN_PLACE_DEAF=R``: rank R
 sleeps at the fault's step (once a job), a wait its watcher's shut-down connections cannot end.
 ``IN_PLACE_BUSY=R``: rank R computes (burns CPU) for ``IN_PLACE_BUSY_S`` seconds at the fault's step
-(once a job), then meets its next collective as a long step's compute would.
+(once a job), then meets its next collective as a long step's compute would. ``IN_PLACE_ORPHAN=1``: the
+victim first starts ``sleep 600`` in a session of its own, its pid in ``orphan`` beside the log: an
+orphan its death leaves to mlaunch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import subprocess
 import signal
 import time
 from pathlib import Path
@@ -106,6 +109,9 @@ def train(args: argparse.Namespace) -> None:
                 sum(i * i for i in range(10_000))
         if args.fault != "none" and rank in victims and step in faults and not marker.exists():
             marker.write_text(str(os.getpid()))
+            if os.environ.get("IN_PLACE_ORPHAN"):
+                orphan = subprocess.Popen(["sleep", "600"], start_new_session=True)  # outside the rank's group
+                (log / "orphan").write_text(str(orphan.pid))
             os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
         gen = torch.Generator().manual_seed(step * 1000 + rank)
         x = torch.randn(8, 16, generator=gen)
