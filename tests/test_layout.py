@@ -272,6 +272,7 @@ def test_run_holds_supervision_and_the_restart_loop_only() -> None:
     supervision.add("left_behind")  # which survivor told ``go`` the in-place answer replaces instead of waiting
     supervision.add("standby_response")  # the supervisor's part in warm standbys: fork first, refill after start-up
     restart_loop = {"runner", "restarts", "membership", "attempt", "retry_policy", "job_wide", "job_event_response"}
+    restart_loop.add("shm_reclaim")  # what an attempt leaves in shared memory, unlinked off the way to the next
     run = {name.split(".")[-1] for name in module_files() if name.startswith("launchers.run.")}
     assert run - supervision - restart_loop == set()
     assert not [name for name in module_files() if name.startswith("launchers.run.") and name.count(".") > 2]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launchers.config.job import Job
@@ -28,6 +28,7 @@ from launchers.run.hang import HangMonitor
 from launchers.run.job_wide import job_failure
 from launchers.run.labels import process_labels
 from launchers.run.rejoin import RejoinWatch
+from launchers.run.shm_reclaim import ShmReclaim, retire
 from launchers.run.signal_router import SignalRouter
 from launchers.run.supervisor import Output, Stopping, Supervisor, Watchers
 from launchers.run.watchdog import Watchdog
@@ -56,6 +57,7 @@ class RunContext:
     replicas: Replication | None = None  # machine-loss replication (checkpoint.replicate, persist/replication.py)
     survivors: Survivors | None = None  # ranks kept through a peer's failure (``run.in_place``); None: never kept
     beside: CommitBeside | None = None  # the flash save's commit beside an in-place recovery (with ``survivors``)
+    reclaim: ShmReclaim = field(default_factory=ShmReclaim)  # segments an attempt leaves, unlinked off the path
 
 
 def finished_summary(outcome: Outcome, processes: Sequence[ProcessSpec]) -> str:
@@ -173,10 +175,11 @@ def _release_shared_memory(run: RunContext, attempt: int) -> None:
     """
     if run.beside is not None:
         run.beside.release(attempt)
-    staging.unlink_kept(run.run_id)
+    retired = retire(staging.kept_segments(run.run_id))  # their pages are freed off the path (``reclaim``)
     if run.survivors:
         kept_segments.keep_for_next_attempt(run.run_id)
-    staging.unlink_run(run.run_id)
+    retired += retire([*staging.run_segments(run.run_id), *staging.building_segments(run.run_id)])
+    run.reclaim.unlink(retired)
     progress.unlink_run(run.run_id)
     completion.clear(run.run_id)
 

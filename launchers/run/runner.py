@@ -83,6 +83,7 @@ def run_job(
     watchdog = Watchdog(run_id).start()  # after the run's lock is taken: the watchdog holds it too
     standbys = _standby_pool(job, plan, run_id, watchdog)
     beside = None
+    run: RunContext | None = None
     code = 1
     try:
         with SignalRouter() as signals:
@@ -102,13 +103,20 @@ def run_job(
         events.close(code)
         if standbys is not None:
             standbys.close()
-        kept_segments.ended(run_id)
-        staging.unlink_run(run_id)
-        staging.unlink_kept(run_id)
-        progress.unlink_run(run_id)
-        completion.clear(run_id)
-        recovery.unlink_run(run_id)
+        _release_run_memory(run_id, run)
         watchdog.close()
+
+
+def _release_run_memory(run_id: str, run: RunContext | None) -> None:
+    """Nothing of the run stays in shared memory: what its attempts retired is unlinked first."""
+    if run is not None:
+        run.reclaim.wait()
+    kept_segments.ended(run_id)
+    staging.unlink_run(run_id)
+    staging.unlink_kept(run_id)
+    progress.unlink_run(run_id)
+    completion.clear(run_id)
+    recovery.unlink_run(run_id)
 
 
 def _in_place(job: Job, run: RunContext) -> CommitBeside | None:

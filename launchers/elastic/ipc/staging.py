@@ -82,6 +82,11 @@ def unlink_kept(run_id: str) -> int:
     return removed
 
 
+def building_segments(run_id: str) -> list[str]:
+    """Segments a killed rank left half-built under their hidden building names."""
+    return glob.glob(os.path.join(glob.escape(shm_dir()), f".mlaunch.{glob.escape(run_id)}.rank*.new"))
+
+
 def _building_path(path: str) -> str:
     """Where a segment is built before it takes ``path``'s name: hidden, so ``run_segments`` never lists it."""
     head, name = os.path.split(path)
@@ -92,10 +97,11 @@ def unlink_run(run_id: str) -> int:
     """Remove every segment of ``run_id`` (and any a killed rank left half-built); returns how many.
 
     Not the segments kept for the next attempt (``ipc.kept_segments``): ``unlink_kept`` removes those.
+    Retired ones (``run.shm_reclaim.retire``) a killed mlaunch left unlinked go too.
     """
     removed = 0
-    building = glob.glob(os.path.join(glob.escape(shm_dir()), f".mlaunch.{glob.escape(run_id)}.rank*.new"))
-    for path in [*run_segments(run_id), *building]:
+    retired = glob.glob(os.path.join(glob.escape(shm_dir()), f".mlaunch.{glob.escape(run_id)}.*.retired"))
+    for path in [*run_segments(run_id), *building_segments(run_id), *retired]:
         with contextlib.suppress(OSError):
             os.unlink(path)
             removed += 1
