@@ -246,6 +246,30 @@ def test_a_survivor_computing_through_the_fault_is_waited_for_not_replaced(tmp_p
     assert final(result.stdout) == whole_restart
 
 
+@pytest.mark.slow
+def test_survivors_waiting_for_a_rank_0_replaced_after_8s_keep_their_processes(
+    tmp_path: Path, whole_restart: str
+) -> None:
+    """Rank 2 is killed at step 2 while rank 0, the next group's store host, computes there for 12 s
+    (``IN_PLACE_BUSY``: running, so not taken for asleep; in its call past ``LEAVE_WITHIN``, 8 s, so replaced
+    then). Ranks 1 and 3 took their ``go`` at once and wait for rank 0's new store. They must wait until mlaunch
+    supersedes the attempt, then join the next: on two hosts they gave up after 5 s, waited in
+    ``init_process_group``'s store connect, which nothing ends, and were replaced as well (every rank new)."""
+    path = job(tmp_path, "kill", at=2)
+    path.write_text(path.read_text().replace("env: {", "env: {IN_PLACE_BUSY: '0', IN_PLACE_BUSY_S: '12', "))
+    result = run_mlaunch(["--engine", "pytorch", str(path)], env=clean_env())
+    err = result.stderr
+    assert result.returncode == 0, err[-6000:]
+    assert re.search(r"rank 0 did not take its place in attempt 1 within 8s .*SIGKILL, it is replaced", err), err
+    assert re.search(r"attempt 1 was superseded while this process joined it: joining the next", err), err[-3000:]
+    assert "cannot recover in place" not in err and "monitor.rejoin_timeout" not in err, err[-3000:]
+    pids = pids_per_rank(tmp_path)
+    assert [len(pids[r]) for r in range(4)] == [2, 1, 2, 1], (pids, err[-3000:])  # ranks 1 and 3 kept throughout
+    for rank in range(4):
+        assert sorted(set(steps_trained(tmp_path, rank))) == list(range(30)), rank
+    assert final(result.stdout) == whole_restart
+
+
 def test_survivors_asleep_waiting_for_a_cold_rank_0_are_not_left_behind(tmp_path: Path) -> None:
     """Rank 0 is killed and no standby is kept (no ``preload:``, no learning): its replacement starts cold
     (an interpreter, torch's import) while the survivors, out of their failed call, wait asleep for its new

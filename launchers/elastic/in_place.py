@@ -295,6 +295,7 @@ def _rejoin(word: recovery.Word) -> recovery.Word | None:
         gc.collect()  # the old model's device memory goes before the new one is built
     recoveries += 1
     rank = env.env_rank()
+    recovery.mark_joined()  # its go taken, out of its old call: mlaunch no longer judges it left behind
     newer = _wait_for_rank0_store(word.attempt)
     if newer is not None:
         collective.say(f"attempt {word.attempt} was superseded while this process joined it: joining the next")
@@ -304,7 +305,6 @@ def _rejoin(word: recovery.Word) -> recovery.Word | None:
         f"recovering in place for attempt {word.attempt}: rank {rank}{moved} of {env.env_world()}, "
         f"this process kept ({(time.monotonic() - started) * 1000:.0f} ms to rejoin)"
     )
-    recovery.mark_joined()
     return None
 
 
@@ -343,7 +343,12 @@ DEEPSPEED_GROUPS = frozenset(
 )
 
 
-STORE_WAIT_SECONDS = 5.0  # the most a rejoining rank waits for rank 0's new store before calling the function
+# The most a rejoining rank waits for rank 0's new store before it calls the function anyway. Longer than
+# mlaunch takes to replace a survivor that never leaves its call (``run.left_behind.LEAVE_WITHIN``, 8 s) and
+# plan the attempt after: when that survivor is rank 0, the others learn that the attempt was superseded while
+# they wait here. Called after 5 s, they waited in ``init_process_group``'s store connect, which nothing from
+# outside ends, and were replaced too (two hosts, 1 kill in about 800: every rank new, 9.3 s).
+STORE_WAIT_SECONDS = 12.0
 
 
 def _wait_for_rank0_store(joining: int) -> recovery.Word | None:

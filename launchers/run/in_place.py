@@ -36,6 +36,7 @@ from launchers.plan import ProcessSpec
 from launchers.procs import STOPPED_STATES, process_env, process_state
 from launchers.run import left_behind
 from launchers.run.hang import collective_frame
+from launchers.run.hang_stacks import dump_stacks as stacks_of
 from launchers.run.hang_stacks import innermost_frame, log_marks, read_log_from
 from launchers.run.rejoin import STALLED, RejoinWatch
 from launchers.run.streams import OutputStreams, Worker
@@ -240,6 +241,8 @@ class InPlaceResponse:
             if why is not None:
                 del self._told[pid]
                 self._replaced[pid] = left_behind.cause(told)  # its death is this, not a crash (``_on_exit``)
+                self.announce(f"{worker.label} {why}: its stacks go to its log (what it waits in), then SIGKILL")
+                stacks_of([worker], run_id=self.run_id, pump=self.streams.wait, announce=self.announce)
                 self.announce(f"{worker.label} {why}: SIGKILL, it is replaced")
                 with contextlib.suppress(OSError):
                     os.killpg(worker.pid, signal.SIGKILL)

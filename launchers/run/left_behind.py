@@ -14,8 +14,9 @@ call from outside ends it (gloo has no abort for a collective's buffers): the pr
 
 What tells such a survivor from a healthy one, both still without their ``go`` taken:
 
-- the rank marks when its failed call returned (``recovery.mark_left``): one that has left may wait,
-  asleep, for rank 0's new store (up to ``elastic.in_place.STORE_WAIT_SECONDS``);
+- the rank marks when its failed call returned (``recovery.mark_left``) and when it took its ``go``
+  (``recovery.mark_joined``, before it waits, asleep, for rank 0's new store: no longer judged here; a
+  wait for a rank 0 that is itself replaced ends as mlaunch supersedes the attempt);
 - one that has not left but runs (its main thread runnable, or its threads' CPU time growing) is
   computing its way to the next collective, which then fails at once: waited for, up to ``LEAVE_WITHIN``;
 - one that has not left and has slept, using next to no CPU, for ``ASLEEP_WITHIN`` since its ``go`` is
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from launchers.procs import stat_fields
 
 LEFT_BEHIND = "was left behind in attempt"  # a replaced survivor's failure cause starts so (``retry_policy``)
-LEAVE_WITHIN = 8.0  # seconds any survivor may take to take its ``go`` (a left one may wait ≤ 5 s for rank 0's store)
+LEAVE_WITHIN = 8.0  # seconds any survivor may take to take its ``go`` (one that left its call takes it in ms)
 ASLEEP_WITHIN = 1.0  # seconds a survivor still in its last call may sleep, using no CPU, after its ``go``
 BUSY_TICKS = 5  # clock ticks (10 ms each) of CPU since it was last seen running that make a survivor running
 

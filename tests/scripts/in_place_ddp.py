@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import subprocess
 import signal
+import subprocess
 import time
 from pathlib import Path
 
