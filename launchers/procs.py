@@ -195,16 +195,13 @@ def children_of(pid: int) -> list[int]:
         return []
 
 
-def kill_orphans(exclude: set[int]) -> list[int]:
-    """SIGKILL every child of this process not in ``exclude`` (the ranks, the standbys, the watchdog); their pids.
+def kill_orphans(exclude: set[int]) -> None:
+    """SIGKILL every child of this process not in ``exclude`` (the ranks, the standbys, the watchdog).
 
     A subreaper's children it never started are orphans a dead rank left behind. Not reaped
     here: the supervisor's loop, or ``reap_unknown``, reaps them.
     """
-    killed = []
     for child in children_of(os.getpid()):
         if child not in exclude:
             with contextlib.suppress(OSError):
                 os.kill(child, signal.SIGKILL)
-                killed.append(child)
-    return killed

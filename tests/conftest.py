@@ -277,3 +277,12 @@ def torch_available() -> bool:
 
 
 needs_torch = pytest.mark.skipif(not torch_available(), reason="torch is not installed (pip install torch==2.13.0)")
+
+
+@pytest.fixture
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own shared-memory directory (``MLAUNCH_SHM_DIR``): what it leaves there is its own."""
+    path = tmp_path / "shm"
+    path.mkdir()
+    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(path))
+    return path

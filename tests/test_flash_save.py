@@ -34,14 +34,6 @@ WRITER = ROOT / "tests" / "scripts" / "stage_writer.py"
 RUN = "testrun"
 
 
-@pytest.fixture
-def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "shm"
-    path.mkdir()
-    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(path))
-    return path
-
-
 def stage(rank: int, world: int, steps: list[int], ckpt: Path, attempt: int = 0, elements: int = 64) -> None:
     seg = staging.Segment(staging.segment_path(RUN, rank), rank, world, attempt)
     seg.set_target(str(ckpt), 3)

@@ -103,17 +103,17 @@ def test_a_rank_marks_the_attempt_whose_call_it_left_and_withdraws_the_mark(
     monkeypatch.setenv(RUN_ID_ENV, "run-left")
     monkeypatch.setenv(ATTEMPT_ENV, "4")
     pid = os.getpid()
-    assert recovery.left_attempt("run-left", pid) == -1  # left nothing yet
+    assert recovery.marks_of("run-left", pid)[1] == -1  # left nothing yet
     assert recovery.declare()
     recovery.go("run-left", pid, 5, {ATTEMPT_ENV: "5"})
     recovery.mark_left()
-    assert recovery.left_attempt("run-left", pid) == 4
+    assert recovery.marks_of("run-left", pid)[1] == 4
     word = recovery.read(recovery.path_of("run-left", pid))
     assert word is not None and word.state == recovery.GO and word.attempt == 5  # mlaunch's word untouched
     assert recovery.declared_pids("run-left") == {pid}  # the mark is no declaration
-    assert recovery.joined_attempt("run-left", pid) == -1  # it has not taken the go yet
+    assert recovery.marks_of("run-left", pid)[0] == -1  # it has not taken the go yet
     recovery.withdraw()
-    assert recovery.left_attempt("run-left", pid) == -1 and recovery.declared_pids("run-left") == set()
+    assert recovery.marks_of("run-left", pid)[1] == -1 and recovery.declared_pids("run-left") == set()
 
 
 def test_a_rank_that_joins_says_so_in_its_own_file_and_never_writes_over_mlaunchs_newer_word(
@@ -136,9 +136,9 @@ def test_a_rank_that_joins_says_so_in_its_own_file_and_never_writes_over_mlaunch
     assert recovery.declare()
     word = recovery.read(recovery.path_of("run-joined", pid))
     assert word is not None and word.state == recovery.GO and word.attempt == 6, word
-    assert recovery.joined_attempt("run-joined", pid) == 5 and recovery.left_attempt("run-joined", pid) == 5
+    assert recovery.marks_of("run-joined", pid)[0] == 5 and recovery.marks_of("run-joined", pid)[1] == 5
     recovery.withdraw()
-    assert recovery.joined_attempt("run-joined", pid) == -1 and not list(tmp_path.iterdir())
+    assert recovery.marks_of("run-joined", pid)[0] == -1 and not list(tmp_path.iterdir())
 
 
 def test_a_dead_processs_file_of_the_same_pid_is_replaced_at_the_first_declaration(
@@ -156,7 +156,7 @@ def test_a_dead_processs_file_of_the_same_pid_is_replaced_at_the_first_declarati
     assert recovery.declare()
     word = recovery.read(path)
     assert word is not None and word.state == recovery.DECLARED and word.attempt == 7, word
-    assert recovery.joined_attempt("run-reused", pid) == -1 and recovery.left_attempt("run-reused", pid) == -1
+    assert recovery.marks_of("run-reused", pid)[0] == -1 and recovery.marks_of("run-reused", pid)[1] == -1
     recovery.withdraw()
 
 

@@ -12,20 +12,10 @@ import mmap
 import os
 from pathlib import Path
 
-import pytest
-
 from launchers.elastic.ipc import kept_segments, staging
 from launchers.run.shm_reclaim import ShmReclaim, retire
 
 RUN = "0123456789abcdef0123456789abcdef"
-
-
-@pytest.fixture
-def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "shm"
-    path.mkdir()
-    monkeypatch.setenv("MLAUNCH_SHM_DIR", str(path))
-    return path
 
 
 def segment(path: str, fill: bytes) -> None:

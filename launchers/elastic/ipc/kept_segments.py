@@ -38,10 +38,9 @@ def keep_for_next_attempt(run_id: str) -> int:
     checkpoint directory: memory, not storage that may be remote. The flash save committed that
     step from the same bytes first. Renamed, never copied: a survivor's mapping and the agent's
     readers keep their inode; ``run_segments`` (the next attempt's staging) no longer lists them.
-    mlaunch removes them after the next attempt and with the run (``staging.unlink_kept``).
-    Returns how many were kept.
+    mlaunch retires the last recovery's kept segments before (``run.shm_reclaim``: their pages are
+    freed off the path) and removes these with the run (``staging.unlink_kept``). Returns how many were kept.
     """
-    staging.unlink_kept(run_id)
     kept = 0
     for path in staging.run_segments(run_id):
         rank = path.rsplit(".rank", 1)[1]

@@ -191,16 +191,6 @@ def marks_of(run_id: str, pid: int) -> tuple[int, int]:
         return -1, -1
 
 
-def joined_attempt(run_id: str, pid: int) -> int:
-    """The newest attempt ``pid`` joined in place (``mark_joined``); -1 when it has joined none."""
-    return marks_of(run_id, pid)[0]
-
-
-def left_attempt(run_id: str, pid: int) -> int:
-    """The attempt whose call ``pid`` last left (``mark_left``); -1 when it has left none."""
-    return marks_of(run_id, pid)[1]
-
-
 def declared_pids(run_id: str) -> set[int]:
     """The processes of the run that recover in place (their file exists)."""
     pattern = os.path.join(glob.escape(env.shm_dir()), f"mlaunch.{glob.escape(run_id)}.recover.*")
